@@ -1,0 +1,431 @@
+// The vrdma device ABI: everything the provider (libvrdma) and the shim
+// exchange, over the UNIX socket and through shared memory.
+//
+// Plain fixed-width structs only; every layout is pinned by static_asserts so
+// that both sides (and future versions) agree byte for byte. Values that the
+// guest writes are untrusted by the shim: it copies a record out of shared
+// memory first and validates the copy (see ARCHITECTURE.md).
+//
+// Addresses in this ABI are guest virtual addresses ("gva"). The shim
+// translates them through the segments the guest announced over the socket.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace vrdma::abi {
+
+constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kPageSize = 4096;
+constexpr uint32_t kCacheLine = 64;
+
+// Name of the attribute file in class/infiniband/vrdma0/ that holds the
+// absolute path of the guest's shim socket.
+constexpr const char* kSocketAttr = "vrdma_socket";
+constexpr const char* kDeviceName = "vrdma0";
+
+// ---------------------------------------------------------------------------
+// Socket protocol (SOCK_SEQPACKET; one struct per message; fds by SCM_RIGHTS)
+//
+// Every request gets exactly one SockReply. Requests are serialised by the
+// provider (one outstanding at a time per connection).
+// ---------------------------------------------------------------------------
+enum class SockOp : uint32_t {
+    Attach = 1,         // fds: [arena memfd, kick eventfd, cmd-done eventfd, async event write fd]
+    AddSegment = 2,     // fds: [memfd]
+    RemoveSegment = 3,  // no fds
+};
+
+struct SockHeader {
+    uint32_t magic;
+    uint32_t version;
+    SockOp op;
+    uint32_t reserved;
+};
+static_assert(sizeof(SockHeader) == 16);
+
+// The arena is the first segment. The ControlBlock lives at its start.
+struct SockAttach {
+    SockHeader hdr;
+    uint64_t arena_gva;   // page aligned
+    uint64_t arena_len;   // page multiple, >= sizeof(ControlBlock)
+};
+static_assert(sizeof(SockAttach) == 32);
+
+struct SockAddSegment {
+    SockHeader hdr;
+    uint64_t gva;       // page aligned
+    uint64_t len;       // page multiple
+    uint64_t offset;    // offset into the memfd that backs gva (page aligned)
+    uint32_t seg_id;    // chosen by the provider, unique per connection, never 0
+    uint32_t reserved;
+};
+static_assert(sizeof(SockAddSegment) == 48);
+
+struct SockRemoveSegment {
+    SockHeader hdr;
+    uint32_t seg_id;
+    uint32_t reserved;
+};
+static_assert(sizeof(SockRemoveSegment) == 24);
+
+struct SockReply {
+    uint32_t magic;
+    int32_t status;     // 0 or a positive errno
+    uint32_t guest_lid; // Attach only
+    uint32_t reserved;
+    char message[112];  // NUL-terminated human-readable reason when status != 0
+};
+static_assert(sizeof(SockReply) == 128);
+
+// ---------------------------------------------------------------------------
+// Rings
+// ---------------------------------------------------------------------------
+
+// Header at the start of every ring's memory; slots follow at offset
+// sizeof(RingHeader). The producer writes `producer`, the consumer writes
+// `consumer` (see ring.h for the index encoding).
+struct RingHeader {
+    alignas(kCacheLine) std::atomic<uint32_t> producer;
+    uint32_t pad0[15];
+    alignas(kCacheLine) std::atomic<uint32_t> consumer;
+    uint32_t pad1[15];
+};
+static_assert(sizeof(RingHeader) == 128);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+struct Sge {
+    uint64_t addr;
+    uint32_t length;
+    uint32_t lkey;
+};
+static_assert(sizeof(Sge) == 16);
+
+// Send WQE header; followed in the same slot by num_sge Sge records, or, if
+// send_flags has IBV_SEND_INLINE, by inline_len bytes of data.
+// opcode and send_flags use libibverbs' enum ibv_wr_opcode / ibv_send_flags
+// values.
+struct SendWqe {
+    uint64_t wr_id;
+    uint32_t opcode;
+    uint32_t send_flags;
+    uint32_t imm_data;      // network byte order, as in ibv_send_wr
+    uint32_t num_sge;
+    uint32_t inline_len;
+    uint32_t reserved0;
+    uint64_t remote_addr;   // RDMA and atomic operations
+    uint32_t rkey;
+    uint32_t reserved1;
+    uint64_t compare_add;   // atomics
+    uint64_t swap;
+    uint32_t ah_handle;     // UD
+    uint32_t remote_qpn;    // UD
+    uint32_t remote_qkey;   // UD
+    uint32_t reserved2;
+    uint64_t reserved3[2];
+};
+static_assert(sizeof(SendWqe) == 96);
+static_assert(offsetof(SendWqe, remote_addr) == 32);
+
+// Receive WQE header; followed by num_sge Sge records.
+struct RecvWqe {
+    uint64_t wr_id;
+    uint32_t num_sge;
+    uint32_t reserved;
+};
+static_assert(sizeof(RecvWqe) == 16);
+
+// Completion entry, written by the shim. status/opcode/wc_flags use
+// libibverbs' ibv_wc_status / ibv_wc_opcode / ibv_wc_flags values.
+struct Cqe {
+    uint64_t wr_id;
+    uint32_t status;
+    uint32_t opcode;
+    uint32_t vendor_err;
+    uint32_t byte_len;
+    uint32_t imm_data;      // network byte order
+    uint32_t qp_num;
+    uint32_t src_qp;
+    uint32_t wc_flags;
+    uint16_t pkey_index;
+    uint16_t slid;
+    uint8_t sl;
+    uint8_t dlid_path_bits;
+    uint16_t reserved0;
+    uint64_t reserved1[2];
+};
+static_assert(sizeof(Cqe) == 64);
+
+// CQ memory: RingHeader, then CqNotify, then `entries` Cqe slots.
+// The provider arms the CQ without a command: it writes arm_seq (incremented
+// each ibv_req_notify_cq) and arm_solicited; the shim raises one completion
+// event per new arm_seq once a matching completion is present.
+struct CqNotify {
+    alignas(kCacheLine) std::atomic<uint32_t> arm_seq;
+    std::atomic<uint32_t> arm_solicited;  // 1: only solicited or error completions wake
+    uint32_t pad[14];
+};
+static_assert(sizeof(CqNotify) == 64);
+
+constexpr uint64_t cq_ring_bytes(uint32_t entries) {
+    return sizeof(RingHeader) + sizeof(CqNotify) + uint64_t(entries) * sizeof(Cqe);
+}
+constexpr uint64_t cq_slots_offset() { return sizeof(RingHeader) + sizeof(CqNotify); }
+
+// QP/SRQ work queue memory: RingHeader, then `entries` slots of `stride`
+// bytes (a power of two, at least the header plus its SGEs/inline data).
+constexpr uint64_t wq_ring_bytes(uint32_t entries, uint32_t stride) {
+    return sizeof(RingHeader) + uint64_t(entries) * stride;
+}
+constexpr uint64_t wq_slots_offset() { return sizeof(RingHeader); }
+
+constexpr uint32_t kMinWqeStride = 64;
+constexpr uint32_t kMaxWqeStride = 16384;
+
+// ---------------------------------------------------------------------------
+// Control block: at offset 0 of the arena
+// ---------------------------------------------------------------------------
+constexpr uint32_t kCmdSlots = 16;
+
+enum class CmdOp : uint32_t {
+    QueryDevice = 1,
+    QueryPort,
+    AllocPd,
+    DeallocPd,
+    RegMr,
+    DeregMr,
+    CreateCq,
+    DestroyCq,
+    CreateQp,
+    ModifyQp,
+    QueryQp,
+    DestroyQp,
+    CreateSrq,
+    ModifySrq,
+    QuerySrq,
+    DestroySrq,
+    CreateAh,
+    DestroyAh,
+    kMax
+};
+
+constexpr uint32_t kInvalidHandle = 0;  // handles are never 0
+
+struct AhAttr {
+    uint16_t dlid;
+    uint8_t sl;
+    uint8_t src_path_bits;
+    uint8_t static_rate;
+    uint8_t is_global;
+    uint8_t port_num;
+    uint8_t sgid_index;
+    uint8_t dgid[16];
+    uint32_t flow_label;
+    uint8_t hop_limit;
+    uint8_t traffic_class;
+    uint16_t reserved;
+};
+static_assert(sizeof(AhAttr) == 32);
+
+// Device attributes (the subset of ibv_device_attr the shim decides).
+struct DeviceAttr {
+    uint64_t node_guid;       // network byte order
+    uint64_t sys_image_guid;  // network byte order
+    uint64_t max_mr_size;
+    uint64_t page_size_cap;
+    uint32_t vendor_id;
+    uint32_t vendor_part_id;
+    uint32_t hw_ver;
+    uint32_t max_qp;
+    uint32_t max_qp_wr;
+    uint32_t device_cap_flags;
+    uint32_t max_sge;
+    uint32_t max_sge_rd;
+    uint32_t max_cq;
+    uint32_t max_cqe;
+    uint32_t max_mr;
+    uint32_t max_pd;
+    uint32_t max_qp_rd_atom;
+    uint32_t max_qp_init_rd_atom;
+    uint32_t max_res_rd_atom;
+    uint32_t atomic_cap;      // enum ibv_atomic_cap
+    uint32_t max_ah;
+    uint32_t max_srq;
+    uint32_t max_srq_wr;
+    uint32_t max_srq_sge;
+    uint32_t max_inline_data;
+    uint32_t max_pkeys;
+    uint32_t local_ca_ack_delay;
+    uint32_t phys_port_cnt;
+    char fw_ver[64];
+};
+static_assert(sizeof(DeviceAttr) == 32 + 24 * 4 + 64);
+
+struct PortAttr {
+    uint32_t state;           // enum ibv_port_state
+    uint32_t max_mtu;         // enum ibv_mtu
+    uint32_t active_mtu;
+    uint32_t gid_tbl_len;
+    uint32_t port_cap_flags;
+    uint32_t max_msg_sz;
+    uint32_t pkey_tbl_len;
+    uint16_t lid;
+    uint16_t sm_lid;
+    uint8_t lmc;
+    uint8_t max_vl_num;
+    uint8_t sm_sl;
+    uint8_t subnet_timeout;
+    uint8_t active_width;
+    uint8_t active_speed;
+    uint8_t phys_state;
+    uint8_t link_layer;       // IBV_LINK_LAYER_*
+    uint8_t gid[16];          // GID index 0 (fe80::/64 + port GUID)
+};
+static_assert(sizeof(PortAttr) == 56);
+
+// QP attributes as in ibv_qp_attr, fixed width. Used by ModifyQp (the fields
+// named by attr_mask, enum ibv_qp_attr_mask) and returned by QueryQp.
+struct QpAttr {
+    uint32_t qp_state;
+    uint32_t cur_qp_state;
+    uint32_t path_mtu;
+    uint32_t qkey;
+    uint32_t rq_psn;
+    uint32_t sq_psn;
+    uint32_t dest_qp_num;
+    uint32_t qp_access_flags;
+    uint32_t max_send_wr;     // QueryQp: caps
+    uint32_t max_recv_wr;
+    uint32_t max_send_sge;
+    uint32_t max_recv_sge;
+    uint32_t max_inline_data;
+    uint16_t pkey_index;
+    uint8_t port_num;
+    uint8_t min_rnr_timer;
+    uint8_t timeout;
+    uint8_t retry_cnt;
+    uint8_t rnr_retry;
+    uint8_t max_rd_atomic;
+    uint8_t max_dest_rd_atomic;
+    uint8_t sq_draining;
+    uint8_t en_sqd_async_notify;
+    uint8_t reserved;
+    AhAttr ah;
+};
+static_assert(sizeof(QpAttr) == 52 + 12 + 32);
+
+// Command payloads. Each request record fits CmdSlot::req, each response
+// CmdSlot::resp.
+struct CmdQueryPortReq { uint32_t port_num; };
+struct CmdAllocPdResp { uint32_t pd_handle; };
+struct CmdHandleReq { uint32_t handle; };  // DeallocPd, DeregMr, DestroyCq/Qp/Srq/Ah, QueryQp, QuerySrq
+
+struct CmdRegMrReq {
+    uint32_t pd_handle;
+    uint32_t access;          // enum ibv_access_flags
+    uint64_t addr;            // gva; [addr, addr+length) is covered by announced segments
+    uint64_t length;
+};
+struct CmdRegMrResp { uint32_t mr_handle; uint32_t lkey; uint32_t rkey; };
+
+struct CmdCreateCqReq {
+    uint64_t ring_gva;        // cq_ring_bytes(entries) bytes inside one segment
+    uint64_t user_handle;     // echoed in events (the provider's ibv_cq*)
+    uint32_t entries;         // power of two
+    uint32_t channel_id;      // 0: no completion channel
+    uint32_t comp_vector;
+};
+struct CmdCreateCqResp { uint32_t cq_handle; };
+
+struct CmdCreateQpReq {
+    uint64_t sq_gva;          // wq_ring_bytes(sq_entries, sq_stride)
+    uint64_t rq_gva;          // 0 when srq_handle != 0
+    uint64_t user_handle;     // the provider's ibv_qp*
+    uint32_t pd_handle;
+    uint32_t qp_type;         // IBV_QPT_RC or IBV_QPT_UD
+    uint32_t send_cq_handle;
+    uint32_t recv_cq_handle;
+    uint32_t srq_handle;      // 0: own receive queue
+    uint32_t sq_entries;      // power of two
+    uint32_t sq_stride;       // power of two
+    uint32_t rq_entries;
+    uint32_t rq_stride;
+    uint32_t max_send_sge;
+    uint32_t max_recv_sge;
+    uint32_t max_inline_data;
+    uint32_t sq_sig_all;
+};
+struct CmdCreateQpResp { uint32_t qp_handle; uint32_t qpn; };
+
+struct CmdModifyQpReq { uint32_t qp_handle; uint32_t attr_mask; QpAttr attr; };
+struct CmdQueryQpResp { QpAttr attr; };
+
+struct CmdCreateSrqReq {
+    uint64_t ring_gva;
+    uint64_t user_handle;     // the provider's ibv_srq*
+    uint32_t pd_handle;
+    uint32_t entries;         // power of two
+    uint32_t stride;          // power of two
+    uint32_t max_sge;
+    uint32_t srq_limit;
+};
+struct CmdCreateSrqResp { uint32_t srq_handle; uint32_t srqn; };
+
+struct CmdModifySrqReq { uint32_t srq_handle; uint32_t attr_mask; uint32_t max_wr; uint32_t srq_limit; };
+struct CmdQuerySrqResp { uint32_t max_wr; uint32_t max_sge; uint32_t srq_limit; };
+
+struct CmdCreateAhReq { uint32_t pd_handle; uint32_t reserved; AhAttr attr; };
+struct CmdCreateAhResp { uint32_t ah_handle; };
+
+constexpr size_t kCmdReqBytes = 176;
+constexpr size_t kCmdRespBytes = 224;
+
+// One command slot. The provider fills op/req, then stores seq (release),
+// then advances ControlBlock::cmd_producer and rings the doorbell. The shim
+// copies op/req out, executes, writes status/resp, then stores done_seq = seq
+// (release) and signals the cmd-done eventfd.
+struct CmdSlot {
+    std::atomic<uint32_t> seq;
+    std::atomic<uint32_t> done_seq;
+    CmdOp op;
+    int32_t status;           // shim: 0 or a positive errno
+    alignas(8) uint8_t req[kCmdReqBytes];
+    alignas(8) uint8_t resp[kCmdRespBytes];
+};
+static_assert(sizeof(CmdSlot) == 16 + kCmdReqBytes + kCmdRespBytes);
+static_assert(sizeof(CmdModifyQpReq) <= kCmdReqBytes);
+static_assert(sizeof(CmdCreateQpReq) <= kCmdReqBytes);
+static_assert(sizeof(DeviceAttr) <= kCmdRespBytes);
+static_assert(sizeof(CmdQueryQpResp) <= kCmdRespBytes);
+
+enum ShimState : uint32_t { kShimRunning = 0, kShimFatal = 1 };
+
+struct ControlBlock {
+    // Written by the provider after any producer index moved or a command was
+    // posted (a plain counter; the shim only compares it with its last view).
+    alignas(kCacheLine) std::atomic<uint32_t> doorbell;
+    uint32_t pad0[15];
+    // Written by the shim: nonzero while it sleeps; the provider then writes
+    // the kick eventfd after ringing the doorbell.
+    alignas(kCacheLine) std::atomic<uint32_t> shim_sleeping;
+    std::atomic<uint32_t> shim_state;
+    uint32_t pad1[14];
+    alignas(kCacheLine) std::atomic<uint32_t> cmd_producer;  // provider; ring index over kCmdSlots
+    uint32_t pad2[15];
+    alignas(kCacheLine) std::atomic<uint32_t> cmd_consumer;  // shim
+    uint32_t pad3[15];
+    alignas(kCacheLine) CmdSlot cmd[kCmdSlots];
+};
+static_assert(sizeof(ControlBlock) <= 2 * kPageSize);
+constexpr uint64_t kControlBlockBytes = 2 * kPageSize;
+
+// Limits of the ABI itself (the shim may enforce lower quotas).
+constexpr uint32_t kMaxQueueEntries = 1u << 16;
+constexpr uint32_t kMaxCqEntries = 1u << 20;
+constexpr uint32_t kMaxSge = 32;
+constexpr uint32_t kMaxInline = 1024;
+constexpr uint32_t kUdGrhBytes = 40;
+
+}  // namespace vrdma::abi
