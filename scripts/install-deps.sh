@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs, from Debian 12's archive, what vrdma needs to build, test and
+# run its demo. Only what is missing is installed. Needs root.
+set -euo pipefail
+
+packages=(
+    build-essential cmake pkg-config git
+    libibverbs-dev ibverbs-utils rdma-core perftest
+    libfmt-dev catch2
+    iproute2 procps
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "vrdma: all build and test dependencies are installed"
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "vrdma: missing packages: ${missing[*]}; run as root to install them" >&2
+    exit 1
+fi
+echo "vrdma: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The command-line contract of vrdma-shim, vrdma-run and vrdmactl: --help,
+# one clear line and a non-zero exit for wrong usage or a missing shim, and a
+# clean shutdown that removes everything the shim published.
+source "$(dirname "$0")/lib.sh"
+
+expect_fail() {  # expect_fail CODE PATTERN CMD...
+    local code="$1" pattern="$2"
+    shift 2
+    local out rc=0
+    out="$("$@" 2>&1)" || rc=$?
+    echo "\$ $* -> $rc: $out"
+    [ "$rc" -eq "$code" ] || fail "'$*' exited $rc, expected $code"
+    echo "$out" | grep -Eq "$pattern" || fail "'$*' said '$out', expected /$pattern/"
+}
+
+"$SHIM" --help | grep -q -- '--run-dir' || fail "vrdma-shim --help does not explain --run-dir"
+"$VRDMA_RUN" --help | grep -q -- '--guest' || fail "vrdma-run --help does not explain --guest"
+"$VRDMA_BUILD_DIR/tools/vrdmactl" --help | grep -q 'list' || fail "vrdmactl --help"
+
+expect_fail 2 'unknown option' "$SHIM" --bogus
+expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none
+expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest 'bad/name'
+expect_fail 2 'no guest' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none -- true
+expect_fail 2 'no program' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a
+expect_fail 3 'is vrdma-shim running' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a -- true
+
+start_shim a b
+expect_fail 3 "no guest 'c'" "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest c -- true
+expect_fail 127 'cannot run' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- /nonexistent/program
+in_guest a true || fail "vrdma-run of true failed"
+# A second shim on the same run directory is refused while the first lives.
+expect_fail 1 'already' "$SHIM" --run-dir "$RUN_DIR" --guest a
+"$VRDMA_BUILD_DIR/tools/vrdmactl" --run-dir "$RUN_DIR" status | tee /dev/stderr | grep -q 'a .*answering' ||
+    fail "vrdmactl status does not show guest a answering"
+grep -q 'ready: guests a(lid 1) b(lid 2)' "$SHIM_LOG" || fail "shim did not print its ready line"
+ls -l /dev/infiniband/ | grep -q "uverbs_vrdma_a" || fail "no /dev/infiniband node for guest a"
+
+# Clean shutdown removes the tree, the sockets and the /dev nodes.
+kill -TERM "$SHIM_PID"
+wait "$SHIM_PID" || fail "shim exited non-zero on SIGTERM"
+[ -z "$(ls -A "$RUN_DIR")" ] || fail "shim left files in $RUN_DIR: $(ls -A "$RUN_DIR")"
+[ ! -e /dev/infiniband/uverbs_vrdma_a ] || fail "shim left /dev/infiniband/uverbs_vrdma_a"
+expect_fail 3 'not answering|does not serve|no guest' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- true
+SHIM_PID=""
+echo "cli: ok"

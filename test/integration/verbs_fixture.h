@@ -1,0 +1,82 @@
+// Helpers for the verbs semantics tests: the real libibverbs on the vrdma0
+// device of the guest this program runs in (through vrdma-run).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace vt {
+
+// One opened device with a PD; everything else is created per test.
+struct Device {
+    Device();
+    ~Device();
+    Device(const Device&) = delete;
+    Device& operator=(const Device&) = delete;
+
+    ibv_context* ctx = nullptr;
+    ibv_pd* pd = nullptr;
+    uint16_t lid = 0;
+};
+
+// A registered buffer.
+struct Buffer {
+    Buffer(ibv_pd* pd, size_t size, int access);
+    ~Buffer();
+    Buffer(const Buffer&) = delete;
+    Buffer& operator=(const Buffer&) = delete;
+
+    uint8_t* data = nullptr;
+    size_t size = 0;
+    ibv_mr* mr = nullptr;
+    uint64_t addr(size_t off = 0) const { return reinterpret_cast<uint64_t>(data + off); }
+};
+
+struct QpOptions {
+    ibv_qp_type type = IBV_QPT_RC;
+    uint32_t max_send_wr = 64;
+    uint32_t max_recv_wr = 64;
+    uint32_t max_sge = 4;
+    uint32_t max_inline = 64;
+    ibv_srq* srq = nullptr;
+    int sq_sig_all = 0;
+};
+
+struct Qp {
+    Qp(Device& dev, const QpOptions& opt = {});
+    ~Qp();
+    Qp(const Qp&) = delete;
+    Qp& operator=(const Qp&) = delete;
+
+    ibv_cq* send_cq = nullptr;
+    ibv_cq* recv_cq = nullptr;
+    ibv_qp* qp = nullptr;
+    uint32_t qpn() const { return qp->qp_num; }
+};
+
+struct RcParams {
+    int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    uint8_t rnr_retry = 7;
+    uint8_t min_rnr_timer = 1;  // 0.01 ms
+    uint8_t retry_cnt = 1;
+    uint8_t timeout = 8;        // 1 ms
+};
+
+// RESET -> INIT -> RTR -> RTS towards (lid, remote_qpn).
+void connect_rc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn, const RcParams& p = {});
+void bring_up_ud(ibv_qp* qp, uint32_t qkey);
+ibv_qp_state qp_state(ibv_qp* qp);
+
+// Waits up to timeout_ms for one completion.
+std::optional<ibv_wc> poll_one(ibv_cq* cq, int timeout_ms = 2000);
+// Expects no completion within ms milliseconds.
+bool cq_stays_empty(ibv_cq* cq, int ms);
+
+int post_recv(ibv_qp* qp, uint64_t wr_id, std::vector<ibv_sge> sges);
+int post_send(ibv_qp* qp, ibv_send_wr wr, std::vector<ibv_sge> sges);
+ibv_sge sge(const Buffer& b, size_t off, uint32_t len);
+
+}  // namespace vt

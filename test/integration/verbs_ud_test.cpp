@@ -1,0 +1,106 @@
+// UD semantics through the real libibverbs on vrdma0.
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "verbs_fixture.h"
+
+using namespace vt;
+
+namespace {
+constexpr uint32_t kQkey = 0x11111111;
+constexpr int kLocal = IBV_ACCESS_LOCAL_WRITE;
+
+ibv_ah* make_ah(Device& dev, bool global) {
+    ibv_ah_attr aa{};
+    aa.dlid = dev.lid;
+    aa.port_num = 1;
+    if (global) {
+        aa.is_global = 1;
+        REQUIRE(ibv_query_gid(dev.ctx, 1, 0, &aa.grh.dgid) == 0);
+        aa.grh.hop_limit = 1;
+    }
+    ibv_ah* ah = ibv_create_ah(dev.pd, &aa);
+    REQUIRE(ah);
+    return ah;
+}
+}  // namespace
+
+TEST_CASE("UD datagrams: 40 bytes of GRH space, source QP and LID in the completion", "[ud]") {
+    Device dev;
+    QpOptions ud;
+    ud.type = IBV_QPT_UD;
+    Qp a(dev, ud), b(dev, ud);
+    bring_up_ud(a.qp, kQkey);
+    bring_up_ud(b.qp, kQkey);
+    Buffer src(dev.pd, 8192, kLocal), dst(dev.pd, 8192, kLocal);
+    for (int i = 0; i < 4096; ++i) src.data[i] = uint8_t(i * 13);
+
+    for (bool global : {false, true}) {
+        INFO("global AH: " << global);
+        ibv_ah* ah = make_ah(dev, global);
+        std::memset(dst.data, 0, dst.size);
+        REQUIRE(post_recv(b.qp, 5, {sge(dst, 0, 40 + 4096)}) == 0);
+        ibv_send_wr wr{};
+        wr.wr_id = 6;
+        wr.opcode = IBV_WR_SEND_WITH_IMM;
+        wr.imm_data = htonl(7);
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.ud.ah = ah;
+        wr.wr.ud.remote_qpn = b.qpn();
+        wr.wr.ud.remote_qkey = kQkey;
+        REQUIRE(post_send(a.qp, wr, {sge(src, 0, 4096)}) == 0);
+        auto s = poll_one(a.send_cq);
+        REQUIRE(s);
+        CHECK(s->status == IBV_WC_SUCCESS);
+        CHECK(s->opcode == IBV_WC_SEND);
+        auto r = poll_one(b.recv_cq);
+        REQUIRE(r);
+        CHECK(r->status == IBV_WC_SUCCESS);
+        CHECK(r->opcode == IBV_WC_RECV);
+        CHECK(r->byte_len == 40 + 4096);
+        CHECK(r->src_qp == a.qpn());
+        CHECK(r->slid == dev.lid);
+        CHECK(r->qp_num == b.qpn());
+        CHECK((r->wc_flags & IBV_WC_WITH_IMM));
+        CHECK(ntohl(r->imm_data) == 7);
+        CHECK(bool(r->wc_flags & IBV_WC_GRH) == global);
+        CHECK(std::memcmp(dst.data + 40, src.data, 4096) == 0);
+        ibv_destroy_ah(ah);
+    }
+}
+
+TEST_CASE("UD: a wrong qkey or a missing QP drops the datagram; the sender still succeeds", "[ud]") {
+    Device dev;
+    QpOptions ud;
+    ud.type = IBV_QPT_UD;
+    Qp a(dev, ud), b(dev, ud);
+    bring_up_ud(a.qp, kQkey);
+    bring_up_ud(b.qp, kQkey);
+    Buffer buf(dev.pd, 4096, kLocal);
+    ibv_ah* ah = make_ah(dev, false);
+    REQUIRE(post_recv(b.qp, 1, {sge(buf, 0, 1024)}) == 0);
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.ud.ah = ah;
+    wr.wr.ud.remote_qpn = b.qpn();
+    wr.wr.ud.remote_qkey = kQkey + 1;
+    REQUIRE(post_send(a.qp, wr, {sge(buf, 2048, 16)}) == 0);
+    REQUIRE(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
+    wr.wr.ud.remote_qpn = 0xfffff0;
+    wr.wr.ud.remote_qkey = kQkey;
+    REQUIRE(post_send(a.qp, wr, {sge(buf, 2048, 16)}) == 0);
+    REQUIRE(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
+    CHECK(cq_stays_empty(b.recv_cq, 100));
+    // The right qkey still gets through afterwards.
+    wr.wr.ud.remote_qpn = b.qpn();
+    REQUIRE(post_send(a.qp, wr, {sge(buf, 2048, 16)}) == 0);
+    REQUIRE(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
+    auto r = poll_one(b.recv_cq);
+    REQUIRE(r);
+    CHECK(r->status == IBV_WC_SUCCESS);
+    CHECK(r->byte_len == 56);
+    ibv_destroy_ah(ah);
+}

@@ -1,0 +1,107 @@
+// vrdmactl: inspect what a vrdma-shim serves.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "vrdma_common/guest_paths.h"
+
+namespace {
+
+constexpr const char* kHelp =
+    "NAME\n"
+    "    vrdmactl - inspect the guests served by a vrdma-shim\n"
+    "\n"
+    "SYNOPSIS\n"
+    "    vrdmactl [--run-dir DIR] list\n"
+    "    vrdmactl [--run-dir DIR] status\n"
+    "\n"
+    "COMMANDS\n"
+    "    list    One line per guest: name, LID, port GID, whether its shim\n"
+    "            answers.\n"
+    "    status  Whether a shim is running in DIR (its pid), then the list.\n"
+    "            Exit status 0 if it is running, 3 if not.\n"
+    "\n"
+    "OPTIONS\n"
+    "    --run-dir DIR  The shim's run directory. Default: VRDMA_RUN_DIR, else\n"
+    "                   /run/vrdma.\n"
+    "    -h, --help     Show this text.\n";
+
+std::string read_line(const std::string& path) {
+    std::ifstream f(path);
+    std::string s;
+    std::getline(f, s);
+    return s;
+}
+
+std::vector<std::string> guests_in(const std::string& run_dir) {
+    std::vector<std::string> out;
+    DIR* d = opendir(run_dir.c_str());
+    if (!d) return out;
+    while (dirent* e = readdir(d)) {
+        std::string n = e->d_name;
+        if (vrdma::valid_guest_name(n) &&
+            access(vrdma::guest_paths(run_dir, n).device_dir.c_str(), F_OK) == 0)
+            out.push_back(n);
+    }
+    closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+int list(const std::string& run_dir) {
+    auto guests = guests_in(run_dir);
+    if (guests.empty()) {
+        printf("no guests published in %s\n", run_dir.c_str());
+        return 0;
+    }
+    printf("%-16s %-6s %-40s %s\n", "GUEST", "LID", "GID", "SHIM");
+    for (auto& g : guests) {
+        auto p = vrdma::guest_paths(run_dir, g);
+        std::string port = p.device_dir + "/ports/1/";
+        bool alive = vrdma::probe_guest(run_dir, g).empty();
+        printf("%-16s %-6s %-40s %s\n", g.c_str(), read_line(port + "lid").c_str(),
+               read_line(port + "gids/0").c_str(), alive ? "answering" : "NOT ANSWERING");
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* env_dir = getenv("VRDMA_RUN_DIR");
+    std::string run_dir = env_dir && *env_dir ? env_dir : VRDMA_DEFAULT_RUN_DIR;
+    std::string cmd;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            fputs(kHelp, stdout);
+            return 0;
+        } else if (a == "--run-dir" && i + 1 < argc) {
+            run_dir = argv[++i];
+        } else if (cmd.empty() && a[0] != '-') {
+            cmd = a;
+        } else {
+            fprintf(stderr, "vrdmactl: unexpected argument '%s' (see vrdmactl --help)\n", a.c_str());
+            return 2;
+        }
+    }
+    if (cmd == "list") return list(run_dir);
+    if (cmd == "status") {
+        std::string pid = read_line(run_dir + "/ready");
+        if (pid.empty()) {
+            printf("no vrdma-shim is ready in %s\n", run_dir.c_str());
+            return 3;
+        }
+        printf("vrdma-shim pid %s serves %s\n", pid.c_str(), run_dir.c_str());
+        return list(run_dir);
+    }
+    fprintf(stderr, "vrdmactl: %s (see vrdmactl --help)\n",
+            cmd.empty() ? "no command given" : ("unknown command '" + cmd + "'").c_str());
+    return 2;
+}
