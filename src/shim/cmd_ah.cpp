@@ -1,0 +1,33 @@
+// CreateAh, DestroyAh.
+#include <cerrno>
+
+#include "commands.h"
+
+namespace vrdma::shim {
+
+int cmd_create_ah(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdCreateAhReq>(req);
+    Pd* pd = ctx.pds.get(r.pd_handle);
+    if (!pd) return EINVAL;
+    const abi::AhAttr& a = r.attr;
+    if (a.dlid == 0 || a.dlid >= 0xc000 || a.sl > 15 || a.port_num != 1) return EINVAL;
+    if (a.is_global > 1 || (a.is_global && a.sgid_index != 0)) return EINVAL;
+    auto ah = std::make_unique<Ah>();
+    ah->pd = r.pd_handle;
+    ah->attr = a;
+    uint32_t h = ctx.ahs.insert(std::move(ah));
+    if (!h) return ENOMEM;
+    ++pd->users;
+    store_resp(resp, abi::CmdCreateAhResp{h});
+    return 0;
+}
+
+int cmd_destroy_ah(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    auto ah = ctx.ahs.erase(r.handle);
+    if (!ah) return ENOENT;
+    if (Pd* pd = ctx.pds.get(ah->pd)) --pd->users;
+    return 0;
+}
+
+}  // namespace vrdma::shim

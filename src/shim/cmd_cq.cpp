@@ -1,0 +1,41 @@
+// CreateCq, DestroyCq.
+#include <cerrno>
+
+#include "commands.h"
+#include "vrdma/ring.h"
+
+namespace vrdma::shim {
+
+int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdCreateCqReq>(req);
+    if (!is_pow2(r.entries) || r.entries > abi::kMaxCqEntries || r.entries - 1 > ctx.quotas().max_cqe)
+        return EINVAL;
+    HostRange ring;
+    if (int err = map_ring(ctx, r.ring_gva, abi::cq_ring_bytes(r.entries), ring)) return err;
+    if (ctx.cqs.size() >= ctx.cqs.limit()) return ENOMEM;
+    auto cq = std::make_unique<Cq>();
+    cq->ring = reinterpret_cast<abi::RingHeader*>(ring.host);
+    cq->notify = reinterpret_cast<abi::CqNotify*>(ring.host + sizeof(abi::RingHeader));
+    cq->slots = reinterpret_cast<abi::Cqe*>(ring.host + abi::cq_slots_offset());
+    cq->entries = r.entries;
+    cq->user_handle = r.user_handle;
+    cq->channel_id = r.channel_id;  // completion channels come later
+    cq->keep = std::move(ring.keepalive);
+    cq->last_arm_seq = cq->notify->arm_seq.load(std::memory_order_acquire);
+    cq->ring->producer.store(0, std::memory_order_release);
+    uint32_t h = ctx.cqs.insert(std::move(cq));
+    if (!h) return ENOMEM;
+    store_resp(resp, abi::CmdCreateCqResp{h});
+    return 0;
+}
+
+int cmd_destroy_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    Cq* cq = ctx.cqs.get(r.handle);
+    if (!cq) return ENOENT;
+    if (cq->users) return EBUSY;
+    ctx.cqs.erase(r.handle);
+    return 0;
+}
+
+}  // namespace vrdma::shim

@@ -1,0 +1,65 @@
+// AllocPd, DeallocPd, RegMr, DeregMr.
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+
+#include "commands.h"
+
+namespace vrdma::shim {
+namespace {
+
+constexpr uint32_t kOptionalAccess = IBV_ACCESS_OPTIONAL_RANGE;  // may be ignored by definition
+constexpr uint32_t kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                               IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB |
+                               kOptionalAccess;
+
+}  // namespace
+
+int cmd_alloc_pd(Engine&, Context& ctx, const uint8_t*, uint8_t* resp) {
+    uint32_t h = ctx.pds.insert(std::make_unique<Pd>());
+    if (!h) return ENOMEM;
+    store_resp(resp, abi::CmdAllocPdResp{h});
+    return 0;
+}
+
+int cmd_dealloc_pd(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    Pd* pd = ctx.pds.get(r.handle);
+    if (!pd) return ENOENT;
+    if (pd->users) return EBUSY;
+    ctx.pds.erase(r.handle);
+    return 0;
+}
+
+int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdRegMrReq>(req);
+    Pd* pd = ctx.pds.get(r.pd_handle);
+    if (!pd) return EINVAL;
+    if (r.access & ~kMrAccess) return EINVAL;
+    if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(r.access & IBV_ACCESS_LOCAL_WRITE))
+        return EINVAL;
+    if (r.length == 0 || r.length > ctx.quotas().max_mr_size || r.addr + r.length < r.addr) return EINVAL;
+    if (ctx.mrs.size() >= ctx.mrs.limit()) return ENOMEM;
+    auto mr = std::make_unique<Mr>();
+    int err = ctx.segments.map_range(r.addr, r.length, mr->mem);
+    if (err) return err;
+    mr->pd = r.pd_handle;
+    mr->access = r.access & ~kOptionalAccess;
+    mr->addr = r.addr;
+    mr->length = r.length;
+    uint32_t h = ctx.mrs.insert(std::move(mr));
+    if (!h) return ENOMEM;
+    ++pd->users;
+    store_resp(resp, abi::CmdRegMrResp{h, h, h});
+    return 0;
+}
+
+int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    auto mr = ctx.mrs.erase(r.handle);
+    if (!mr) return ENOENT;
+    if (Pd* pd = ctx.pds.get(mr->pd)) --pd->users;
+    return 0;
+}
+
+}  // namespace vrdma::shim

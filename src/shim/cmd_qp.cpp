@@ -1,0 +1,153 @@
+// CreateQp, ModifyQp, QueryQp, DestroyQp.
+#include <infiniband/verbs.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "commands.h"
+#include "qp_state.h"
+#include "vrdma/ring.h"
+#include "work_queue.h"
+
+namespace vrdma::shim {
+namespace {
+
+constexpr uint32_t kKnownQpMask = IBV_QP_STATE | IBV_QP_CUR_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY |
+                                  IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY |
+                                  IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                  IBV_QP_RNR_RETRY | IBV_QP_RQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_ALT_PATH |
+                                  IBV_QP_MIN_RNR_TIMER | IBV_QP_SQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                  IBV_QP_PATH_MIG_STATE | IBV_QP_DEST_QPN;
+
+int setup_wq(const Context& ctx, uint64_t gva, uint32_t entries, uint32_t stride, WorkQueue& wq) {
+    HostRange ring;
+    if (int err = map_ring(ctx, gva, abi::wq_ring_bytes(entries, stride), ring)) return err;
+    wq.ring = reinterpret_cast<abi::RingHeader*>(ring.host);
+    wq.slots = ring.host + abi::wq_slots_offset();
+    wq.entries = entries;
+    wq.stride = stride;
+    wq.keep = std::move(ring.keepalive);
+    wq_reset(wq);
+    return 0;
+}
+
+}  // namespace
+
+int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdCreateQpReq>(req);
+    const Quotas& q = ctx.quotas();
+    if (r.qp_type != IBV_QPT_RC && r.qp_type != IBV_QPT_UD) return EINVAL;
+    Pd* pd = ctx.pds.get(r.pd_handle);
+    Cq* scq = ctx.cqs.get(r.send_cq_handle);
+    Cq* rcq = ctx.cqs.get(r.recv_cq_handle);
+    if (!pd || !scq || !rcq) return EINVAL;
+    Srq* srq = nullptr;
+    if (r.srq_handle) {
+        srq = ctx.srqs.get(r.srq_handle);
+        if (!srq) return EINVAL;
+        if (r.rq_gva || r.rq_entries) return EINVAL;
+    }
+    if (r.max_send_sge > q.max_sge || r.max_inline_data > q.max_inline || r.sq_sig_all > 1) return EINVAL;
+    uint64_t sq_min = sizeof(abi::SendWqe) +
+                      std::max<uint64_t>(uint64_t(r.max_send_sge) * sizeof(abi::Sge), r.max_inline_data);
+    if (!wq_geometry_ok(r.sq_entries, q.max_qp_wr, r.sq_stride, sq_min)) return EINVAL;
+    if (!srq) {
+        if (r.max_recv_sge > q.max_sge) return EINVAL;
+        uint64_t rq_min = sizeof(abi::RecvWqe) + uint64_t(r.max_recv_sge) * sizeof(abi::Sge);
+        if (!wq_geometry_ok(r.rq_entries, q.max_qp_wr, r.rq_stride, rq_min)) return EINVAL;
+    }
+    if (ctx.qps.size() >= ctx.qps.limit()) return ENOMEM;
+
+    auto qp = std::make_unique<Qp>();
+    if (int err = setup_wq(ctx, r.sq_gva, r.sq_entries, r.sq_stride, qp->sq)) return err;
+    if (!srq)
+        if (int err = setup_wq(ctx, r.rq_gva, r.rq_entries, r.rq_stride, qp->rq)) return err;
+    uint32_t qpn = eng.alloc_qpn();
+    if (!qpn) return ENOMEM;
+    qp->qpn = qpn;
+    qp->type = r.qp_type;
+    qp->pd = r.pd_handle;
+    qp->send_cq = r.send_cq_handle;
+    qp->recv_cq = r.recv_cq_handle;
+    qp->srq = r.srq_handle;
+    qp->max_send_sge = r.max_send_sge;
+    qp->max_recv_sge = srq ? 0 : r.max_recv_sge;
+    qp->max_inline = r.max_inline_data;
+    qp->sig_all = r.sq_sig_all != 0;
+    qp->user_handle = r.user_handle;
+    qp->state = IBV_QPS_RESET;
+    uint32_t h = ctx.qps.insert(std::move(qp));
+    if (!h) return ENOMEM;
+    eng.register_qp(qpn, ctx, h);
+    ++pd->users;
+    ++scq->users;
+    ++rcq->users;
+    if (srq) ++srq->users;
+    store_resp(resp, abi::CmdCreateQpResp{h, qpn});
+    return 0;
+}
+
+int cmd_modify_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdModifyQpReq>(req);
+    Qp* qp = ctx.qps.get(r.qp_handle);
+    if (!qp) return ENOENT;
+    const uint32_t mask = r.attr_mask;
+    if (mask & ~kKnownQpMask) return EINVAL;
+    const uint32_t cur = qp->state;
+    if ((mask & IBV_QP_CUR_STATE) && r.attr.cur_qp_state != cur) return EINVAL;
+    const uint32_t next = (mask & IBV_QP_STATE) ? r.attr.qp_state : cur;
+    if (!qp_modify_is_ok(cur, next, qp->type, mask)) return EINVAL;
+    if (int err = qp_check_attr_values(r.attr, mask, ctx.quotas())) return err;
+
+    qp_apply_attrs(*qp, r.attr, mask);
+    if (next == IBV_QPS_RESET) {
+        // Back to a fresh QP: posted WQEs are dropped without completions.
+        wq_discard_all(qp->sq);
+        if (!qp->srq) wq_discard_all(qp->rq);
+        qp->attr = abi::QpAttr{};
+        qp->wait = SqWait::None;
+        qp->state = IBV_QPS_RESET;
+    } else if (next == IBV_QPS_ERR) {
+        qp->state = IBV_QPS_ERR;
+        qp->wait = SqWait::None;
+        ctx.rescan = true;
+    } else {
+        if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
+        qp->state = next;
+        ctx.rescan = true;
+    }
+    return 0;
+}
+
+int cmd_query_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    Qp* qp = ctx.qps.get(r.handle);
+    if (!qp) return ENOENT;
+    abi::CmdQueryQpResp out{};
+    out.attr = qp->attr;
+    out.attr.qp_state = qp->state;
+    out.attr.cur_qp_state = qp->state;
+    out.attr.max_send_wr = qp->sq.entries;
+    out.attr.max_recv_wr = qp->srq ? 0 : qp->rq.entries;
+    out.attr.max_send_sge = qp->max_send_sge;
+    out.attr.max_recv_sge = qp->max_recv_sge;
+    out.attr.max_inline_data = qp->max_inline;
+    out.attr.sq_draining = 0;
+    store_resp(resp, out);
+    return 0;
+}
+
+int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    auto qp = ctx.qps.erase(r.handle);
+    if (!qp) return ENOENT;
+    eng.unregister_qp(qp->qpn);
+    if (Pd* pd = ctx.pds.get(qp->pd)) --pd->users;
+    if (Cq* cq = ctx.cqs.get(qp->send_cq)) --cq->users;
+    if (Cq* cq = ctx.cqs.get(qp->recv_cq)) --cq->users;
+    if (qp->srq)
+        if (Srq* srq = ctx.srqs.get(qp->srq)) --srq->users;
+    return 0;
+}
+
+}  // namespace vrdma::shim

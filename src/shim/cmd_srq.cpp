@@ -1,0 +1,73 @@
+// CreateSrq, ModifySrq, QuerySrq, DestroySrq.
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+
+#include "commands.h"
+#include "work_queue.h"
+
+namespace vrdma::shim {
+
+int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdCreateSrqReq>(req);
+    const Quotas& q = ctx.quotas();
+    Pd* pd = ctx.pds.get(r.pd_handle);
+    if (!pd) return EINVAL;
+    if (r.max_sge == 0 || r.max_sge > q.max_sge) return EINVAL;
+    uint64_t min_stride = sizeof(abi::RecvWqe) + uint64_t(r.max_sge) * sizeof(abi::Sge);
+    if (!wq_geometry_ok(r.entries, q.max_srq_wr, r.stride, min_stride)) return EINVAL;
+    if (ctx.srqs.size() >= ctx.srqs.limit()) return ENOMEM;
+    HostRange ring;
+    if (int err = map_ring(ctx, r.ring_gva, abi::wq_ring_bytes(r.entries, r.stride), ring)) return err;
+    auto srq = std::make_unique<Srq>();
+    srq->pd = r.pd_handle;
+    srq->wq.ring = reinterpret_cast<abi::RingHeader*>(ring.host);
+    srq->wq.slots = ring.host + abi::wq_slots_offset();
+    srq->wq.entries = r.entries;
+    srq->wq.stride = r.stride;
+    srq->wq.keep = std::move(ring.keepalive);
+    wq_reset(srq->wq);
+    srq->max_sge = r.max_sge;
+    srq->limit = 0;  // like most HCAs, srq_limit is ignored at creation
+    srq->srqn = eng.alloc_srqn();
+    srq->user_handle = r.user_handle;
+    uint32_t srqn = srq->srqn;
+    uint32_t h = ctx.srqs.insert(std::move(srq));
+    if (!h) return ENOMEM;
+    ++pd->users;
+    store_resp(resp, abi::CmdCreateSrqResp{h, srqn});
+    return 0;
+}
+
+int cmd_modify_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdModifySrqReq>(req);
+    Srq* srq = ctx.srqs.get(r.srq_handle);
+    if (!srq) return ENOENT;
+    if (r.attr_mask & ~uint32_t(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT)) return EINVAL;
+    if (r.attr_mask & IBV_SRQ_MAX_WR) return EINVAL;  // resizing is not supported
+    if (r.attr_mask & IBV_SRQ_LIMIT) {
+        if (r.srq_limit > srq->wq.entries) return EINVAL;
+        srq->limit = r.srq_limit;
+    }
+    return 0;
+}
+
+int cmd_query_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    Srq* srq = ctx.srqs.get(r.handle);
+    if (!srq) return ENOENT;
+    store_resp(resp, abi::CmdQuerySrqResp{srq->wq.entries, srq->max_sge, srq->limit});
+    return 0;
+}
+
+int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    Srq* srq = ctx.srqs.get(r.handle);
+    if (!srq) return ENOENT;
+    if (srq->users) return EBUSY;
+    auto gone = ctx.srqs.erase(r.handle);
+    if (Pd* pd = ctx.pds.get(gone->pd)) --pd->users;
+    return 0;
+}
+
+}  // namespace vrdma::shim

@@ -1,0 +1,61 @@
+// Command handlers: one per CmdOp. Each gets a private copy of the request
+// record (never the shared slot), validates every field, and fills the
+// response. Returns 0 or a positive errno for the slot's status.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "context.h"
+#include "engine.h"
+#include "segment_table.h"
+#include "vrdma/abi.h"
+
+namespace vrdma::shim {
+
+using CmdHandler = int (*)(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp);
+
+int dispatch_command(Engine& eng, Context& ctx, uint32_t op, const uint8_t* req, uint8_t* resp);
+
+int cmd_query_device(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_query_port(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_alloc_pd(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_dealloc_pd(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_reg_mr(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_dereg_mr(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_create_cq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_destroy_cq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_create_qp(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_modify_qp(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_query_qp(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_destroy_qp(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_create_srq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_modify_srq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_query_srq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_destroy_srq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_create_ah(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_destroy_ah(Engine&, Context&, const uint8_t*, uint8_t*);
+
+// Helpers shared by the handlers.
+template <typename T>
+T load_req(const uint8_t* req) {
+    static_assert(sizeof(T) <= abi::kCmdReqBytes);
+    T t;
+    std::memcpy(&t, req, sizeof(T));
+    return t;
+}
+template <typename T>
+void store_resp(uint8_t* resp, const T& t) {
+    static_assert(sizeof(T) <= abi::kCmdRespBytes);
+    std::memcpy(resp, &t, sizeof(T));
+}
+
+// A ring of `bytes` at `gva`: 64-byte aligned, inside one segment of the
+// context. 0, EINVAL (alignment, size) or EFAULT (not inside one segment).
+int map_ring(const Context& ctx, uint64_t gva, uint64_t bytes, HostRange& out);
+
+// Entries and stride of a work queue: both powers of two, entries <= limit,
+// stride in [kMinWqeStride, kMaxWqeStride] and >= `min_stride`.
+bool wq_geometry_ok(uint32_t entries, uint32_t limit, uint32_t stride, uint64_t min_stride);
+
+}  // namespace vrdma::shim

@@ -1,0 +1,59 @@
+// One attached process ("context"): its arena and control block, the fds it
+// passed, its segment table and its resource tables. Built over an arena
+// memfd, so tests can create one in-process without a socket.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "device_model.h"
+#include "handle_table.h"
+#include "resources.h"
+#include "segment_table.h"
+#include "vrdma/abi.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim {
+
+class Context {
+public:
+    Context(uint64_t id, const GuestIdentity& guest, const Quotas& quotas, std::shared_ptr<Mapping> arena,
+            UniqueFd kick, UniqueFd cmd_done, UniqueFd async);
+    Context(const Context&) = delete;
+    Context& operator=(const Context&) = delete;
+
+    uint64_t id() const { return id_; }
+    const GuestIdentity& guest() const { return *guest_; }
+    const Quotas& quotas() const { return *quotas_; }
+    abi::ControlBlock* control() const { return cb_; }
+    int kick_fd() const { return kick_.get(); }
+
+    void signal_cmd_done();
+    // Writes one 16-byte async event record, never blocking.
+    void post_async_event(uint32_t event_type, uint64_t element);
+
+    SegmentTable segments;
+    HandleTable<Pd, HandleType::Pd> pds;
+    HandleTable<Mr, HandleType::Mr> mrs;
+    HandleTable<Cq, HandleType::Cq> cqs;
+    HandleTable<Qp, HandleType::Qp> qps;
+    HandleTable<Srq, HandleType::Srq> srqs;
+    HandleTable<Ah, HandleType::Ah> ahs;
+
+    // Engine state.
+    uint32_t cmd_cons = 0;
+    uint32_t last_doorbell = 0;
+    bool rescan = true;              // look at every queue on the next pass
+    uint64_t next_deadline_ns = 0;   // earliest waiting QP deadline, 0: none
+    bool dead = false;               // protocol violation: detach it
+
+private:
+    uint64_t id_;
+    const GuestIdentity* guest_;
+    const Quotas* quotas_;
+    std::shared_ptr<Mapping> arena_;
+    abi::ControlBlock* cb_;
+    UniqueFd kick_, cmd_done_, async_;
+};
+
+}  // namespace vrdma::shim

@@ -1,0 +1,56 @@
+// What a guest's vrdma0 looks like: identity (LID, GUIDs, GID) and the limits
+// the shim advertises. The limits are the ones it enforces: QueryDevice,
+// QueryPort and the sysfs tree are all filled from here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "vrdma/abi.h"
+
+namespace vrdma::shim {
+
+// Per-guest resource limits. Device attributes report these, and command
+// handlers enforce them (ENOMEM once a count is reached).
+struct Quotas {
+    uint32_t max_qp = 16384;
+    uint32_t max_qp_wr = 16384;
+    uint32_t max_sge = abi::kMaxSge;
+    uint32_t max_cq = 16384;
+    uint32_t max_cqe = abi::kMaxCqEntries - 1;  // the provider rounds cqe+1 up to a power of two
+    uint32_t max_mr = 1u << 20;
+    uint64_t max_mr_size = 1ull << 40;
+    uint32_t max_pd = 1u << 16;
+    uint32_t max_ah = 1u << 16;
+    uint32_t max_srq = 8192;
+    uint32_t max_srq_wr = 16384;
+    uint32_t max_inline = abi::kMaxInline;
+    uint32_t max_rd_atomic = 16;
+};
+
+constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
+constexpr uint32_t kMaxMsgSize = 1u << 31;
+
+struct GuestIdentity {
+    std::string name;
+    uint16_t lid = 0;
+    uint64_t guid = 0;  // host byte order; node GUID = port GUID = sys image GUID
+};
+
+// A 64-bit id of this host (hash of /etc/machine-id, or of the hostname).
+uint64_t host_id();
+// Deterministic, nonzero GUID for a guest of this host.
+uint64_t derive_guid(uint64_t host, const std::string& guest_name);
+
+// GID 0: fe80::/64 followed by the port GUID (network byte order).
+void make_gid(uint64_t guid, uint8_t gid[16]);
+
+// "xxxx:xxxx:xxxx:xxxx"
+std::string format_guid(uint64_t guid);
+// "fe80:0000:0000:0000:xxxx:xxxx:xxxx:xxxx"
+std::string format_gid(const uint8_t gid[16]);
+
+abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q);
+abi::PortAttr make_port_attr(const GuestIdentity& id);
+
+}  // namespace vrdma::shim

@@ -1,0 +1,258 @@
+#include "engine.h"
+
+#include <infiniband/verbs.h>
+#include <time.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "commands.h"
+#include "cq_writer.h"
+#include "local_transport.h"
+#include "qp_state.h"
+#include "vrdma/ring.h"
+#include "vrdma_common/log.h"
+#include "work_queue.h"
+
+namespace vrdma::shim {
+
+uint64_t monotonic_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+Engine::Engine(Quotas quotas) : quotas_(quotas) {}
+
+Engine::~Engine() {
+    while (!contexts_.empty()) detach(contexts_.begin()->first);
+}
+
+const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, uint64_t guid) {
+    auto g = std::make_unique<GuestIdentity>();
+    g->name = name;
+    g->lid = lid;
+    g->guid = guid;
+    guests_.push_back(std::move(g));
+    return *guests_.back();
+}
+
+Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
+                        UniqueFd cmd_done, UniqueFd async, int& err) {
+    err = 0;
+    if (len < abi::kControlBlockBytes) {
+        err = EINVAL;
+        return nullptr;
+    }
+    std::shared_ptr<Mapping> map;
+    if ((err = map_segment(std::move(arena), gva, len, 0, map))) return nullptr;
+    uint64_t id = next_ctx_id_++;
+    auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
+                                         std::move(async));
+    Context* p = ctx.get();
+    contexts_.emplace(id, std::move(ctx));
+    return p;
+}
+
+void Engine::destroy_resources(Context& ctx) {
+    ctx.qps.for_each([&](uint32_t, Qp& qp) { unregister_qp(qp.qpn); });
+}
+
+void Engine::detach(uint64_t ctx_id) {
+    auto it = contexts_.find(ctx_id);
+    if (it == contexts_.end()) return;
+    Context& ctx = *it->second;
+    ctx.control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);
+    destroy_resources(ctx);
+    LOG_INFO("guest %s: context %llu detached (%u QPs, %u MRs freed)", ctx.guest().name.c_str(),
+             (unsigned long long)ctx_id, ctx.qps.size(), ctx.mrs.size());
+    contexts_.erase(it);
+}
+
+Context* Engine::find_context(uint64_t ctx_id) {
+    auto it = contexts_.find(ctx_id);
+    return it == contexts_.end() ? nullptr : it->second.get();
+}
+
+std::vector<uint64_t> Engine::dead_contexts() const {
+    std::vector<uint64_t> v;
+    for (auto& [id, c] : contexts_)
+        if (c->dead) v.push_back(id);
+    return v;
+}
+
+uint32_t Engine::alloc_qpn() {
+    if (qpns_.size() >= 0xfffff0) return 0;
+    for (;;) {
+        uint32_t q = next_qpn_;
+        next_qpn_ = (next_qpn_ + 1) & 0xffffff;
+        if (next_qpn_ < 2) next_qpn_ = 2;
+        if (!qpns_.count(q)) return q;
+    }
+}
+
+void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) { qpns_[qpn] = QpLoc{&ctx, handle}; }
+void Engine::unregister_qp(uint32_t qpn) { qpns_.erase(qpn); }
+
+Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
+    auto it = qpns_.find(qpn);
+    if (it == qpns_.end()) return {};
+    Context* c = it->second.ctx;
+    if (c->guest().lid != lid || c->dead) return {};
+    Qp* qp = c->qps.get(it->second.handle);
+    if (!qp) return {};
+    return QpRef{c, qp};
+}
+
+uint64_t Engine::next_deadline_ns() const {
+    uint64_t best = 0;
+    for (auto& [id, c] : contexts_)
+        if (c->next_deadline_ns && (!best || c->next_deadline_ns < best)) best = c->next_deadline_ns;
+    return best;
+}
+
+void Engine::set_sleeping(bool sleeping) {
+    for (auto& [id, c] : contexts_) c->control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+void Engine::mark_all_fatal() {
+    for (auto& [id, c] : contexts_) c->control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);
+}
+
+std::vector<int> Engine::kick_fds() const {
+    std::vector<int> v;
+    for (auto& [id, c] : contexts_)
+        if (c->kick_fd() >= 0) v.push_back(c->kick_fd());
+    return v;
+}
+
+bool Engine::poll_once() {
+    bool progress = false;
+    for (auto& [id, c] : contexts_)
+        if (!c->dead) progress |= process_context(*c);
+    return progress;
+}
+
+bool Engine::process_context(Context& ctx) {
+    if (ctx.dead) return false;
+    const uint32_t db = ctx.control()->doorbell.load(std::memory_order_seq_cst);
+    const uint64_t t = now();
+    const bool due = ctx.next_deadline_ns && t >= ctx.next_deadline_ns;
+    if (db == ctx.last_doorbell && !ctx.rescan && !due) return false;
+    ctx.last_doorbell = db;
+    ctx.rescan = false;
+    ctx.next_deadline_ns = 0;
+    bool progress = process_commands(ctx);
+    if (ctx.dead) return true;
+    ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= process_qp(ctx, qp, t); });
+    return progress;
+}
+
+bool Engine::process_commands(Context& ctx) {
+    abi::ControlBlock* cb = ctx.control();
+    uint32_t prod = cb->cmd_producer.load(std::memory_order_acquire);
+    if (!ring_valid_producer(prod, ctx.cmd_cons, abi::kCmdSlots)) {
+        LOG_WARN("guest %s: context %llu wrote an invalid cmd_producer %u (consumer %u): detaching it",
+                 ctx.guest().name.c_str(), (unsigned long long)ctx.id(), prod, ctx.cmd_cons);
+        ctx.dead = true;
+        return false;
+    }
+    uint32_t n = ring_count(prod, ctx.cmd_cons, abi::kCmdSlots);
+    if (n == 0) return false;
+    alignas(8) uint8_t req[abi::kCmdReqBytes];
+    alignas(8) uint8_t resp[abi::kCmdRespBytes];
+    for (uint32_t i = 0; i < n; ++i) {
+        abi::CmdSlot& slot = cb->cmd[ring_slot(ctx.cmd_cons, abi::kCmdSlots)];
+        uint32_t seq = slot.seq.load(std::memory_order_acquire);
+        uint32_t op;
+        std::memcpy(&op, &slot.op, sizeof(op));
+        std::memcpy(req, slot.req, sizeof(req));
+        std::memset(resp, 0, sizeof(resp));
+        int status = dispatch_command(*this, ctx, op, req, resp);
+        if (status) LOG_DEBUG("guest %s: command %u failed: %s", ctx.guest().name.c_str(), op, strerror(status));
+        std::memcpy(slot.resp, resp, sizeof(resp));
+        slot.status = status;
+        slot.done_seq.store(seq, std::memory_order_release);
+        ctx.cmd_cons = ring_next(ctx.cmd_cons, abi::kCmdSlots);
+        cb->cmd_consumer.store(ctx.cmd_cons, std::memory_order_release);
+    }
+    ctx.signal_cmd_done();
+    ctx.rescan = true;  // new QPs or states: look at every queue next pass
+    return true;
+}
+
+namespace {
+
+// Completes every posted send WQE with IBV_WC_WR_FLUSH_ERR (signaled or not).
+bool flush_sq(Context& ctx, Qp& qp) {
+    uint32_t n;
+    if (!wq_pending(qp.sq, n) || n == 0) return false;
+    for (uint32_t i = 0; i < n; ++i) {
+        abi::SendWqe hdr;
+        std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
+        abi::Cqe c{};
+        c.wr_id = hdr.wr_id;
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.opcode = wc_opcode_for(hdr.opcode);
+        c.qp_num = qp.qpn;
+        wq_consume(qp.sq);
+        cq_push(ctx, qp.send_cq, c);
+    }
+    return true;
+}
+
+bool flush_rq(Context& ctx, Qp& qp) {
+    if (qp.srq) return false;
+    uint32_t n;
+    if (!wq_pending(qp.rq, n) || n == 0) return false;
+    for (uint32_t i = 0; i < n; ++i) {
+        abi::RecvWqe hdr;
+        std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
+        abi::Cqe c{};
+        c.wr_id = hdr.wr_id;
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.opcode = IBV_WC_RECV;
+        c.qp_num = qp.qpn;
+        wq_consume(qp.rq);
+        cq_push(ctx, qp.recv_cq, c);
+    }
+    return true;
+}
+
+}  // namespace
+
+bool Engine::process_qp(Context& ctx, Qp& qp, uint64_t t) {
+    if (qp.state == IBV_QPS_ERR) {
+        bool a = flush_sq(ctx, qp);
+        bool b = flush_rq(ctx, qp);
+        return a || b;
+    }
+    if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
+    if (qp.state != IBV_QPS_RTS) return false;
+    if (qp.wait != SqWait::None && t < qp.deadline_ns) {
+        if (!ctx.next_deadline_ns || qp.deadline_ns < ctx.next_deadline_ns) ctx.next_deadline_ns = qp.deadline_ns;
+        return false;
+    }
+    uint32_t n;
+    if (!wq_pending(qp.sq, n)) {
+        LOG_WARN("guest %s: QP %u: invalid send queue producer index", ctx.guest().name.c_str(), qp.qpn);
+        qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+        return true;
+    }
+    bool progress = false;
+    static SendWork work;  // single-threaded engine: one scratch WQE copy
+    for (uint32_t i = 0; i < n && qp.state == IBV_QPS_RTS; ++i) {
+        uint32_t st = read_send_wqe(qp.sq, qp.sq.cons, qp.max_send_sge, qp.max_inline, work);
+        if (execute_send(*this, ctx, qp, work, st) == ExecResult::Wait) break;
+        wq_consume(qp.sq);
+        if (qp.send_cqe_pending) {
+            qp.send_cqe_pending = false;
+            cq_push(ctx, qp.send_cq, qp.send_cqe);
+        }
+        progress = true;
+    }
+    if (qp.state != IBV_QPS_RTS) ctx.rescan = true;  // flush what is left
+    return progress;
+}
+
+}  // namespace vrdma::shim

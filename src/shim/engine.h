@@ -1,0 +1,85 @@
+// The QP engine: every guest and attached context of this shim, the QPN
+// registry that routes (LID, QPN) to a QP, and one pass of work over all
+// contexts (commands, send queues, flushes). Single-threaded by design (see
+// event_loop.h); nothing here locks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "context.h"
+#include "device_model.h"
+
+namespace vrdma::shim {
+
+uint64_t monotonic_ns();
+
+class Engine {
+public:
+    explicit Engine(Quotas quotas = {});
+    ~Engine();
+
+    const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid);
+    const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
+    const Quotas& quotas() const { return quotas_; }
+
+    // Attaches a process: maps its arena (validated) and creates its context.
+    // Returns null with a positive errno in `err` on failure.
+    Context* attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
+                    UniqueFd cmd_done, UniqueFd async, int& err);
+    // Destroys a context and every resource it owns.
+    void detach(uint64_t ctx_id);
+    Context* find_context(uint64_t ctx_id);
+    std::vector<uint64_t> dead_contexts() const;
+    size_t context_count() const { return contexts_.size(); }
+
+    // One pass over every context. Returns true if anything progressed.
+    bool poll_once();
+    // Earliest deadline of a QP waiting for an RNR or retry timer (0: none).
+    uint64_t next_deadline_ns() const;
+    void set_sleeping(bool sleeping);
+    void mark_all_fatal();
+    std::vector<int> kick_fds() const;
+
+    // QPN registry (QPNs are unique per shim).
+    struct QpRef {
+        Context* ctx = nullptr;
+        Qp* qp = nullptr;
+        explicit operator bool() const { return qp != nullptr; }
+    };
+    uint32_t alloc_qpn();
+    void register_qp(uint32_t qpn, Context& ctx, uint32_t handle);
+    void unregister_qp(uint32_t qpn);
+    QpRef find_qp(uint16_t lid, uint32_t qpn);
+    uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
+
+    uint64_t now() const { return clock_(); }
+    void set_clock(uint64_t (*clock)()) { clock_ = clock; }
+
+    // Processes one context's commands and queues (tests call it directly).
+    bool process_context(Context& ctx);
+
+private:
+    bool process_commands(Context& ctx);
+    bool process_qp(Context& ctx, Qp& qp, uint64_t now);
+    void destroy_resources(Context& ctx);
+
+    Quotas quotas_;
+    std::vector<std::unique_ptr<GuestIdentity>> guests_;
+    std::map<uint64_t, std::unique_ptr<Context>> contexts_;
+    uint64_t next_ctx_id_ = 1;
+    struct QpLoc {
+        Context* ctx;
+        uint32_t handle;
+    };
+    std::unordered_map<uint32_t, QpLoc> qpns_;
+    uint32_t next_qpn_ = 2;  // 0 and 1 are the special QPs of IB
+    uint32_t next_srqn_ = 1;
+    uint64_t (*clock_)() = monotonic_ns;
+};
+
+}  // namespace vrdma::shim

@@ -1,0 +1,229 @@
+#include "event_loop.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "vrdma_common/guest_paths.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim {
+
+Daemon::Daemon(Options opts) : opts_(std::move(opts)) {}
+
+Daemon::~Daemon() { shutdown(); }
+
+bool Daemon::epoll_add(int fd, uint32_t events, uint64_t data) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = data;
+    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
+}
+
+void Daemon::epoll_del(int fd) {
+    if (fd >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+}
+
+bool Daemon::start(std::string& error) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
+    epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!signal_fd_ || !epoll_ || !epoll_add(signal_fd_.get(), EPOLLIN, tag(kSignal, 0))) {
+        error = std::string("cannot set up epoll/signalfd: ") + strerror(errno);
+        return false;
+    }
+    if (!run_dir_.acquire(opts_.run_dir, error)) return false;
+
+    const uint64_t host = host_id();
+    std::string line = "vrdma-shim: ready: guests";
+    for (size_t i = 0; i < opts_.guests.size(); ++i) {
+        const std::string& name = opts_.guests[i];
+        const GuestIdentity& id =
+            engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name));
+        auto pub = std::make_unique<GuestPublication>();
+        bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
+        published_.push_back(std::move(pub));
+        if (!ok) return false;
+        UniqueFd lfd;
+        if (!open_guest_socket(guest_paths(run_dir_.path(), name).socket, lfd, error)) return false;
+        if (!epoll_add(lfd.get(), EPOLLIN, tag(kListen, i))) {
+            error = std::string("epoll: ") + strerror(errno);
+            return false;
+        }
+        listeners_.push_back(std::move(lfd));
+        line += " " + name + "(lid " + std::to_string(id.lid) + ")";
+        LOG_INFO("guest %s: lid %u guid %s", name.c_str(), id.lid, format_guid(id.guid).c_str());
+    }
+    if (!run_dir_.mark_ready(error)) return false;
+    line += " run-dir " + run_dir_.path();
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    return true;
+}
+
+void Daemon::run() {
+    uint64_t idle_since = monotonic_ns();
+    unsigned busy_passes = 0;
+    while (!stop_) {
+        bool progress = engine_.poll_once();
+        reap_dead_contexts();
+        if (progress) {
+            idle_since = monotonic_ns();
+            if (++busy_passes % 64 == 0) poll_events(0);
+            continue;
+        }
+        uint64_t t = monotonic_ns();
+        if (t - idle_since < kIdleSpinNs) {
+            poll_events(0);
+            sched_yield();
+            continue;
+        }
+        // Going to sleep: announce it, then look at every ring once more so
+        // that a doorbell rung before the announcement is not missed.
+        engine_.set_sleeping(true);
+        if (engine_.poll_once()) {
+            engine_.set_sleeping(false);
+            idle_since = monotonic_ns();
+            continue;
+        }
+        int timeout_ms = -1;
+        if (uint64_t dl = engine_.next_deadline_ns()) {
+            t = monotonic_ns();
+            if (dl <= t + 1'000'000) {  // too close to sleep on a millisecond timer
+                engine_.set_sleeping(false);
+                poll_events(0);
+                sched_yield();
+                continue;
+            }
+            timeout_ms = int((dl - t) / 1'000'000);
+        }
+        poll_events(timeout_ms);
+        engine_.set_sleeping(false);
+        idle_since = monotonic_ns();
+    }
+    shutdown();
+}
+
+void Daemon::poll_events(int timeout_ms) {
+    epoll_event evs[64];
+    int n = ::epoll_wait(epoll_.get(), evs, 64, timeout_ms);
+    for (int i = 0; i < n; ++i) {
+        uint64_t kind = evs[i].data.u64 >> 56, id = evs[i].data.u64 & ((1ull << 56) - 1);
+        switch (kind) {
+        case kSignal: {
+            signalfd_siginfo si;
+            while (::read(signal_fd_.get(), &si, sizeof(si)) == ssize_t(sizeof(si))) {
+                LOG_INFO("signal %u: shutting down", si.ssi_signo);
+                stop_ = true;
+            }
+            break;
+        }
+        case kListen:
+            accept_all(id);
+            break;
+        case kConn:
+            on_connection(id, evs[i].events);
+            break;
+        case kKick: {
+            auto it = conns_.find(id);
+            if (it == conns_.end()) break;
+            Context* ctx = engine_.find_context(it->second.ctx_id);
+            uint64_t v;
+            if (ctx && ::read(ctx->kick_fd(), &v, sizeof(v)) < 0 && errno != EAGAIN) close_connection(id);
+            break;
+        }
+        }
+    }
+}
+
+void Daemon::accept_all(size_t guest_index) {
+    for (;;) {
+        int fd = ::accept4(listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept: %s", strerror(errno));
+            return;
+        }
+        uint64_t id = next_conn_id_++;
+        Connection& c = conns_[id];
+        c.id = id;
+        c.guest = engine_.guests()[guest_index].get();
+        c.sock.reset(fd);
+        read_peer_credentials(c);
+        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kConn, id))) {
+            LOG_WARN("epoll: %s", strerror(errno));
+            conns_.erase(id);
+        }
+    }
+}
+
+void Daemon::on_connection(uint64_t conn_id, uint32_t events) {
+    auto it = conns_.find(conn_id);
+    if (it == conns_.end()) return;
+    Connection& c = it->second;
+    if (events & EPOLLIN) {
+        uint64_t before = c.ctx_id;
+        if (!handle_connection_message(engine_, c)) {
+            close_connection(conn_id);
+            return;
+        }
+        if (!before && c.ctx_id) {
+            Context* ctx = engine_.find_context(c.ctx_id);
+            if (ctx && ctx->kick_fd() >= 0) epoll_add(ctx->kick_fd(), EPOLLIN, tag(kKick, conn_id));
+        }
+        return;
+    }
+    if (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) close_connection(conn_id);
+}
+
+void Daemon::close_connection(uint64_t conn_id) {
+    auto it = conns_.find(conn_id);
+    if (it == conns_.end()) return;
+    Connection& c = it->second;
+    if (c.ctx_id) {
+        // Unregister the kick eventfd before closing it: the guest still
+        // holds the same open file, so close() alone would not remove it.
+        if (Context* ctx = engine_.find_context(c.ctx_id)) epoll_del(ctx->kick_fd());
+        engine_.detach(c.ctx_id);
+    } else {
+        LOG_INFO("guest %s: connection %llu closed", c.guest->name.c_str(), (unsigned long long)conn_id);
+    }
+    epoll_del(c.sock.get());
+    conns_.erase(it);
+}
+
+void Daemon::reap_dead_contexts() {
+    auto dead = engine_.dead_contexts();
+    if (dead.empty()) return;
+    for (uint64_t ctx_id : dead) {
+        uint64_t conn_id = 0;
+        for (auto& [id, c] : conns_)
+            if (c.ctx_id == ctx_id) conn_id = id;
+        if (conn_id) {
+            close_connection(conn_id);
+        } else {
+            engine_.detach(ctx_id);
+        }
+    }
+}
+
+void Daemon::shutdown() {
+    if (shut_down_) return;
+    shut_down_ = true;
+    engine_.mark_all_fatal();
+    while (!conns_.empty()) close_connection(conns_.begin()->first);
+    listeners_.clear();
+    published_.clear();  // unpublishes each guest
+    run_dir_.release();
+}
+
+}  // namespace vrdma::shim

@@ -1,0 +1,70 @@
+// The daemon: run directory, published guests, sockets, and the event loop.
+//
+// Threading: one thread runs everything — accepting and serving sockets,
+// commands, and the whole data path (send queues of every context, local
+// transport into any other context's queues). No locks are needed, each
+// context's commands and WQEs are processed in order, and the local
+// transport can touch both guests' queues safely. On 2 cores this is the
+// simplest correct design; sharding guests across worker threads can come
+// later.
+//
+// Polling and sleeping (docs/protocol.md): the loop passes over every
+// context while there is work; when a pass finds none it keeps passing,
+// yielding the CPU with sched_yield() after each pass, for kIdleSpinNs. Then
+// it sets shim_sleeping in every control block, checks all doorbells and
+// rings once more, and only then sleeps in epoll_wait on the kick eventfds,
+// sockets and the signalfd, until the earliest RNR/retry deadline.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attach.h"
+#include "engine.h"
+#include "options.h"
+#include "run_dir.h"
+#include "sysfs_publisher.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim {
+
+class Daemon {
+public:
+    explicit Daemon(Options opts);
+    ~Daemon();
+    // Publishes everything and prints the ready line. Returns false with a
+    // message when the shim cannot start (exit status 1).
+    bool start(std::string& error);
+    // Runs until SIGTERM or SIGINT; then shuts down cleanly.
+    void run();
+    void shutdown();
+
+    static constexpr uint64_t kIdleSpinNs = 100'000;
+
+private:
+    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4 };
+    static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
+    bool epoll_add(int fd, uint32_t events, uint64_t data);
+    void epoll_del(int fd);
+    void poll_events(int timeout_ms);
+    void accept_all(size_t guest_index);
+    void on_connection(uint64_t conn_id, uint32_t events);
+    void close_connection(uint64_t conn_id);
+    void reap_dead_contexts();
+
+    Options opts_;
+    Engine engine_;
+    RunDir run_dir_;
+    std::vector<std::unique_ptr<GuestPublication>> published_;
+    std::vector<UniqueFd> listeners_;
+    std::map<uint64_t, Connection> conns_;
+    uint64_t next_conn_id_ = 1;
+    UniqueFd epoll_, signal_fd_;
+    bool stop_ = false;
+    bool shut_down_ = false;
+};
+
+}  // namespace vrdma::shim

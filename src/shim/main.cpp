@@ -1,0 +1,42 @@
+// vrdma-shim: see `vrdma-shim --help` and event_loop.h.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "event_loop.h"
+#include "options.h"
+#include "vrdma_common/log.h"
+
+int main(int argc, char** argv) {
+    using namespace vrdma;
+    shim::Options opts;
+    std::string error;
+    if (!shim::parse_options(argc, argv, opts, error)) {
+        std::fprintf(stderr, "vrdma-shim: %s\n", error.c_str());
+        return 2;
+    }
+    if (opts.help) {
+        std::fputs(shim::help_text(), stdout);
+        return 0;
+    }
+    set_log_prefix("vrdma-shim");
+    set_log_level(opts.log_level);
+
+    // SIGTERM/SIGINT arrive through a signalfd in the event loop.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_BLOCK, &set, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    shim::Daemon daemon(opts);
+    if (!daemon.start(error)) {
+        std::fprintf(stderr, "vrdma-shim: %s\n", error.c_str());
+        daemon.shutdown();
+        return 1;
+    }
+    daemon.run();
+    return 0;
+}

@@ -1,0 +1,187 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "vrdma_common/guest_paths.h"
+
+namespace vrdma::shim {
+
+const char* help_text() {
+    return R"(NAME
+    vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
+
+SYNOPSIS
+    vrdma-shim [--run-dir DIR] --guest NAME [--guest NAME ...] [--lid-base N]
+               [--log-level error|warn|info|debug]
+    vrdma-shim --help
+
+DESCRIPTION
+    vrdma-shim gives every guest (a tenant: a process, container or VM run
+    through vrdma-run) an InfiniBand device named vrdma0 that unmodified
+    libibverbs applications can use. Control verbs arrive on a command ring
+    in memory shared with the guest's provider library; work requests are
+    executed by the shim, which moves data between guests of this host by
+    memory copy. Every value read from a guest is validated; a guest cannot
+    reach another guest's memory except through a memory region the other
+    registered for remote access.
+
+OPTIONS
+    --run-dir DIR
+        Directory where the shim publishes its guests (default /run/vrdma).
+        Created if missing. Only one shim may serve a run directory.
+
+    --guest NAME
+        Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
+        "." or ".."). Repeat for more guests; names must be unique. At least
+        one is required. Guests get LIDs in the order given.
+
+    --lid-base N
+        LID of the first guest (default 1); the guest at position i (from 0)
+        gets LID N+i. LIDs must stay in the unicast range 1..0xbfff.
+
+    --log-level LEVEL
+        error, warn, info (default) or debug. Logs go to standard error.
+
+    --help
+        Print this text and exit.
+
+FILES
+    DIR/shim.pid
+        The shim's pid, locked while it runs (a second shim is refused).
+    DIR/ready
+        Created (containing the pid) once every guest is published.
+    DIR/NAME/sys/
+        The guest's sysfs tree (its SYSFS_PATH): class/infiniband_verbs/
+        uverbs_vrdma_NAME and class/infiniband/vrdma0 with node and port
+        attributes, and vrdma_socket naming the guest's socket.
+    DIR/NAME/vrdma.sock
+        The guest's SOCK_SEQPACKET socket (attach handshake, memory
+        segments, event file descriptors).
+    /dev/infiniband/uverbs_vrdma_NAME
+        A symbolic link to /dev/null that libibverbs opens.
+
+    Stale files of a shim that died are replaced at start. Everything listed
+    here is removed at exit.
+
+OUTPUT
+    When ready, one line on standard output:
+        vrdma-shim: ready: guests a(lid 1) b(lid 2) run-dir DIR
+
+SIGNALS
+    SIGTERM, SIGINT
+        Clean shutdown: every attached guest context is marked fatal, all
+        sockets are closed and every published file is removed.
+
+EXIT STATUS
+    0   clean shutdown after SIGTERM or SIGINT, or --help
+    1   runtime failure (run directory in use by another live shim, files
+        that cannot be created, ...)
+    2   wrong usage
+)";
+}
+
+namespace {
+
+bool parse_u32(const char* s, uint32_t& out) {
+    if (!*s) return false;
+    char* end;
+    errno = 0;
+    unsigned long v = std::strtoul(s, &end, 0);
+    if (*end || errno || v > 0xffffffffUL || s[0] == '-') return false;
+    out = uint32_t(v);
+    return true;
+}
+
+}  // namespace
+
+bool parse_options(int argc, char** argv, Options& o, std::string& error) {
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        std::string val;
+        bool has_eq = false;
+        if (a.rfind("--", 0) == 0) {
+            auto eq = a.find('=');
+            if (eq != std::string::npos) {
+                val = a.substr(eq + 1);
+                a = a.substr(0, eq);
+                has_eq = true;
+            }
+        }
+        auto need_value = [&](std::string& v) {
+            if (has_eq) {
+                v = val;
+                return true;
+            }
+            if (i + 1 >= argc) {
+                error = "option " + a + " needs a value";
+                return false;
+            }
+            v = argv[++i];
+            return true;
+        };
+        if (a == "--help" || a == "-h") {
+            o.help = true;
+            return true;
+        } else if (a == "--run-dir") {
+            if (!need_value(o.run_dir)) return false;
+            if (o.run_dir.empty()) {
+                error = "--run-dir must not be empty";
+                return false;
+            }
+        } else if (a == "--guest") {
+            std::string g;
+            if (!need_value(g)) return false;
+            if (!valid_guest_name(g)) {
+                error = "invalid guest name '" + g + "' (1-32 characters of A-Z a-z 0-9 _ . -)";
+                return false;
+            }
+            for (auto& e : o.guests)
+                if (e == g) {
+                    error = "guest '" + g + "' given twice";
+                    return false;
+                }
+            o.guests.push_back(g);
+        } else if (a == "--lid-base") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.lid_base) || o.lid_base == 0 || o.lid_base >= 0xc000) {
+                error = "--lid-base must be a LID in 1..0xbfff, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--log-level") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (v == "error") o.log_level = LogLevel::Error;
+            else if (v == "warn" || v == "warning") o.log_level = LogLevel::Warn;
+            else if (v == "info") o.log_level = LogLevel::Info;
+            else if (v == "debug") o.log_level = LogLevel::Debug;
+            else {
+                error = "--log-level must be error, warn, info or debug, not '" + v + "'";
+                return false;
+            }
+        } else {
+            error = "unknown argument '" + std::string(argv[i]) + "' (see --help)";
+            return false;
+        }
+    }
+    if (o.guests.empty()) {
+        error = "at least one --guest NAME is required (see --help)";
+        return false;
+    }
+    if (o.lid_base + o.guests.size() - 1 >= 0xc000) {
+        error = "--lid-base leaves no unicast LID for every guest";
+        return false;
+    }
+    // Unix socket paths are limited to 107 bytes.
+    for (auto& g : o.guests) {
+        if (guest_paths(o.run_dir, g).socket.size() > 107) {
+            error = "--run-dir is too long for the socket path of guest '" + g + "'";
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace vrdma::shim

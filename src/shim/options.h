@@ -1,0 +1,26 @@
+// Command line of vrdma-shim.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim {
+
+struct Options {
+    std::string run_dir = "/run/vrdma";
+    std::vector<std::string> guests;
+    uint32_t lid_base = 1;
+    LogLevel log_level = LogLevel::Info;
+    bool help = false;
+};
+
+// Parses argv. On a usage error returns false with one line in `error`.
+bool parse_options(int argc, char** argv, Options& out, std::string& error);
+
+// The --help text.
+const char* help_text();
+
+}  // namespace vrdma::shim

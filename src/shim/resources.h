@@ -1,0 +1,94 @@
+// The objects a context owns: PDs, MRs, CQs, QPs, SRQs, AHs. Each lives in a
+// HandleTable of its context and refers to others by handle (never by
+// pointer), so freeing one can never leave a dangling reference: a stale
+// handle simply fails to resolve.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "segment_table.h"
+#include "vrdma/abi.h"
+
+namespace vrdma::shim {
+
+struct Pd {
+    uint32_t users = 0;  // MRs, QPs, SRQs, AHs created in it
+};
+
+struct Mr {
+    uint32_t pd = 0;
+    uint32_t access = 0;  // ibv_access_flags
+    uint64_t addr = 0;    // gva
+    uint64_t length = 0;
+    HostRange mem;        // contiguous shim mapping of [addr, addr+length)
+};
+
+struct Cq {
+    abi::RingHeader* ring = nullptr;
+    abi::CqNotify* notify = nullptr;
+    abi::Cqe* slots = nullptr;
+    uint32_t entries = 0;
+    uint32_t prod = 0;            // shim-owned producer index (never read back)
+    uint32_t last_arm_seq = 0;    // completion-channel arming (later)
+    uint32_t channel_id = 0;      // ignored for now
+    uint64_t user_handle = 0;
+    bool error = false;           // overrun or invalid consumer index
+    uint32_t users = 0;           // QPs using it
+    std::shared_ptr<Mapping> keep;
+};
+
+// A send queue, receive queue or SRQ ring. The shim is the consumer.
+struct WorkQueue {
+    abi::RingHeader* ring = nullptr;
+    uint8_t* slots = nullptr;
+    uint32_t entries = 0;
+    uint32_t stride = 0;
+    uint32_t cons = 0;            // shim-owned consumer index
+    bool broken = false;          // the guest wrote an invalid producer index
+    std::shared_ptr<Mapping> keep;
+
+    uint8_t* slot(uint32_t idx) const { return slots + uint64_t(idx & (entries - 1)) * stride; }
+};
+
+struct Srq {
+    uint32_t pd = 0;
+    WorkQueue wq;
+    uint32_t max_sge = 0;
+    uint32_t limit = 0;           // armed when nonzero
+    uint32_t srqn = 0;
+    uint64_t user_handle = 0;
+    uint32_t users = 0;           // QPs attached
+};
+
+// Why a QP's send queue is paused on its current WQE.
+enum class SqWait : uint8_t { None, Rnr, Retry };
+
+struct Qp {
+    uint32_t qpn = 0;
+    uint32_t type = 0;            // IBV_QPT_RC or IBV_QPT_UD
+    uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
+    WorkQueue sq, rq;             // rq unused when srq != 0
+    uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
+    bool sig_all = false;
+    uint64_t user_handle = 0;
+    uint32_t state = 0;           // ibv_qp_state
+    abi::QpAttr attr{};           // attributes set by ModifyQp
+
+    // The send completion of the WQE being executed. It is pushed only after
+    // the send queue's consumer index moved past that WQE, so a provider that
+    // sees the completion can reuse the slot at once (a queue of depth 1).
+    bool send_cqe_pending = false;
+    abi::Cqe send_cqe{};
+
+    SqWait wait = SqWait::None;
+    uint32_t retries_left = 0;
+    uint64_t deadline_ns = 0;
+};
+
+struct Ah {
+    uint32_t pd = 0;
+    abi::AhAttr attr{};
+};
+
+}  // namespace vrdma::shim

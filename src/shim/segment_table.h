@@ -1,0 +1,81 @@
+// A context's view of guest memory: the segments (memfd ranges) the guest
+// announced, indexed by guest virtual address, and the translation of guest
+// ranges into shim pointers.
+//
+// A newer segment that overlaps older ones replaces them for lookups (the
+// older ones are trimmed to what is not overlapped); resources built on the
+// older ones keep their mappings alive through shared_ptr.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim {
+
+// One mmap()ed region; unmapped when the last user drops it.
+struct Mapping {
+    uint8_t* base = nullptr;
+    uint64_t len = 0;
+    uint64_t gva = 0;                  // guest address of base
+    uint64_t file_offset = 0;          // file offset of base (when fd is set)
+    std::shared_ptr<UniqueFd> fd;      // the backing memfd (segments only)
+    Mapping() = default;
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+    ~Mapping();
+};
+
+// Maps `len` bytes of `fd` from `offset` to stand for [gva, gva+len).
+// Validates alignment, overflow and the file size; returns 0 or a positive
+// errno. Seals the memfd against shrinking when it can (a shrunk file would
+// make the shim's accesses fault).
+int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out);
+
+// A guest range translated into the shim's address space.
+struct HostRange {
+    uint8_t* host = nullptr;
+    std::shared_ptr<Mapping> keepalive;
+};
+
+// Overflow-checked "[addr, addr+len) inside [base, base+base_len)".
+constexpr bool range_inside(uint64_t addr, uint64_t len, uint64_t base, uint64_t base_len) {
+    if (addr < base) return false;
+    uint64_t off = addr - base;
+    return off <= base_len && len <= base_len - off;
+}
+
+class SegmentTable {
+public:
+    struct Piece {
+        uint64_t gva;
+        uint64_t len;
+        uint32_t seg_id;
+        std::shared_ptr<Mapping> map;
+        uint8_t* host() const { return map->base + (gva - map->gva); }
+    };
+
+    // seg_id 0 is the arena. Returns EEXIST if seg_id is already in use.
+    int insert(uint32_t seg_id, std::shared_ptr<Mapping> map);
+    // Returns false if no piece has that id.
+    bool remove(uint32_t seg_id);
+    bool has(uint32_t seg_id) const;
+
+    // A range entirely inside one segment piece (rings must be). Null if not.
+    const Piece* find_within_one(uint64_t gva, uint64_t len) const;
+    // Translates a range inside one piece; 0 or EFAULT.
+    int translate_one(uint64_t gva, uint64_t len, HostRange& out) const;
+    // Maps [gva, gva+len) as one contiguous shim range, composing several
+    // segments when needed (MRs). 0, EFAULT (not covered), EINVAL, ENOMEM.
+    int map_range(uint64_t gva, uint64_t len, HostRange& out) const;
+
+    size_t piece_count() const { return pieces_.size(); }
+
+private:
+    std::map<uint64_t, Piece> pieces_;  // by start gva, non-overlapping
+    std::map<uint32_t, uint32_t> ids_;  // seg_id -> number of pieces
+};
+
+}  // namespace vrdma::shim
