@@ -1,0 +1,225 @@
+// Opening a device: attach to the guest's shim, share the arena, and hand
+// libibverbs a context whose command fd cannot reach any kernel.
+#include "context.h"
+
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "verbs.h"
+#include "vrdma_common/fd_passing.h"
+
+namespace vrdma::prov {
+namespace {
+
+constexpr size_t kArenaBytes = 64u << 20;  // sparse: pages appear as rings use them
+
+void free_context(ibv_context* ibctx);
+
+const verbs_context_ops kContextOps = {
+    .alloc_pd = alloc_pd,
+    .create_ah = create_ah,
+    .create_cq = create_cq,
+    .create_qp = create_qp,
+    .create_qp_ex = create_qp_ex,
+    .create_srq = create_srq,
+    .dealloc_pd = dealloc_pd,
+    .dereg_mr = dereg_mr,
+    .destroy_ah = destroy_ah,
+    .destroy_cq = destroy_cq,
+    .destroy_qp = destroy_qp,
+    .destroy_srq = destroy_srq,
+    .free_context = free_context,
+    .modify_qp = modify_qp,
+    .modify_srq = modify_srq,
+    .poll_cq = poll_cq,
+    .post_recv = post_recv,
+    .post_send = post_send,
+    .post_srq_recv = post_srq_recv,
+    .query_device_ex = query_device_ex,
+    .query_port = query_port,
+    .query_qp = query_qp,
+    .query_srq = query_srq,
+    .reg_mr = reg_mr,
+    .req_notify_cq = req_notify_cq,
+};
+
+bool read_socket_attr(const char* ibdev_path, std::string& out) {
+    std::ifstream f(std::string(ibdev_path) + "/" + abi::kSocketAttr);
+    if (!f) return false;
+    std::getline(f, out);
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ' || out.back() == '\r'))
+        out.pop_back();
+    return !out.empty();
+}
+
+int attach(Context& ctx) {
+    const char* path = ctx.socket_path.c_str();
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    if (ctx.socket_path.size() >= sizeof(sa.sun_path)) {
+        std::fprintf(stderr, "libvrdma: shim socket path too long: %s\n", path);
+        return ENAMETOOLONG;
+    }
+    std::memcpy(sa.sun_path, path, ctx.socket_path.size() + 1);
+    ctx.sock.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!ctx.sock) return errno;
+    if (::connect(ctx.sock.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+        int e = errno;
+        std::fprintf(stderr,
+                     "libvrdma: cannot connect to the vrdma shim at %s: %s (is vrdma-shim running?)\n",
+                     path, std::strerror(e));
+        return e;
+    }
+
+    ctx.arena_fd.reset(::memfd_create("vrdma-arena", MFD_CLOEXEC));
+    if (!ctx.arena_fd) return errno;
+    if (::ftruncate(ctx.arena_fd.get(), kArenaBytes) != 0) return errno;
+    void* base = ::mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.arena_fd.get(), 0);
+    if (base == MAP_FAILED) return errno;
+    ctx.arena_base = base;
+    ctx.arena_len = kArenaBytes;
+    ctx.cb = static_cast<abi::ControlBlock*>(base);
+
+    ctx.kick.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    ctx.cmd_done.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!ctx.kick || !ctx.cmd_done) return errno;
+    int ap[2];
+    if (::pipe2(ap, O_CLOEXEC) != 0) return errno;
+    UniqueFd async_r(ap[0]), async_w(ap[1]);
+
+    abi::SockAttach msg{};
+    msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
+    msg.arena_gva = reinterpret_cast<uintptr_t>(base);
+    msg.arena_len = kArenaBytes;
+    int fds[4] = {ctx.arena_fd.get(), ctx.kick.get(), ctx.cmd_done.get(), async_w.get()};
+    abi::SockReply reply{};
+    int rc = sock_request(ctx, &msg, sizeof(msg), fds, &reply);
+    if (rc) {
+        std::fprintf(stderr, "libvrdma: the vrdma shim at %s refused to attach: %s\n", path,
+                     reply.message[0] ? reply.message : std::strerror(rc));
+        return rc;
+    }
+    ctx.lid = reply.guest_lid;
+    async_w.reset();
+
+    record_attach_arena(ctx, ctx.arena_fd.get(), msg.arena_gva, kArenaBytes);
+    ctx.arena.add_region(msg.arena_gva + abi::kControlBlockBytes, kArenaBytes - abi::kControlBlockBytes);
+
+    rc = command(ctx, abi::CmdOp::QueryDevice, nullptr, 0, &ctx.dev_attr, sizeof(ctx.dev_attr));
+    if (rc) {
+        std::fprintf(stderr, "libvrdma: querying the vrdma device at %s failed: %s\n", path,
+                     std::strerror(rc));
+        return rc;
+    }
+    ctx.vctx->context.async_fd = async_r.release();
+    return 0;
+}
+
+void free_context(ibv_context* ibctx) {
+    auto* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ibctx) -
+                                                   offsetof(verbs_context, context));
+    auto* shell = reinterpret_cast<ContextShell*>(vctx);
+    delete shell->impl;
+    verbs_uninit_context(&shell->vctx);
+    std::free(shell);
+}
+
+}  // namespace
+
+Context::~Context() {
+    sock.reset();  // detaches: the shim drops every resource of this context
+    for (auto& [id, s] : segments.segs)
+        if (s.arena && id != 0) ::munmap(reinterpret_cast<void*>(s.gva), s.len);
+    if (arena_base) ::munmap(arena_base, arena_len);
+}
+
+verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
+    auto* vdev = reinterpret_cast<verbs_device*>(device);
+    std::string sock_path;
+    if (!vdev->sysfs || !read_socket_attr(vdev->sysfs->ibdev_path, sock_path)) {
+        std::fprintf(stderr, "libvrdma: %s has no readable %s attribute\n",
+                     vdev->sysfs ? vdev->sysfs->ibdev_path : "device", abi::kSocketAttr);
+        if (cmd_fd >= 0) ::close(cmd_fd);
+        errno = ENODEV;
+        return nullptr;
+    }
+
+    auto* shell = static_cast<ContextShell*>(_verbs_init_and_alloc_context(
+        device, cmd_fd, sizeof(ContextShell),
+        reinterpret_cast<verbs_context*>(offsetof(ContextShell, vctx)), 0 /* RDMA_DRIVER_UNKNOWN */));
+    if (!shell) return nullptr;
+    verbs_context* vctx = &shell->vctx;
+
+    auto* ctx = new (std::nothrow) Context;
+    int rc = ENOMEM;
+    if (ctx) {
+        shell->impl = ctx;
+        ctx->vctx = vctx;
+        ctx->socket_path = sock_path;
+        if (const char* s = std::getenv("VRDMA_POLL_SPIN")) ctx->poll_spin = uint32_t(std::strtoul(s, nullptr, 0));
+        rc = attach(*ctx);
+    }
+    if (rc == 0) {
+        // libibverbs would write kernel commands to the uverbs node (a link
+        // to /dev/null, where writes "succeed"): make them fail instead, and
+        // make its ioctls answer ENOTTY.
+        int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (devnull < 0) {
+            rc = errno;
+        } else if (vctx->context.cmd_fd >= 0) {
+            if (::dup3(devnull, vctx->context.cmd_fd, O_CLOEXEC) < 0) rc = errno;
+            ::close(devnull);
+        } else {
+            vctx->context.cmd_fd = devnull;
+        }
+    }
+    if (rc) {
+        delete ctx;
+        verbs_uninit_context(vctx);
+        std::free(shell);
+        errno = rc;
+        return nullptr;
+    }
+    vctx->context.num_comp_vectors = 1;
+    verbs_set_ops(vctx, &kContextOps);
+    return vctx;
+}
+
+void* alloc_ring(Context& ctx, size_t bytes) {
+    std::lock_guard lock(ctx.mem_mu);
+    void* p = ctx.arena.alloc(bytes);
+    if (!p) {
+        size_t seg = std::max<size_t>(kArenaBytes, (bytes + abi::kPageSize - 1) & ~size_t(abi::kPageSize - 1));
+        void* base = nullptr;
+        if (int rc = add_arena_segment(ctx, seg, &base)) {
+            errno = rc;
+            return nullptr;
+        }
+        ctx.arena.add_region(reinterpret_cast<uintptr_t>(base), seg);
+        p = ctx.arena.alloc(bytes);
+        if (!p) {
+            errno = ENOMEM;
+            return nullptr;
+        }
+    }
+    std::memset(p, 0, bytes);
+    return p;
+}
+
+void free_ring(Context& ctx, void* p) {
+    if (!p) return;
+    std::lock_guard lock(ctx.mem_mu);
+    ctx.arena.free(p);
+}
+
+}  // namespace vrdma::prov

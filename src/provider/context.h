@@ -1,0 +1,92 @@
+// The provider's per-device-context state and the helpers every verb uses.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include <unistd.h>
+
+#include "arena.h"
+#include "memory_registration.h"
+#include "rdma_core_private.h"
+#include "vrdma/abi.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::prov {
+
+struct Context {
+    verbs_context* vctx = nullptr;
+    std::string socket_path;
+
+    UniqueFd sock;      // SOCK_SEQPACKET connection to the shim
+    UniqueFd kick;      // eventfd: provider -> shim
+    UniqueFd cmd_done;  // eventfd: shim -> provider
+
+    abi::ControlBlock* cb = nullptr;  // start of the arena
+    void* arena_base = nullptr;
+    size_t arena_len = 0;
+    UniqueFd arena_fd;
+
+    // Commands and socket requests (one outstanding at a time).
+    std::mutex cmd_mu;
+    uint32_t cmd_prod = 0;
+    uint32_t cmd_seq = 0;
+    std::atomic<bool> dead{false};
+
+    // Arena allocation and memory registration. Lock order: mem_mu, cmd_mu.
+    std::mutex mem_mu;
+    Arena arena;
+    SegmentTable segments;
+
+    abi::DeviceAttr dev_attr{};
+    uint32_t lid = 0;
+    uint32_t poll_spin = 64;
+
+    ~Context();
+};
+
+// Allocated by libibverbs (calloc) around the verbs_context.
+struct ContextShell {
+    verbs_context vctx;
+    Context* impl;
+};
+
+inline Context& ctx_of(ibv_context* ibctx) {
+    auto* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ibctx) -
+                                                   offsetof(verbs_context, context));
+    return *reinterpret_cast<ContextShell*>(vctx)->impl;
+}
+
+// Issues one command (protocol.md "Commands"). Returns 0 or a positive errno
+// (the shim's status, or EIO when the shim is gone). resp may be null.
+int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* resp,
+            size_t resp_len);
+
+// Sends one socket request with fds and waits for its SockReply. Returns 0 or
+// a positive errno (reply->message says why when the shim refused).
+int sock_request(Context& ctx, const void* msg, size_t len, std::span<const int> fds,
+                 abi::SockReply* reply);
+
+// After a producer index moved: doorbell, and kick the shim if it sleeps.
+inline void ring_doorbell(Context& ctx) {
+    ctx.cb->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    if (ctx.cb->shim_sleeping.load(std::memory_order_seq_cst)) {
+        uint64_t one = 1;
+        ssize_t r = ::write(ctx.kick.get(), &one, sizeof(one));
+        (void)r;  // EAGAIN: the counter is already nonzero, the shim will wake
+    }
+}
+
+// Marks the context unusable (shim gone); later verbs fail with EIO.
+void mark_dead(Context& ctx, const char* why);
+
+// Ring memory from the arena (zeroed, 64-byte aligned), growing the arena by
+// a new segment when it is full. nullptr with errno set on failure.
+void* alloc_ring(Context& ctx, size_t bytes);
+void free_ring(Context& ctx, void* p);
+
+}  // namespace vrdma::prov

@@ -1,0 +1,52 @@
+// Helpers shared by the two send paths (ibv_post_send and the ibv_qp_ex
+// work-request API). No system calls, no allocation.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstring>
+
+#include "objects.h"
+#include "vrdma/ring.h"
+
+namespace vrdma::prov {
+
+inline bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
+    switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+        return true;
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        return type == IBV_QPT_RC;
+    default:
+        return false;
+    }
+}
+
+inline bool inline_allowed(ibv_wr_opcode op) {
+    return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+           op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+inline bool send_state_ok(ibv_qp_state s) {
+    return s != IBV_QPS_RESET && s != IBV_QPS_INIT && s != IBV_QPS_RTR;
+}
+
+// Is there a free slot at `prod`? Refreshes *cons from the shim when needed.
+inline bool wq_has_room(WorkQueue& wq, uint32_t prod, uint32_t* cons) {
+    if (!ring_full(prod, *cons, wq.entries) && ring_valid_consumer(*cons, prod, wq.entries)) return true;
+    *cons = wq.hdr->consumer.load(std::memory_order_acquire);
+    return ring_valid_consumer(*cons, prod, wq.entries) && !ring_full(prod, *cons, wq.entries);
+}
+
+inline void wq_publish(Context& ctx, WorkQueue& wq, uint32_t prod) {
+    wq.prod = prod;
+    wq.hdr->producer.store(prod, std::memory_order_release);
+    ring_doorbell(ctx);
+}
+
+}  // namespace vrdma::prov

@@ -1,0 +1,56 @@
+// Guest memory shared with the shim (ARCHITECTURE.md "Guest memory: shared,
+// never bounced"): the table of memfd segments announced over the socket, the
+// arena segments rings live in, and the move of application pages onto
+// shared segments at ibv_reg_mr.
+//
+// Every function here expects the caller to hold Context::mem_mu.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::prov {
+
+struct Context;
+
+struct Segment {
+    uint32_t id = 0;       // 0: the arena given at Attach (never removed)
+    uintptr_t gva = 0;
+    size_t len = 0;
+    uint64_t offset = 0;   // file offset that backs gva
+    UniqueFd fd;           // the memfd (kept open while the shim may use it)
+    dev_t dev = 0;         // identity of the memfd, to recognise its mappings
+    ino_t ino = 0;
+    uint32_t refs = 0;     // MRs using it
+    bool arena = false;    // ring memory: never removed while the context lives
+};
+
+struct SegmentTable {
+    std::map<uint32_t, Segment> segs;
+    uint32_t next_id = 1;
+};
+
+// Records the attach arena (id 0) in the table.
+void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len);
+
+// Creates a new arena segment of `len` bytes (page multiple), announces it to
+// the shim and returns its address. 0 or a positive errno.
+int add_arena_segment(Context& ctx, size_t len, void** base);
+
+// Makes [addr, addr+len) shared with the shim: pages already on this
+// context's live segments are reused, private anonymous pages are moved onto
+// new segments. On success appends the ids of the segments the range uses (one
+// reference taken on each). 0 or a positive errno (message on stderr).
+int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids);
+
+// Drops the references taken by share_range; segments no longer referenced
+// and no longer mapped are removed from the shim.
+void release_segments(Context& ctx, const std::vector<uint32_t>& seg_ids);
+
+}  // namespace vrdma::prov

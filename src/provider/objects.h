@@ -1,0 +1,91 @@
+// The provider's verbs objects: each embeds the libibverbs object first so
+// that the pointer libibverbs hands back converts directly.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "context.h"
+#include "rdma_core_private.h"
+#include "vrdma/abi.h"
+
+namespace vrdma::prov {
+
+struct Mr {
+    verbs_mr vmr;
+    uint32_t handle = 0;
+    std::vector<uint32_t> segments;  // ids, one reference each
+};
+
+struct Cq {
+    verbs_cq vcq;
+    Context* ctx = nullptr;
+    uint32_t handle = 0;
+    void* mem = nullptr;
+    abi::RingHeader* hdr = nullptr;
+    abi::CqNotify* notify = nullptr;
+    abi::Cqe* cqes = nullptr;
+    uint32_t entries = 0;
+    uint32_t cons = 0;         // our consumer index
+    uint32_t empty_polls = 0;
+    std::mutex mu;
+};
+
+// A send queue, receive queue or SRQ ring of which the provider is the producer.
+struct WorkQueue {
+    void* mem = nullptr;
+    abi::RingHeader* hdr = nullptr;
+    uint8_t* slots = nullptr;
+    uint32_t entries = 0;
+    uint32_t stride = 0;
+    uint32_t prod = 0;         // our producer index
+    uint32_t max_sge = 0;
+    uint32_t max_wr = 0;       // as reported to the application
+    std::mutex mu;
+
+    uint8_t* slot(uint32_t idx) { return slots + size_t(idx & (entries - 1)) * stride; }
+};
+
+struct Srq {
+    verbs_srq vsrq;
+    Context* ctx = nullptr;
+    uint32_t handle = 0;
+    uint32_t srq_limit = 0;
+    WorkQueue rq;
+};
+
+struct Qp {
+    verbs_qp vqp;
+    Context* ctx = nullptr;
+    uint32_t handle = 0;
+    uint32_t max_inline = 0;
+    bool sq_sig_all = false;
+    WorkQueue sq;
+    WorkQueue rq;   // unused with an SRQ
+    Srq* srq = nullptr;
+    // Extended (ibv_qp_ex) send-path state between wr_start and wr_complete.
+    uint32_t wr_prod = 0;
+    uint32_t wr_cons = 0;
+    uint8_t* wr_cur = nullptr;
+    int wr_err = 0;
+};
+
+struct Ah {
+    ibv_ah ibv;
+    uint32_t handle = 0;
+};
+
+static_assert(std::is_standard_layout_v<Cq> && std::is_standard_layout_v<Qp> &&
+              std::is_standard_layout_v<Srq> && std::is_standard_layout_v<Mr> &&
+              std::is_standard_layout_v<Ah>);
+
+inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+inline Srq* to_srq(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
+inline Ah* to_ah(ibv_ah* a) { return reinterpret_cast<Ah*>(a); }
+inline Mr* to_mr(verbs_mr* m) { return reinterpret_cast<Mr*>(m); }
+
+}  // namespace vrdma::prov

@@ -1,0 +1,48 @@
+// The verbs_context_ops implementations, grouped by file.
+#pragma once
+
+#include "rdma_core_private.h"
+
+namespace vrdma::prov {
+
+// device_query.cpp
+int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t);
+int query_port(ibv_context*, uint8_t, ibv_port_attr*);
+
+// verbs_pd_mr_ah.cpp
+ibv_pd* alloc_pd(ibv_context*);
+int dealloc_pd(ibv_pd*);
+ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int);
+int dereg_mr(verbs_mr*);
+ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*);
+int destroy_ah(ibv_ah*);
+
+// verbs_cq.cpp
+ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int);
+int destroy_cq(ibv_cq*);
+int poll_cq(ibv_cq*, int, ibv_wc*);
+int req_notify_cq(ibv_cq*, int);
+
+// verbs_qp.cpp
+ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*);
+ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex*);
+int modify_qp(ibv_qp*, ibv_qp_attr*, int);
+int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*);
+int destroy_qp(ibv_qp*);
+
+// verbs_srq.cpp
+ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*);
+int modify_srq(ibv_srq*, ibv_srq_attr*, int);
+int query_srq(ibv_srq*, ibv_srq_attr*);
+int destroy_srq(ibv_srq*);
+
+// data_path.cpp
+int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**);
+int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**);
+int post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**);
+
+// qp_ex_send.cpp: the ibv_qp_ex work-request API
+struct Qp;
+void install_qp_ex_ops(Qp& qp, uint64_t send_ops_flags);
+
+}  // namespace vrdma::prov

@@ -1,0 +1,150 @@
+// Protection domains, memory regions and address handles.
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <new>
+
+#include "context.h"
+#include "objects.h"
+#include "verbs.h"
+
+namespace vrdma::prov {
+
+ibv_pd* alloc_pd(ibv_context* ibctx) {
+    Context& ctx = ctx_of(ibctx);
+    abi::CmdAllocPdResp resp{};
+    if (int rc = command(ctx, abi::CmdOp::AllocPd, nullptr, 0, &resp, sizeof(resp))) {
+        errno = rc;
+        return nullptr;
+    }
+    auto* pd = new (std::nothrow) ibv_pd{};
+    if (!pd) {
+        abi::CmdHandleReq req{resp.pd_handle};
+        command(ctx, abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
+        errno = ENOMEM;
+        return nullptr;
+    }
+    pd->context = ibctx;
+    pd->handle = resp.pd_handle;
+    return pd;
+}
+
+int dealloc_pd(ibv_pd* pd) {
+    abi::CmdHandleReq req{pd->handle};
+    int rc = command(ctx_of(pd->context), abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
+    if (rc && rc != EIO) return rc;  // shim gone: nothing left to free there
+    delete pd;
+    return 0;
+}
+
+ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access) {
+    Context& ctx = ctx_of(pd->context);
+    if (hca_va != reinterpret_cast<uintptr_t>(addr)) {
+        std::fprintf(stderr, "libvrdma: ibv_reg_mr with an iova other than the address is not supported\n");
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if (length == 0) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    auto* mr = new (std::nothrow) Mr{};
+    if (!mr) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    std::lock_guard lock(ctx.mem_mu);
+    int rc = share_range(ctx, reinterpret_cast<uintptr_t>(addr), length, &mr->segments);
+    if (rc == 0) {
+        abi::CmdRegMrReq req{};
+        req.pd_handle = pd->handle;
+        req.access = uint32_t(access);
+        req.addr = reinterpret_cast<uintptr_t>(addr);
+        req.length = length;
+        abi::CmdRegMrResp resp{};
+        rc = command(ctx, abi::CmdOp::RegMr, &req, sizeof(req), &resp, sizeof(resp));
+        if (rc == 0) {
+            ibv_mr& m = mr->vmr.ibv_mr;
+            m.context = pd->context;
+            m.pd = pd;
+            m.addr = addr;
+            m.length = length;
+            m.handle = resp.mr_handle;
+            m.lkey = resp.lkey;
+            m.rkey = resp.rkey;
+            mr->vmr.mr_type = IBV_MR_TYPE_MR;
+            mr->vmr.access = access;
+            mr->handle = resp.mr_handle;
+            return &m;
+        }
+        release_segments(ctx, mr->segments);
+    }
+    delete mr;
+    errno = rc;
+    return nullptr;
+}
+
+int dereg_mr(verbs_mr* vmr) {
+    Mr* mr = to_mr(vmr);
+    Context& ctx = ctx_of(vmr->ibv_mr.context);
+    std::lock_guard lock(ctx.mem_mu);
+    abi::CmdHandleReq req{mr->handle};
+    int rc = command(ctx, abi::CmdOp::DeregMr, &req, sizeof(req), nullptr, 0);
+    if (rc && rc != EIO) return rc;  // shim gone: the MR is gone with it
+    release_segments(ctx, mr->segments);
+    delete mr;
+    return 0;
+}
+
+ibv_ah* create_ah(ibv_pd* pd, ibv_ah_attr* attr) {
+    Context& ctx = ctx_of(pd->context);
+    if (attr->port_num != 1) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    abi::CmdCreateAhReq req{};
+    req.pd_handle = pd->handle;
+    abi::AhAttr& a = req.attr;
+    a.dlid = attr->dlid;
+    a.sl = attr->sl;
+    a.src_path_bits = attr->src_path_bits;
+    a.static_rate = attr->static_rate;
+    a.is_global = attr->is_global;
+    a.port_num = attr->port_num;
+    if (attr->is_global) {
+        a.sgid_index = attr->grh.sgid_index;
+        std::memcpy(a.dgid, attr->grh.dgid.raw, sizeof(a.dgid));
+        a.flow_label = attr->grh.flow_label;
+        a.hop_limit = attr->grh.hop_limit;
+        a.traffic_class = attr->grh.traffic_class;
+    }
+    abi::CmdCreateAhResp resp{};
+    if (int rc = command(ctx, abi::CmdOp::CreateAh, &req, sizeof(req), &resp, sizeof(resp))) {
+        errno = rc;
+        return nullptr;
+    }
+    auto* ah = new (std::nothrow) Ah{};
+    if (!ah) {
+        abi::CmdHandleReq d{resp.ah_handle};
+        command(ctx, abi::CmdOp::DestroyAh, &d, sizeof(d), nullptr, 0);
+        errno = ENOMEM;
+        return nullptr;
+    }
+    ah->ibv.context = pd->context;
+    ah->ibv.pd = pd;
+    ah->ibv.handle = resp.ah_handle;
+    ah->handle = resp.ah_handle;
+    return &ah->ibv;
+}
+
+int destroy_ah(ibv_ah* ibah) {
+    Ah* ah = to_ah(ibah);
+    abi::CmdHandleReq req{ah->handle};
+    int rc = command(ctx_of(ibah->context), abi::CmdOp::DestroyAh, &req, sizeof(req), nullptr, 0);
+    if (rc && rc != EIO) return rc;
+    delete ah;
+    return 0;
+}
+
+}  // namespace vrdma::prov
