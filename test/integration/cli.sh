@@ -18,7 +18,7 @@ expect_fail() {  # expect_fail CODE PATTERN CMD...
 "$VRDMA_RUN" --help | grep -q -- '--guest' || fail "vrdma-run --help does not explain --guest"
 "$VRDMA_BUILD_DIR/tools/vrdmactl" --help | grep -q 'list' || fail "vrdmactl --help"
 
-expect_fail 2 'unknown option' "$SHIM" --bogus
+expect_fail 2 'unknown (argument|option)' "$SHIM" --bogus
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest 'bad/name'
 expect_fail 2 'no guest' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none -- true
