@@ -54,12 +54,12 @@ FILES
         Created (containing the pid) once every guest is published.
     DIR/NAME/sys/
         The guest's sysfs tree (its SYSFS_PATH): class/infiniband_verbs/
-        uverbs_vrdma_NAME and class/infiniband/vrdma0 with node and port
+        uverbs_vrdma_NAME_HASH and class/infiniband/vrdma0 with node and port
         attributes, and vrdma_socket naming the guest's socket.
     DIR/NAME/vrdma.sock
         The guest's SOCK_SEQPACKET socket (attach handshake, memory
         segments, event file descriptors).
-    /dev/infiniband/uverbs_vrdma_NAME
+    /dev/infiniband/uverbs_vrdma_NAME_HASH
         A symbolic link to /dev/null that libibverbs opens.
 
     Stale files of a shim that died are replaced at start. Everything listed

@@ -16,14 +16,22 @@
 
 namespace vrdma::shim {
 
-std::string uverbs_name(const std::string& guest) { return "uverbs_vrdma_" + guest; }
+std::string uverbs_name(const std::string& run_dir, const std::string& guest) {
+    // /dev/infiniband is shared by every shim on the host: the run
+    // directory's hash keeps two shims that both serve a guest "a" apart.
+    uint32_t h = 2166136261u;  // FNV-1a
+    for (unsigned char c : run_dir) h = (h ^ c) * 16777619u;
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "_%08x", h);
+    return "uverbs_vrdma_" + guest + suffix;
+}
 
 bool GuestPublication::publish(const std::string& run_dir, const std::string& dev_dir, const GuestIdentity& id,
                                std::string& error) {
     GuestPaths p = guest_paths(run_dir, id.name);
     remove_tree(p.dir);
     guest_dir_ = p.dir;
-    const std::string uv = uverbs_name(id.name);
+    const std::string uv = uverbs_name(run_dir, id.name);
     const std::string verbs = p.sysfs + "/class/infiniband_verbs";
     const std::string dev = p.device_dir;
     const std::string port = dev + "/ports/1";

@@ -1,5 +1,5 @@
 // Publishes a guest's device for libibverbs: the sysfs-shaped tree under
-// RUN_DIR/NAME/sys and the /dev/infiniband/uverbs_vrdma_NAME link (see
+// RUN_DIR/NAME/sys and the /dev/infiniband/uverbs_vrdma_NAME_HASH link (see
 // docs/protocol.md, Discovery). Values come from device_model.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 namespace vrdma::shim {
 
-std::string uverbs_name(const std::string& guest);  // "uverbs_vrdma_NAME"
+std::string uverbs_name(const std::string& run_dir, const std::string& guest);  // "uverbs_vrdma_NAME_HASH"
 
 class GuestPublication {
 public:

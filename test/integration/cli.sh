@@ -34,13 +34,14 @@ expect_fail 1 'already' "$SHIM" --run-dir "$RUN_DIR" --guest a
 "$VRDMA_BUILD_DIR/tools/vrdmactl" --run-dir "$RUN_DIR" status | tee /dev/stderr | grep -q 'a .*answering' ||
     fail "vrdmactl status does not show guest a answering"
 grep -q 'ready: guests a(lid 1) b(lid 2)' "$SHIM_LOG" || fail "shim did not print its ready line"
-ls -l /dev/infiniband/ | grep -q "uverbs_vrdma_a" || fail "no /dev/infiniband node for guest a"
+dev_a="$(ls "$RUN_DIR/a/sys/class/infiniband_verbs/" | grep '^uverbs_vrdma_a_')" || fail "no uverbs entry for guest a"
+[ "$(readlink "/dev/infiniband/$dev_a")" = /dev/null ] || fail "no /dev/infiniband/$dev_a link to /dev/null"
 
 # Clean shutdown removes the tree, the sockets and the /dev nodes.
 kill -TERM "$SHIM_PID"
 wait "$SHIM_PID" || fail "shim exited non-zero on SIGTERM"
 [ -z "$(ls -A "$RUN_DIR")" ] || fail "shim left files in $RUN_DIR: $(ls -A "$RUN_DIR")"
-[ ! -e /dev/infiniband/uverbs_vrdma_a ] || fail "shim left /dev/infiniband/uverbs_vrdma_a"
+! ls /dev/infiniband/ | grep -q "^$dev_a\$" || fail "shim left /dev/infiniband/$dev_a"
 expect_fail 3 'not answering|does not serve|no guest' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- true
 SHIM_PID=""
 echo "cli: ok"
