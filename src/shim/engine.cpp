@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <unordered_set>
+
 #include <infiniband/verbs.h>
 #include <time.h>
 
@@ -55,7 +57,29 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
 }
 
 void Engine::destroy_resources(Context& ctx) {
-    ctx.qps.for_each([&](uint32_t, Qp& qp) { unregister_qp(qp.qpn); });
+    std::unordered_set<uint32_t> gone;
+    ctx.qps.for_each([&](uint32_t, Qp& qp) {
+        unregister_qp(qp.qpn);
+        if (qp.type == IBV_QPT_RC) gone.insert(qp.qpn);
+    });
+    if (!gone.empty()) fail_peers_of(ctx.guest().lid, gone);
+}
+
+// RC QPs of other contexts connected to QPs that vanished go to error now,
+// flushing their posted work, rather than waiting for their next send to
+// time out: a responder that only waits for receives would wait forever.
+void Engine::fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns) {
+    for (auto& [id, c] : contexts_) {
+        c->qps.for_each([&](uint32_t, Qp& qp) {
+            if (qp.type != IBV_QPT_RC || qp.attr.ah.dlid != lid || !qpns.count(qp.attr.dest_qp_num)) return;
+            if (qp.state != IBV_QPS_RTR && qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD &&
+                qp.state != IBV_QPS_SQE)
+                return;
+            LOG_INFO("guest %s: QP %u to error: its peer QP %u vanished", c->guest().name.c_str(), qp.qpn,
+                     qp.attr.dest_qp_num);
+            qp_set_error(*c, qp, IBV_EVENT_QP_FATAL);
+        });
+    }
 }
 
 void Engine::detach(uint64_t ctx_id) {

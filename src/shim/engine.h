@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "context.h"
@@ -67,6 +68,7 @@ private:
     bool process_commands(Context& ctx);
     bool process_qp(Context& ctx, Qp& qp, uint64_t now);
     void destroy_resources(Context& ctx);
+    void fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns);
 
     Quotas quotas_;
     std::vector<std::unique_ptr<GuestIdentity>> guests_;
