@@ -37,8 +37,12 @@ rm -f "$RUN_DIR.server" "$RUN_DIR.client"
 # The shim keeps serving: a fresh pair of guests passes a checked pingpong.
 client_server 60 18600 "ibv_rc_pingpong -d vrdma0 -g 0 -c -p 18600 -n 100" \
     "ibv_rc_pingpong -d vrdma0 -g 0 -c -p 18600 -n 100 127.0.0.1"
-sleep 0.2
-fds_after="$(shim_fds)"
+# The pingpong processes' detach reaches the shim shortly after they exit.
+for _ in $(seq 1 30); do
+    fds_after="$(shim_fds)"
+    [ "$fds_after" -le "$fds_before" ] && break
+    sleep 0.1
+done
 echo "shim fds before: $fds_before, after: $fds_after"
 [ "$fds_after" -le "$fds_before" ] || fail "the shim holds $fds_after fds, $fds_before before: leak"
 grep -q 'detached' "$SHIM_LOG" || fail "the shim did not log the detach of the killed guest"

@@ -384,9 +384,23 @@ TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][tra
     }
 }
 
-TEST_CASE("a vanished or unconnected peer gives RETRY_EXC_ERR", "[shim][transport]") {
+TEST_CASE("a vanished peer puts its connected QPs in error at once", "[shim][transport]") {
     RcPair t;
+    t.b.post_recv(t.qb.rq, 1, {t.sb(0, 8)});
     t.eng.detach(t.b.ctx_id());  // guest b's process dies
+    CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);
+    t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
+    t.run();
+    auto sc = t.a.poll(t.cq_a);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].status == IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_CASE("a peer that is not connected gives RETRY_EXC_ERR", "[shim][transport]") {
+    RcPair t;
+    abi::QpAttr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    REQUIRE(t.b.modify(t.qb.handle, IBV_QP_STATE, reset) == 0);
     t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
     t.run();
     CHECK(t.a.poll(t.cq_a).empty());
