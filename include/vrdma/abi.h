@@ -36,6 +36,8 @@ enum class SockOp : uint32_t {
     Attach = 1,         // fds: [arena memfd, kick eventfd, cmd-done eventfd, async event write fd]
     AddSegment = 2,     // fds: [memfd]
     RemoveSegment = 3,  // no fds
+    CreateChannel = 4,  // fds: [write end of the completion channel's pipe]
+    DestroyChannel = 5, // no fds
 };
 
 struct SockHeader {
@@ -70,6 +72,16 @@ struct SockRemoveSegment {
     uint32_t reserved;
 };
 static_assert(sizeof(SockRemoveSegment) == 24);
+
+// A completion channel (protocol.md "Events"): the shim writes one 8-byte
+// record (the CQ's user_handle) into the pipe per completion event of a CQ
+// created with this channel_id.
+struct SockChannel {
+    SockHeader hdr;
+    uint32_t channel_id;  // chosen by the provider, unique per connection, never 0
+    uint32_t reserved;
+};
+static_assert(sizeof(SockChannel) == 24);
 
 struct SockReply {
     uint32_t magic;
@@ -338,6 +350,13 @@ struct CmdCreateCqReq {
     uint32_t comp_vector;
 };
 struct CmdCreateCqResp { uint32_t cq_handle; };
+
+// Response of DestroyCq, DestroyQp and DestroySrq: how many event records
+// the shim wrote for the object over its life (completion events into its
+// channel, async events into the context's async pipe). The provider
+// compares them with the records it has read to know whether stale records
+// naming the object may still sit in a pipe.
+struct CmdDestroyResp { uint32_t comp_events; uint32_t async_events; };
 
 struct CmdCreateQpReq {
     uint64_t sq_gva;          // wq_ring_bytes(sq_entries, sq_stride)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "context.h"
+#include "events.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/fd_passing.h"
 
@@ -39,6 +40,21 @@ bool shim_gone(Context& ctx, short revents) {
 }
 
 }  // namespace
+
+bool shim_lost(Context& ctx) {
+    if (ctx.dead.load(std::memory_order_relaxed)) return true;
+    if (ctx.cb->shim_state.load(std::memory_order_acquire) == abi::kShimFatal) {
+        mark_dead(ctx, "the shim reported a fatal error");
+        return true;
+    }
+    // POLLRDHUP alone: data waiting on the socket does not count.
+    pollfd p{ctx.sock.get(), POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL))) {
+        mark_dead(ctx, "the shim closed the socket");
+        return true;
+    }
+    return false;
+}
 
 void mark_dead(Context& ctx, const char* why) {
     if (!ctx.dead.exchange(true))

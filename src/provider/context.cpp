@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "events.h"
 #include "verbs.h"
 #include "vrdma_common/fd_passing.h"
 
@@ -27,6 +28,8 @@ void free_context(ibv_context* ibctx);
 
 const verbs_context_ops kContextOps = {
     .alloc_pd = alloc_pd,
+    .async_event = async_event,
+    .cq_event = cq_event,
     .create_ah = create_ah,
     .create_cq = create_cq,
     .create_qp = create_qp,
@@ -81,9 +84,7 @@ int attach(Context& ctx) {
         return e;
     }
 
-    ctx.arena_fd.reset(::memfd_create("vrdma-arena", MFD_CLOEXEC));
-    if (!ctx.arena_fd) return errno;
-    if (::ftruncate(ctx.arena_fd.get(), kArenaBytes) != 0) return errno;
+    if (int rc = create_shared_memfd("vrdma-arena", kArenaBytes, ctx.arena_fd)) return rc;
     void* base = ::mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.arena_fd.get(), 0);
     if (base == MAP_FAILED) return errno;
     ctx.arena_base = base;
@@ -129,6 +130,7 @@ void free_context(ibv_context* ibctx) {
     auto* vctx = reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(ibctx) -
                                                    offsetof(verbs_context, context));
     auto* shell = reinterpret_cast<ContextShell*>(vctx);
+    unregister_context(ibctx);
     delete shell->impl;
     verbs_uninit_context(&shell->vctx);
     std::free(shell);
@@ -138,6 +140,7 @@ void free_context(ibv_context* ibctx) {
 
 Context::~Context() {
     sock.reset();  // detaches: the shim drops every resource of this context
+    for (auto& [obj, del] : zombies) del(obj);
     for (auto& [id, s] : segments.segs)
         if (s.arena && id != 0) ::munmap(reinterpret_cast<void*>(s.gva), s.len);
     if (arena_base) ::munmap(arena_base, arena_len);
@@ -192,6 +195,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
     }
     vctx->context.num_comp_vectors = 1;
     verbs_set_ops(vctx, &kContextOps);
+    register_context(&vctx->context, ctx);
     return vctx;
 }
 

@@ -7,6 +7,9 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -45,6 +48,18 @@ struct Context {
     abi::DeviceAttr dev_attr{};
     uint32_t lid = 0;
     uint32_t poll_spin = 64;
+
+    // Events (events.h). ev_mu is taken last (never held across a command).
+    // Objects whose events may be handed to the application; records that
+    // name anything else are stale and dropped.
+    std::mutex ev_mu;
+    std::unordered_set<const void*> live_cqs, live_qps, live_srqs;
+    // Destroyed objects that records still in a pipe may name: kept
+    // allocated (so their address cannot be reused by a new object and
+    // make a stale record look valid) until the context is freed.
+    std::vector<std::pair<void*, void (*)(void*)>> zombies;  // object, its deleter
+    uint32_t next_channel_id = 1;   // under cmd_mu
+    bool fatal_reported = false;    // DEVICE_FATAL handed to the application
 
     ~Context();
 };

@@ -233,12 +233,10 @@ int move_run(Context& ctx, const std::vector<Piece>& run, uint32_t* seg_id) {
     uintptr_t run_start = run.front().start, run_end = run.back().end;
     size_t len = run_end - run_start;
     Segment s;
-    s.fd.reset(::memfd_create("vrdma-mr", MFD_CLOEXEC));
-    if (!s.fd) return errno;
     // The file is longer than the run (sparse, costs nothing): if the
     // application later grows the mapping in place (realloc -> mremap), the
     // new pages exist instead of raising SIGBUS.
-    if (::ftruncate(s.fd.get(), off_t(len + kMoveHeadroom)) != 0) return errno;
+    if (int rc = create_shared_memfd("vrdma-mr", len + kMoveHeadroom, s.fd)) return rc;
     void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
     if (tmp == MAP_FAILED) return errno;
     for (const Piece& p : run) {
@@ -275,6 +273,15 @@ int move_run(Context& ctx, const std::vector<Piece>& run, uint32_t* seg_id) {
 
 }  // namespace
 
+int create_shared_memfd(const char* name, uint64_t size, UniqueFd& out) {
+    UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (!fd) return errno;
+    if (::ftruncate(fd.get(), off_t(size)) != 0) return errno;
+    if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) return errno;
+    out = std::move(fd);
+    return 0;
+}
+
 void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len) {
     Segment s;
     s.id = 0;
@@ -288,9 +295,7 @@ void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len) {
 
 int add_arena_segment(Context& ctx, size_t len, void** base) {
     Segment s;
-    s.fd.reset(::memfd_create("vrdma-arena", MFD_CLOEXEC));
-    if (!s.fd) return errno;
-    if (::ftruncate(s.fd.get(), off_t(len)) != 0) return errno;
+    if (int rc = create_shared_memfd("vrdma-arena", len, s.fd)) return rc;
     void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
     if (p == MAP_FAILED) return errno;
     if (int rc = fill_identity(s)) {

@@ -36,6 +36,12 @@ struct SegmentTable {
     uint32_t next_id = 1;
 };
 
+// Creates a memfd of `size` bytes for memory shared with the shim: sealable,
+// and sealed against shrinking (the shim refuses any other: a file shrunk
+// under its mapping would make it fault). Growing stays allowed (move_run
+// sizes MR files beyond the range for in-place realloc growth). 0 or errno.
+int create_shared_memfd(const char* name, uint64_t size, UniqueFd& out);
+
 // Records the attach arena (id 0) in the table.
 void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len);
 

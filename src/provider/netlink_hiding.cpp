@@ -4,8 +4,8 @@
 // socket(): the kernel's RDMA netlink socket is made unavailable, so that
 // libibverbs discovers devices through SYSFS_PATH (the shim's tree) even on
 // a host whose kernel has RDMA netlink. Every other socket is the real one.
-// (An interposed ibv_create_comp_channel will live next to this, in its own
-// file, when completion channels are served by the shim.)
+// (The preloaded completion-channel and async-event entry points are in
+// comp_channel.cpp and async_events.cpp; see events.h.)
 #include <dlfcn.h>
 #include <sys/socket.h>
 

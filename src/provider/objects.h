@@ -31,7 +31,12 @@ struct Cq {
     uint32_t entries = 0;
     uint32_t cons = 0;         // our consumer index
     uint32_t empty_polls = 0;
+    uint32_t idle_polls = 0;   // empty polls that yielded the CPU (shim liveness checks)
     std::mutex mu;
+    // Events handed to the application (under Context::ev_mu): ibv_destroy_cq
+    // waits until as many are acknowledged.
+    uint32_t comp_read = 0;
+    uint32_t async_read = 0;
 };
 
 // A send queue, receive queue or SRQ ring of which the provider is the producer.
@@ -55,6 +60,7 @@ struct Srq {
     uint32_t handle = 0;
     uint32_t srq_limit = 0;
     WorkQueue rq;
+    uint32_t async_read = 0;   // under Context::ev_mu
 };
 
 struct Qp {
@@ -71,6 +77,7 @@ struct Qp {
     uint32_t wr_cons = 0;
     uint8_t* wr_cur = nullptr;
     int wr_err = 0;
+    uint32_t async_read = 0;   // under Context::ev_mu
 };
 
 struct Ah {

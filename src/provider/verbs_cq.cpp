@@ -5,6 +5,7 @@
 #include <new>
 
 #include "context.h"
+#include "events.h"
 #include "objects.h"
 #include "verbs.h"
 #include "vrdma/ring.h"
@@ -25,10 +26,15 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
         errno = EINVAL;
         return nullptr;
     }
+    uint32_t channel_id = 0;
     if (channel) {
-        // Completion channels need the shim to hold the channel's fd; not yet.
-        errno = EOPNOTSUPP;
-        return nullptr;
+        // Only a channel this library made for this context (events.h);
+        // a kernel channel could never be written by the shim.
+        channel_id = channel_id_of(channel, ctx);
+        if (!channel_id) {
+            errno = EINVAL;
+            return nullptr;
+        }
     }
     uint32_t entries = pow2_at_least(uint64_t(cqe) + 1);
     if (entries == 0 || entries > abi::kMaxCqEntries) {
@@ -58,7 +64,7 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     req.ring_gva = reinterpret_cast<uintptr_t>(cq->mem);
     req.user_handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
     req.entries = entries;
-    req.channel_id = 0;
+    req.channel_id = channel_id;
     req.comp_vector = uint32_t(comp_vector);
     abi::CmdCreateCqResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateCq, &req, sizeof(req), &resp, sizeof(resp))) {
@@ -72,16 +78,34 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     c.context = ibctx;
     c.handle = resp.cq_handle;
     c.cqe = int(entries - 1);
+    std::lock_guard lock(ctx.ev_mu);
+    ctx.live_cqs.insert(&c);
     return &c;
 }
 
 int destroy_cq(ibv_cq* ibcq) {
     Cq* cq = to_cq(ibcq);
+    Context& ctx = *cq->ctx;
     abi::CmdHandleReq req{cq->handle};
-    int rc = command(*cq->ctx, abi::CmdOp::DestroyCq, &req, sizeof(req), nullptr, 0);
+    abi::CmdDestroyResp resp{};
+    int rc = command(ctx, abi::CmdOp::DestroyCq, &req, sizeof(req), &resp, sizeof(resp));
     if (rc && rc != EIO) return rc;
-    if (rc == 0) free_ring(*cq->ctx, cq->mem);  // shim gone: it may still map it, keep it
-    delete cq;
+    if (rc == 0) free_ring(ctx, cq->mem);  // shim gone: it may still map it, keep it
+    bool zombie = retire_cq(ctx, *cq, rc == 0 ? &resp : nullptr);
+    // As with a kernel device: every event handed to the application must
+    // be acknowledged before the CQ goes away.
+    uint32_t comp, async;
+    {
+        std::lock_guard lock(ctx.ev_mu);
+        comp = cq->comp_read;
+        async = cq->async_read;
+    }
+    wait_acked(&ibcq->mutex, &ibcq->cond, &ibcq->comp_events_completed, comp, &ibcq->async_events_completed,
+               async);
+    if (zombie)
+        keep_zombie(ctx, cq);
+    else
+        delete cq;
     return 0;
 }
 
@@ -123,13 +147,17 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
             return 0;
         }
     }
-    // An idle poller gives the CPU to the shim and the peer (cores are shared).
+    // An idle poller gives the CPU to the shim and the peer (cores are
+    // shared). Now and then it also checks that the shim is still there: a
+    // poller waiting for completions that can no longer come gets an error.
+    if ((++cq->idle_polls & 255) == 0 && shim_lost(*cq->ctx)) return -1;
     sched_yield();
     return 0;
 }
 
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
     Cq* cq = to_cq(ibcq);
+    if (cq->ctx->dead.load(std::memory_order_relaxed)) return EIO;
     cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
     cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
     ring_doorbell(*cq->ctx);

@@ -5,6 +5,7 @@
 #include <new>
 
 #include "context.h"
+#include "events.h"
 #include "objects.h"
 #include "verbs.h"
 
@@ -154,6 +155,8 @@ ibv_qp* create_common(const QpCreate& c) {
         qp->vqp.comp_mask |= VRDMA_VERBS_QP_EX;
         install_qp_ex_ops(*qp, c.send_ops_flags);
     }
+    std::lock_guard lock(ctx.ev_mu);
+    ctx.live_qps.insert(&q);
     return &q;
 }
 
@@ -295,11 +298,23 @@ int destroy_qp(ibv_qp* ibqp) {
     Qp* qp = to_qp(ibqp);
     Context& ctx = *qp->ctx;
     abi::CmdHandleReq req{qp->handle};
-    int rc = command(ctx, abi::CmdOp::DestroyQp, &req, sizeof(req), nullptr, 0);
+    abi::CmdDestroyResp resp{};
+    int rc = command(ctx, abi::CmdOp::DestroyQp, &req, sizeof(req), &resp, sizeof(resp));
     if (rc && rc != EIO) return rc;
     if (rc == 0) {
         free_ring(ctx, qp->sq.mem);
         free_ring(ctx, qp->rq.mem);
+    }
+    bool zombie = retire_qp(ctx, *qp, rc == 0 ? &resp : nullptr);
+    uint32_t handed;
+    {
+        std::lock_guard lock(ctx.ev_mu);
+        handed = qp->async_read;
+    }
+    wait_acked(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed, handed);
+    if (zombie) {
+        keep_zombie(ctx, qp);
+        return 0;
     }
     pthread_mutex_destroy(&ibqp->mutex);
     pthread_cond_destroy(&ibqp->cond);

@@ -4,6 +4,7 @@
 #include <new>
 
 #include "context.h"
+#include "events.h"
 #include "objects.h"
 #include "verbs.h"
 
@@ -70,6 +71,8 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     srq->vsrq.srq_num = resp.srqn;
     attr.max_wr = rq.max_wr;
     attr.max_sge = rq.max_sge;
+    std::lock_guard lock(ctx.ev_mu);
+    ctx.live_srqs.insert(&srq->vsrq.srq);
     return &srq->vsrq.srq;
 }
 
@@ -98,10 +101,21 @@ int destroy_srq(ibv_srq* ibsrq) {
     Srq* srq = to_srq(ibsrq);
     Context& ctx = *srq->ctx;
     abi::CmdHandleReq req{srq->handle};
-    int rc = command(ctx, abi::CmdOp::DestroySrq, &req, sizeof(req), nullptr, 0);
+    abi::CmdDestroyResp resp{};
+    int rc = command(ctx, abi::CmdOp::DestroySrq, &req, sizeof(req), &resp, sizeof(resp));
     if (rc && rc != EIO) return rc;
     if (rc == 0) free_ring(ctx, srq->rq.mem);
-    delete srq;
+    bool zombie = retire_srq(ctx, *srq, rc == 0 ? &resp : nullptr);
+    uint32_t handed;
+    {
+        std::lock_guard lock(ctx.ev_mu);
+        handed = srq->async_read;
+    }
+    wait_acked(&ibsrq->mutex, &ibsrq->cond, &ibsrq->events_completed, handed);
+    if (zombie)
+        keep_zombie(ctx, srq);
+    else
+        delete srq;
     return 0;
 }
 

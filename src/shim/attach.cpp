@@ -104,10 +104,18 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         std::memcpy(&a, buf, sizeof(a));
         if (!is_eventfd(fds[1].get()) || !is_eventfd(fds[2].get()))
             return reply(c, EINVAL, 0, "kick and cmd-done fds must be eventfds"), false;
+        // The shim writes async event records into fds[3]: only a pipe or a
+        // socket (a file could live on a file system the guest serves, where
+        // a write may block whatever O_NONBLOCK says).
+        struct stat ast;
+        if (::fstat(fds[3].get(), &ast) != 0 || !(S_ISFIFO(ast.st_mode) || S_ISSOCK(ast.st_mode)))
+            return reply(c, EINVAL, 0, "the async event fd must be a pipe or a socket"), false;
         int err = 0;
+        std::string why;
         Context* ctx = eng.attach(*c.guest, std::move(fds[0]), a.arena_gva, a.arena_len, std::move(fds[1]),
-                                  std::move(fds[2]), std::move(fds[3]), err);
-        if (!ctx) return reply(c, err, 0, "cannot map the arena: %s", strerror(err)), false;
+                                  std::move(fds[2]), std::move(fds[3]), err, &why);
+        if (!ctx)
+            return reply(c, err, 0, "cannot map the arena: %s", why.empty() ? strerror(err) : why.c_str()), false;
         c.ctx_id = ctx->id();
         LOG_INFO("guest %s: pid %d attached (context %llu, arena %llu KiB)", c.guest->name.c_str(), int(c.pid),
                  (unsigned long long)ctx->id(), (unsigned long long)(a.arena_len >> 10));
@@ -123,8 +131,9 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         if (s.seg_id == 0 || ctx->segments.has(s.seg_id)) return reply(c, EEXIST, 0, "segment id %u in use", s.seg_id);
         if (ctx->segments.piece_count() >= 65536) return reply(c, ENOMEM, 0, "too many segments");
         std::shared_ptr<Mapping> map;
-        if (int err = map_segment(std::move(fds[0]), s.gva, s.len, s.offset, map))
-            return reply(c, err, 0, "cannot map segment %u: %s", s.seg_id, strerror(err));
+        std::string why;
+        if (int err = map_segment(std::move(fds[0]), s.gva, s.len, s.offset, map, ctx->charges.usage(), &why))
+            return reply(c, err, 0, "cannot map segment %u: %s", s.seg_id, why.empty() ? strerror(err) : why.c_str());
         ctx->segments.insert(s.seg_id, std::move(map));
         return reply(c, 0, 0, nullptr);
     }
@@ -137,6 +146,28 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         std::memcpy(&s, buf, sizeof(s));
         if (s.seg_id == 0 || !ctx->segments.remove(s.seg_id))
             return reply(c, ENOENT, 0, "no segment %u", s.seg_id);
+        return reply(c, 0, 0, nullptr);
+    }
+    case abi::SockOp::CreateChannel: {
+        Context* ctx = eng.find_context(c.ctx_id);
+        if (!ctx) return reply(c, EINVAL, 0, "not attached"), false;
+        abi::SockChannel m;
+        if (size_t(n) != sizeof(m) || fds.size() != 1)
+            return reply(c, EINVAL, 0, "CreateChannel needs %zu bytes and 1 fd", sizeof(m));
+        std::memcpy(&m, buf, sizeof(m));
+        if (int err = ctx->add_channel(m.channel_id, std::move(fds[0])))
+            return reply(c, err, 0, "cannot add completion channel %u: %s", m.channel_id,
+                         err == EINVAL ? "id 0 or not the write end of a pipe" : strerror(err));
+        return reply(c, 0, 0, nullptr);
+    }
+    case abi::SockOp::DestroyChannel: {
+        Context* ctx = eng.find_context(c.ctx_id);
+        if (!ctx) return reply(c, EINVAL, 0, "not attached"), false;
+        abi::SockChannel m;
+        if (size_t(n) != sizeof(m) || !fds.empty())
+            return reply(c, EINVAL, 0, "DestroyChannel needs %zu bytes and no fd", sizeof(m));
+        std::memcpy(&m, buf, sizeof(m));
+        if (!ctx->remove_channel(m.channel_id)) return reply(c, ENOENT, 0, "no completion channel %u", m.channel_id);
         return reply(c, 0, 0, nullptr);
     }
     }

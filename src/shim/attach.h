@@ -23,6 +23,7 @@ struct Connection {
     uint64_t ctx_id = 0;  // 0 until attached
     pid_t pid = -1;
     uid_t uid = 0;
+    Charges charges;  // Res::Connections of the guest, given back when closed
 };
 
 // Reads the peer's credentials (SO_PEERCRED) into the connection.

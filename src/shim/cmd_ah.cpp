@@ -12,11 +12,14 @@ int cmd_create_ah(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     const abi::AhAttr& a = r.attr;
     if (a.dlid == 0 || a.dlid >= 0xc000 || a.sl > 15 || a.port_num != 1) return EINVAL;
     if (a.is_global > 1 || (a.is_global && a.sgid_index != 0)) return EINVAL;
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Ah, 1, "CreateAh")) return ENOMEM;
     auto ah = std::make_unique<Ah>();
     ah->pd = r.pd_handle;
     ah->attr = a;
     uint32_t h = ctx.ahs.insert(std::move(ah));
     if (!h) return ENOMEM;
+    charge.keep();
     ++pd->users;
     store_resp(resp, abi::CmdCreateAhResp{h});
     return 0;
@@ -26,6 +29,7 @@ int cmd_destroy_ah(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdHandleReq>(req);
     auto ah = ctx.ahs.erase(r.handle);
     if (!ah) return ENOENT;
+    ctx.charges.give(Res::Ah, 1);
     if (Pd* pd = ctx.pds.get(ah->pd)) --pd->users;
     return 0;
 }

@@ -16,8 +16,11 @@ constexpr uint32_t kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE 
 }  // namespace
 
 int cmd_alloc_pd(Engine&, Context& ctx, const uint8_t*, uint8_t* resp) {
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Pd, 1, "AllocPd")) return ENOMEM;
     uint32_t h = ctx.pds.insert(std::make_unique<Pd>());
     if (!h) return ENOMEM;
+    charge.keep();
     store_resp(resp, abi::CmdAllocPdResp{h});
     return 0;
 }
@@ -28,6 +31,7 @@ int cmd_dealloc_pd(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     if (!pd) return ENOENT;
     if (pd->users) return EBUSY;
     ctx.pds.erase(r.handle);
+    ctx.charges.give(Res::Pd, 1);
     return 0;
 }
 
@@ -39,9 +43,10 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(r.access & IBV_ACCESS_LOCAL_WRITE))
         return EINVAL;
     if (r.length == 0 || r.length > ctx.quotas().max_mr_size || r.addr + r.length < r.addr) return EINVAL;
-    if (ctx.mrs.size() >= ctx.mrs.limit()) return ENOMEM;
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Mr, 1, "RegMr") || !charge.take(Res::MrBytes, r.length, "RegMr")) return ENOMEM;
     auto mr = std::make_unique<Mr>();
-    int err = ctx.segments.map_range(r.addr, r.length, mr->mem);
+    int err = ctx.segments.map_range(r.addr, r.length, mr->mem, ctx.charges.usage());
     if (err) return err;
     mr->pd = r.pd_handle;
     mr->access = r.access & ~kOptionalAccess;
@@ -49,6 +54,7 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     mr->length = r.length;
     uint32_t h = ctx.mrs.insert(std::move(mr));
     if (!h) return ENOMEM;
+    charge.keep();
     ++pd->users;
     store_resp(resp, abi::CmdRegMrResp{h, h, h});
     return 0;
@@ -58,6 +64,8 @@ int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdHandleReq>(req);
     auto mr = ctx.mrs.erase(r.handle);
     if (!mr) return ENOENT;
+    ctx.charges.give(Res::Mr, 1);
+    ctx.charges.give(Res::MrBytes, mr->length);
     if (Pd* pd = ctx.pds.get(mr->pd)) --pd->users;
     return 0;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "async_events.h"
 #include "commands.h"
 #include "qp_state.h"
 #include "vrdma/ring.h"
@@ -56,7 +57,10 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
         uint64_t rq_min = sizeof(abi::RecvWqe) + uint64_t(r.max_recv_sge) * sizeof(abi::Sge);
         if (!wq_geometry_ok(r.rq_entries, q.max_qp_wr, r.rq_stride, rq_min)) return EINVAL;
     }
-    if (ctx.qps.size() >= ctx.qps.limit()) return ENOMEM;
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Qp, 1, "CreateQp") ||
+        !charge.take(Res::Wr, uint64_t(r.sq_entries) + (srq ? 0 : r.rq_entries), "CreateQp"))
+        return ENOMEM;
 
     auto qp = std::make_unique<Qp>();
     if (int err = setup_wq(ctx, r.sq_gva, r.sq_entries, r.sq_stride, qp->sq)) return err;
@@ -78,6 +82,7 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     qp->state = IBV_QPS_RESET;
     uint32_t h = ctx.qps.insert(std::move(qp));
     if (!h) return ENOMEM;
+    charge.keep();
     eng.register_qp(qpn, ctx, h);
     ++pd->users;
     ++scq->users;
@@ -107,12 +112,24 @@ int cmd_modify_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
         qp->attr = abi::QpAttr{};
         qp->wait = SqWait::None;
         qp->state = IBV_QPS_RESET;
+        qp->comm_est_sent = false;
+        qp->sq_draining = false;
     } else if (next == IBV_QPS_ERR) {
         qp->state = IBV_QPS_ERR;
         qp->wait = SqWait::None;
+        qp->sq_draining = false;
         ctx.rescan = true;
+        if (cur != IBV_QPS_ERR) qp_entered_error(ctx, *qp);
     } else {
         if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
+        if (next == IBV_QPS_SQD && cur == IBV_QPS_RTS) {
+            // The engine finishes the WQE in flight (if any), then raises
+            // SQ_DRAINED when asked to (Engine::process_qp).
+            qp->sq_draining = true;
+            qp->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && r.attr.en_sqd_async_notify;
+        } else if (next != IBV_QPS_SQD) {
+            qp->sq_draining = false;
+        }
         qp->state = next;
         ctx.rescan = true;
     }
@@ -132,15 +149,18 @@ int cmd_query_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     out.attr.max_send_sge = qp->max_send_sge;
     out.attr.max_recv_sge = qp->max_recv_sge;
     out.attr.max_inline_data = qp->max_inline;
-    out.attr.sq_draining = 0;
+    out.attr.sq_draining = qp->sq_draining ? 1 : 0;
     store_resp(resp, out);
     return 0;
 }
 
-int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
+int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdHandleReq>(req);
     auto qp = ctx.qps.erase(r.handle);
     if (!qp) return ENOENT;
+    ctx.charges.give(Res::Qp, 1);
+    ctx.charges.give(Res::Wr, uint64_t(qp->sq.entries) + qp->rq.entries);
+    store_resp(resp, abi::CmdDestroyResp{0, qp->async_events});
     eng.unregister_qp(qp->qpn);
     if (Pd* pd = ctx.pds.get(qp->pd)) --pd->users;
     if (Cq* cq = ctx.cqs.get(qp->send_cq)) --cq->users;

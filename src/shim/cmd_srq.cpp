@@ -16,7 +16,8 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     if (r.max_sge == 0 || r.max_sge > q.max_sge) return EINVAL;
     uint64_t min_stride = sizeof(abi::RecvWqe) + uint64_t(r.max_sge) * sizeof(abi::Sge);
     if (!wq_geometry_ok(r.entries, q.max_srq_wr, r.stride, min_stride)) return EINVAL;
-    if (ctx.srqs.size() >= ctx.srqs.limit()) return ENOMEM;
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Srq, 1, "CreateSrq") || !charge.take(Res::Wr, r.entries, "CreateSrq")) return ENOMEM;
     HostRange ring;
     if (int err = map_ring(ctx, r.ring_gva, abi::wq_ring_bytes(r.entries, r.stride), ring)) return err;
     auto srq = std::make_unique<Srq>();
@@ -34,6 +35,7 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     uint32_t srqn = srq->srqn;
     uint32_t h = ctx.srqs.insert(std::move(srq));
     if (!h) return ENOMEM;
+    charge.keep();
     ++pd->users;
     store_resp(resp, abi::CmdCreateSrqResp{h, srqn});
     return 0;
@@ -60,12 +62,15 @@ int cmd_query_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     return 0;
 }
 
-int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdHandleReq>(req);
     Srq* srq = ctx.srqs.get(r.handle);
     if (!srq) return ENOENT;
     if (srq->users) return EBUSY;
+    store_resp(resp, abi::CmdDestroyResp{0, srq->async_events});
     auto gone = ctx.srqs.erase(r.handle);
+    ctx.charges.give(Res::Srq, 1);
+    ctx.charges.give(Res::Wr, gone->wq.entries);
     if (Pd* pd = ctx.pds.get(gone->pd)) --pd->users;
     return 0;
 }

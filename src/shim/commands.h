@@ -50,6 +50,32 @@ void store_resp(uint8_t* resp, const T& t) {
     std::memcpy(resp, &t, sizeof(T));
 }
 
+// Quota charges (quota.h) for an object being created: given back on any
+// early return unless keep() is called, after which the object holds them
+// until its destroy command gives them back.
+class PendingCharges {
+public:
+    explicit PendingCharges(Context& ctx) : ctx_(ctx) {}
+    PendingCharges(const PendingCharges&) = delete;
+    PendingCharges& operator=(const PendingCharges&) = delete;
+    ~PendingCharges() {
+        if (kept_) return;
+        for (unsigned i = 0; i < kResCount; ++i)
+            if (n_[i]) ctx_.charges.give(Res(i), n_[i]);
+    }
+    bool take(Res r, uint64_t n, const char* what) {
+        if (!ctx_.charges.take(r, n, what)) return false;
+        n_[unsigned(r)] += n;
+        return true;
+    }
+    void keep() { kept_ = true; }
+
+private:
+    Context& ctx_;
+    uint64_t n_[kResCount] = {};
+    bool kept_ = false;
+};
+
 // A ring of `bytes` at `gva`: 64-byte aligned, inside one segment of the
 // context. 0, EINVAL (alignment, size) or EFAULT (not inside one segment).
 int map_ring(const Context& ctx, uint64_t gva, uint64_t bytes, HostRange& out);

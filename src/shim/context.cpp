@@ -1,18 +1,21 @@
 #include "context.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "guest_fd.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
 
 Context::Context(uint64_t id, const GuestIdentity& guest, const Quotas& quotas, std::shared_ptr<Mapping> arena,
-                 UniqueFd kick, UniqueFd cmd_done, UniqueFd async)
-    : pds(quotas.max_pd),
+                 UniqueFd kick, UniqueFd cmd_done, UniqueFd async, GuestUsage* usage)
+    : charges(usage),
+      pds(quotas.max_pd),
       mrs(quotas.max_mr),
       cqs(quotas.max_cq),
       qps(quotas.max_qp),
@@ -39,23 +42,58 @@ Context::Context(uint64_t id, const GuestIdentity& guest, const Quotas& quotas, 
 void Context::signal_cmd_done() {
     if (!cmd_done_) return;
     uint64_t one = 1;
-    ssize_t n = ::write(cmd_done_.get(), &one, sizeof(one));
+    ssize_t n = guest_fd_write(cmd_done_.get(), &one, sizeof(one));
     (void)n;
 }
 
-void Context::post_async_event(uint32_t event_type, uint64_t element) {
+bool Context::post_async_event(uint32_t event_type, uint64_t element) {
     LOG_DEBUG("context %llu: async event %u element 0x%llx", (unsigned long long)id_, event_type,
               (unsigned long long)element);
-    if (!async_) return;
+    if (!async_) return false;
     struct {
         uint64_t element;
         uint32_t event_type;
         uint32_t reserved;
     } rec{element, event_type, 0};
-    ssize_t n = ::write(async_.get(), &rec, sizeof(rec));
-    if (n != ssize_t(sizeof(rec)))
-        LOG_WARN("context %llu: async event %u lost (%s)", (unsigned long long)id_, event_type,
-                 n < 0 ? strerror(errno) : "short write");
+    ssize_t n = guest_fd_write(async_.get(), &rec, sizeof(rec));
+    if (n == ssize_t(sizeof(rec))) return true;
+    if (!warned_lost_event_) {
+        warned_lost_event_ = true;
+        LOG_WARN("context %llu: async event %u lost (%s); further losses of this context are not logged",
+                 (unsigned long long)id_, event_type, n < 0 ? strerror(errno) : "short write");
+    }
+    return false;
+}
+
+int Context::add_channel(uint32_t id, UniqueFd write_end) {
+    if (id == 0) return EINVAL;
+    if (channels_.count(id)) return EEXIST;
+    if (channels_.size() >= kMaxChannels) return ENOMEM;
+    // Only a pipe: a write to it never blocks once O_NONBLOCK is set and
+    // never reaches a file system.
+    struct stat st;
+    if (::fstat(write_end.get(), &st) != 0 || !S_ISFIFO(st.st_mode)) return EINVAL;
+    int fl = ::fcntl(write_end.get(), F_GETFL);
+    if (fl < 0 || (fl & O_ACCMODE) == O_RDONLY || ::fcntl(write_end.get(), F_SETFL, fl | O_NONBLOCK) != 0)
+        return EINVAL;
+    channels_.emplace(id, std::move(write_end));
+    return 0;
+}
+
+bool Context::remove_channel(uint32_t id) { return channels_.erase(id) != 0; }
+
+bool Context::post_comp_event(uint32_t channel_id, uint64_t cq_user_handle) {
+    auto it = channels_.find(channel_id);
+    if (it == channels_.end()) return false;
+    ssize_t n = guest_fd_write(it->second.get(), &cq_user_handle, sizeof(cq_user_handle));
+    if (n == ssize_t(sizeof(cq_user_handle))) return true;
+    if (!warned_lost_event_) {
+        warned_lost_event_ = true;
+        LOG_WARN("context %llu: completion event lost on channel %u (%s); further losses of this context are "
+                 "not logged",
+                 (unsigned long long)id_, channel_id, n < 0 ? strerror(errno) : "short write");
+    }
+    return false;
 }
 
 }  // namespace vrdma::shim

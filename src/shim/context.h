@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 
 #include "device_model.h"
 #include "handle_table.h"
@@ -18,7 +20,7 @@ namespace vrdma::shim {
 class Context {
 public:
     Context(uint64_t id, const GuestIdentity& guest, const Quotas& quotas, std::shared_ptr<Mapping> arena,
-            UniqueFd kick, UniqueFd cmd_done, UniqueFd async);
+            UniqueFd kick, UniqueFd cmd_done, UniqueFd async, GuestUsage* usage = nullptr);
     Context(const Context&) = delete;
     Context& operator=(const Context&) = delete;
 
@@ -29,9 +31,25 @@ public:
     int kick_fd() const { return kick_.get(); }
 
     void signal_cmd_done();
-    // Writes one 16-byte async event record, never blocking.
-    void post_async_event(uint32_t event_type, uint64_t element);
+    // Writes one 16-byte async event record, never blocking. False when the
+    // record could not be written (no async pipe, pipe full, reader gone).
+    bool post_async_event(uint32_t event_type, uint64_t element);
 
+    // Completion channels (protocol.md "Events"): the write ends of the
+    // guest's channel pipes, by the channel id the guest chose.
+    static constexpr size_t kMaxChannels = 1024;
+    // 0, EEXIST (id in use), EINVAL (id 0 or not a pipe) or ENOMEM (limit).
+    int add_channel(uint32_t id, UniqueFd write_end);
+    bool remove_channel(uint32_t id);
+    bool has_channel(uint32_t id) const { return channels_.count(id) != 0; }
+    // Writes one 8-byte completion event record, never blocking.
+    bool post_comp_event(uint32_t channel_id, uint64_t cq_user_handle);
+    // CQs created with a channel: their arming is checked at every doorbell.
+    std::set<uint32_t> channel_cqs;
+
+    // What this context's resources charge to its guest's quotas (given
+    // back when the context is destroyed; mappings carry their own).
+    Charges charges;
     SegmentTable segments;
     HandleTable<Pd, HandleType::Pd> pds;
     HandleTable<Mr, HandleType::Mr> mrs;
@@ -54,6 +72,8 @@ private:
     std::shared_ptr<Mapping> arena_;
     abi::ControlBlock* cb_;
     UniqueFd kick_, cmd_done_, async_;
+    std::map<uint32_t, UniqueFd> channels_;
+    bool warned_lost_event_ = false;  // one warning per context, not one per event
 };
 
 }  // namespace vrdma::shim

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "async_events.h"
+#include "cq_events.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/log.h"
 
@@ -14,16 +16,12 @@ void cq_fail(Context& ctx, Cq& cq, const char* why) {
     if (cq.error) return;
     cq.error = true;
     LOG_WARN("context %llu: CQ in error: %s", (unsigned long long)ctx.id(), why);
-    ctx.post_async_event(IBV_EVENT_CQ_ERR, cq.user_handle);
+    post_cq_event(ctx, cq, IBV_EVENT_CQ_ERR);
 }
-
-// Completion-channel notification lives here once channels exist: compare
-// cq.notify->arm_seq with cq.last_arm_seq and the solicited flag.
-void cq_after_push(Context&, Cq&, const abi::Cqe&) {}
 
 }  // namespace
 
-bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe) {
+bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicited) {
     Cq* cq = ctx.cqs.get(cq_handle);
     if (!cq || cq->error) return false;
     uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
@@ -38,7 +36,7 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe) {
     std::memcpy(&cq->slots[ring_slot(cq->prod, cq->entries)], &cqe, sizeof(cqe));
     cq->prod = ring_next(cq->prod, cq->entries);
     cq->ring->producer.store(cq->prod, std::memory_order_release);
-    cq_after_push(ctx, *cq, cqe);
+    cq_after_push(ctx, *cq, solicited || cqe.status != IBV_WC_SUCCESS);
     return true;
 }
 

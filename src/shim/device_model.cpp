@@ -72,7 +72,7 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     abi::DeviceAttr a{};
     a.node_guid = htobe64(id.guid);
     a.sys_image_guid = htobe64(id.guid);
-    a.max_mr_size = q.max_mr_size;
+    a.max_mr_size = q.max_mr_size < q.max_mr_bytes ? q.max_mr_size : q.max_mr_bytes;
     a.page_size_cap = abi::kPageSize;
     a.vendor_id = 0;
     a.vendor_part_id = 0;
@@ -105,7 +105,7 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
 
 abi::PortAttr make_port_attr(const GuestIdentity& id) {
     abi::PortAttr p{};
-    p.state = IBV_PORT_ACTIVE;
+    p.state = id.port_active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
     p.gid_tbl_len = 1;
@@ -120,7 +120,7 @@ abi::PortAttr make_port_attr(const GuestIdentity& id) {
     p.subnet_timeout = 18;
     p.active_width = 2;   // 4X
     p.active_speed = 32;  // EDR
-    p.phys_state = 5;     // LinkUp
+    p.phys_state = id.port_active ? 5 : 3;  // LinkUp, or Disabled
     p.link_layer = IBV_LINK_LAYER_INFINIBAND;
     make_gid(id.guid, p.gid);
     return p;

@@ -10,15 +10,16 @@
 
 namespace vrdma::shim {
 
-// Per-guest resource limits. Device attributes report these, and command
-// handlers enforce them (ENOMEM once a count is reached).
+// Per-guest resource limits (every context of a guest together; quota.h).
+// Device attributes report these, and command handlers enforce them (ENOMEM
+// once a count is reached). `vrdma-shim --quota KEY=VALUE` sets them.
 struct Quotas {
     uint32_t max_qp = 16384;
     uint32_t max_qp_wr = 16384;
     uint32_t max_sge = abi::kMaxSge;
     uint32_t max_cq = 16384;
     uint32_t max_cqe = abi::kMaxCqEntries - 1;  // the provider rounds cqe+1 up to a power of two
-    uint32_t max_mr = 1u << 20;
+    uint32_t max_mr = 1u << 18;
     uint64_t max_mr_size = 1ull << 40;
     uint32_t max_pd = 1u << 16;
     uint32_t max_ah = 1u << 16;
@@ -26,6 +27,12 @@ struct Quotas {
     uint32_t max_srq_wr = 16384;
     uint32_t max_inline = abi::kMaxInline;
     uint32_t max_rd_atomic = 16;
+    // Not device attributes: what a guest may make the shim hold.
+    uint32_t max_connections = 256;        // open sockets (each attached one: a context)
+    uint64_t max_mr_bytes = 1ull << 40;    // registered memory, sum of MR lengths
+    uint64_t max_wr = 1u << 22;            // work-queue entries of all QPs and SRQs
+    uint64_t max_mappings = 16384;         // mmap()s (segments, multi-segment MRs)
+    uint64_t max_map_bytes = 2ull << 40;   // bytes of guest memory mapped
 };
 
 constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
@@ -35,6 +42,9 @@ struct GuestIdentity {
     std::string name;
     uint16_t lid = 0;
     uint64_t guid = 0;  // host byte order; node GUID = port GUID = sys image GUID
+    // Port 1 is ACTIVE, or DOWN (Disabled) after the operator took it down
+    // (vrdmactl port NAME down): then nothing reaches or leaves the guest.
+    bool port_active = true;
 };
 
 // A 64-bit id of this host (hash of /etc/machine-id, or of the hostname).

@@ -6,9 +6,12 @@
 #include <time.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
+#include "async_events.h"
 #include "commands.h"
+#include "cq_events.h"
 #include "cq_writer.h"
 #include "local_transport.h"
 #include "qp_state.h"
@@ -24,7 +27,22 @@ uint64_t monotonic_ns() {
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-Engine::Engine(Quotas quotas) : quotas_(quotas) {}
+Engine::Engine(Quotas quotas) : quotas_(quotas) {
+    // Leave the shim's own allocations room under vm.max_map_count.
+    uint64_t max_maps = 65530;
+    if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+        unsigned long long v;
+        if (std::fscanf(f, "%llu", &v) == 1 && v > 0) max_maps = v;
+        std::fclose(f);
+    }
+    global_.mapping_limit = max_maps > 16384 ? max_maps - 8192 : max_maps / 2;
+}
+
+GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
+    for (size_t i = 0; i < guests_.size(); ++i)
+        if (guests_[i].get() == &guest) return usages_[i].get();
+    return nullptr;
+}
 
 Engine::~Engine() {
     while (!contexts_.empty()) detach(contexts_.begin()->first);
@@ -35,22 +53,25 @@ const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, ui
     g->name = name;
     g->lid = lid;
     g->guid = guid;
+    usages_.push_back(std::make_unique<GuestUsage>(name, quotas_, global_));
     guests_.push_back(std::move(g));
     return *guests_.back();
 }
 
 Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
-                        UniqueFd cmd_done, UniqueFd async, int& err) {
+                        UniqueFd cmd_done, UniqueFd async, int& err, std::string* why) {
     err = 0;
     if (len < abi::kControlBlockBytes) {
         err = EINVAL;
+        if (why) *why = "arena smaller than the control block";
         return nullptr;
     }
+    GuestUsage* usage = usage_of(guest);
     std::shared_ptr<Mapping> map;
-    if ((err = map_segment(std::move(arena), gva, len, 0, map))) return nullptr;
+    if ((err = map_segment(std::move(arena), gva, len, 0, map, usage, why))) return nullptr;
     uint64_t id = next_ctx_id_++;
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
-                                         std::move(async));
+                                         std::move(async), usage);
     Context* p = ctx.get();
     contexts_.emplace(id, std::move(ctx));
     return p;
@@ -140,7 +161,23 @@ void Engine::set_sleeping(bool sleeping) {
 }
 
 void Engine::mark_all_fatal() {
-    for (auto& [id, c] : contexts_) c->control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);
+    for (auto& [id, c] : contexts_) {
+        c->control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);
+        post_device_fatal(*c);
+    }
+}
+
+bool Engine::set_port_active(const std::string& guest, bool active) {
+    GuestIdentity* g = nullptr;
+    for (auto& p : guests_)
+        if (p->name == guest) g = p.get();
+    if (!g) return false;
+    if (g->port_active == active) return true;
+    g->port_active = active;
+    LOG_INFO("guest %s: port 1 %s", guest.c_str(), active ? "ACTIVE" : "DOWN");
+    for (auto& [id, c] : contexts_)
+        if (&c->guest() == g) post_port_event(*c, active ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR);
+    return true;
 }
 
 std::vector<int> Engine::kick_fds() const {
@@ -169,6 +206,7 @@ bool Engine::process_context(Context& ctx) {
     bool progress = process_commands(ctx);
     if (ctx.dead) return true;
     ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= process_qp(ctx, qp, t); });
+    progress |= check_armed_cqs(ctx);
     return progress;
 }
 
@@ -252,7 +290,16 @@ bool Engine::process_qp(Context& ctx, Qp& qp, uint64_t t) {
         return a || b;
     }
     if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
-    if (qp.state != IBV_QPS_RTS) return false;
+    // SQD: no new WQE starts; the one in flight (waiting for an RNR or
+    // retry timer) finishes, and then the send queue is drained.
+    const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
+    if (qp.state != IBV_QPS_RTS && !draining) return false;
+    auto drained = [&] {
+        qp.sq_draining = false;
+        if (qp.sqd_notify) post_qp_event(ctx, qp, IBV_EVENT_SQ_DRAINED);
+        return true;
+    };
+    if (draining && qp.wait == SqWait::None) return drained();
     if (qp.wait != SqWait::None && t < qp.deadline_ns) {
         if (!ctx.next_deadline_ns || qp.deadline_ns < ctx.next_deadline_ns) ctx.next_deadline_ns = qp.deadline_ns;
         return false;
@@ -265,7 +312,9 @@ bool Engine::process_qp(Context& ctx, Qp& qp, uint64_t t) {
     }
     bool progress = false;
     static SendWork work;  // single-threaded engine: one scratch WQE copy
-    for (uint32_t i = 0; i < n && qp.state == IBV_QPS_RTS; ++i) {
+    const uint32_t run_state = qp.state;
+    if (draining && n > 1) n = 1;
+    for (uint32_t i = 0; i < n && qp.state == run_state; ++i) {
         uint32_t st = read_send_wqe(qp.sq, qp.sq.cons, qp.max_send_sge, qp.max_inline, work);
         if (execute_send(*this, ctx, qp, work, st) == ExecResult::Wait) break;
         wq_consume(qp.sq);
@@ -275,7 +324,8 @@ bool Engine::process_qp(Context& ctx, Qp& qp, uint64_t t) {
         }
         progress = true;
     }
-    if (qp.state != IBV_QPS_RTS) ctx.rescan = true;  // flush what is left
+    if (draining && qp.state == IBV_QPS_SQD && qp.wait == SqWait::None) return drained();
+    if (qp.state != run_state) ctx.rescan = true;  // flush what is left
     return progress;
 }
 

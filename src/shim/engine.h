@@ -14,6 +14,7 @@
 
 #include "context.h"
 #include "device_model.h"
+#include "quota.h"
 
 namespace vrdma::shim {
 
@@ -27,11 +28,15 @@ public:
     const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid);
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
     const Quotas& quotas() const { return quotas_; }
+    // What every context of `guest` holds together (quota.h). Null for a
+    // guest this engine does not serve.
+    GuestUsage* usage_of(const GuestIdentity& guest);
+    const GlobalUsage& global_usage() const { return global_; }
 
     // Attaches a process: maps its arena (validated) and creates its context.
     // Returns null with a positive errno in `err` on failure.
     Context* attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
-                    UniqueFd cmd_done, UniqueFd async, int& err);
+                    UniqueFd cmd_done, UniqueFd async, int& err, std::string* why = nullptr);
     // Destroys a context and every resource it owns.
     void detach(uint64_t ctx_id);
     Context* find_context(uint64_t ctx_id);
@@ -43,7 +48,12 @@ public:
     // Earliest deadline of a QP waiting for an RNR or retry timer (0: none).
     uint64_t next_deadline_ns() const;
     void set_sleeping(bool sleeping);
+    // Shutdown: every context's shim_state becomes fatal and DEVICE_FATAL is
+    // posted to its async pipe.
     void mark_all_fatal();
+    // Port 1 of a guest goes down (PORT_ERR) or up (PORT_ACTIVE), posted to
+    // every context of that guest. False if no guest has that name.
+    bool set_port_active(const std::string& guest, bool active);
     std::vector<int> kick_fds() const;
 
     // QPN registry (QPNs are unique per shim).
@@ -71,7 +81,9 @@ private:
     void fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns);
 
     Quotas quotas_;
+    GlobalUsage global_;
     std::vector<std::unique_ptr<GuestIdentity>> guests_;
+    std::vector<std::unique_ptr<GuestUsage>> usages_;  // parallel to guests_
     std::map<uint64_t, std::unique_ptr<Context>> contexts_;
     uint64_t next_ctx_id_ = 1;
     struct QpLoc {

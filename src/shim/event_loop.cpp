@@ -1,5 +1,6 @@
 #include "event_loop.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -11,12 +12,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "guest_fd.h"
 #include "vrdma_common/guest_paths.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
 
-Daemon::Daemon(Options opts) : opts_(std::move(opts)) {}
+Daemon::Daemon(Options opts) : opts_(std::move(opts)), engine_(opts_.quotas) {}
 
 Daemon::~Daemon() { shutdown(); }
 
@@ -63,6 +65,12 @@ bool Daemon::start(std::string& error) {
         listeners_.push_back(std::move(lfd));
         line += " " + name + "(lid " + std::to_string(id.lid) + ")";
         LOG_INFO("guest %s: lid %u guid %s", name.c_str(), id.lid, format_guid(id.guid).c_str());
+    }
+    control_path_ = run_dir_.path() + "/" + kControlSocketName;
+    if (!open_control_socket(control_path_, control_, error)) return false;
+    if (!epoll_add(control_.get(), EPOLLIN, tag(kControl, 0))) {
+        error = std::string("epoll: ") + strerror(errno);
+        return false;
     }
     if (!run_dir_.mark_ready(error)) return false;
     line += " run-dir " + run_dir_.path();
@@ -134,12 +142,19 @@ void Daemon::poll_events(int timeout_ms) {
         case kConn:
             on_connection(id, evs[i].events);
             break;
+        case kControl:
+            accept_control();
+            break;
+        case kControlConn:
+            on_control(id);
+            break;
         case kKick: {
             auto it = conns_.find(id);
             if (it == conns_.end()) break;
             Context* ctx = engine_.find_context(it->second.ctx_id);
             uint64_t v;
-            if (ctx && ::read(ctx->kick_fd(), &v, sizeof(v)) < 0 && errno != EAGAIN) close_connection(id);
+            if (ctx && guest_fd_read(ctx->kick_fd(), &v, sizeof(v)) < 0 && errno != EAGAIN && errno != EINTR)
+                close_connection(id);
             break;
         }
         }
@@ -147,9 +162,26 @@ void Daemon::poll_events(int timeout_ms) {
 }
 
 void Daemon::accept_all(size_t guest_index) {
+    // At the fd limit the kernel keeps the connection queued and the
+    // listener stays readable: the loop would spin. A spare fd is given up
+    // to accept the connection and close it (the guest sees it refused).
+    static uint64_t last_warn_ns = 0;
     for (;;) {
         int fd = ::accept4(listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
+            if ((errno == EMFILE || errno == ENFILE) && spare_fd_) {
+                spare_fd_.reset();
+                int refused = ::accept4(listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC);
+                if (refused >= 0) ::close(refused);
+                spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+                if (monotonic_ns() - last_warn_ns > 1'000'000'000) {
+                    last_warn_ns = monotonic_ns();
+                    LOG_WARN("guest %s: connection refused: the shim is out of file descriptors",
+                             engine_.guests()[guest_index]->name.c_str());
+                }
+                if (refused >= 0) continue;
+                return;
+            }
             if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept: %s", strerror(errno));
             return;
         }
@@ -158,6 +190,11 @@ void Daemon::accept_all(size_t guest_index) {
         c.id = id;
         c.guest = engine_.guests()[guest_index].get();
         c.sock.reset(fd);
+        c.charges.bind(engine_.usage_of(*c.guest));
+        if (!c.charges.take(Res::Connections, 1, "a connection")) {
+            conns_.erase(id);  // closes it: the guest sees EOF
+            continue;
+        }
         read_peer_credentials(c);
         if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kConn, id))) {
             LOG_WARN("epoll: %s", strerror(errno));
@@ -216,11 +253,61 @@ void Daemon::reap_dead_contexts() {
     }
 }
 
+void Daemon::accept_control() {
+    for (;;) {
+        int fd = ::accept4(control_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (control): %s", strerror(errno));
+            return;
+        }
+        if (control_conns_.size() >= 16) {  // the operator's tool sends one request at a time
+            ::close(fd);
+            continue;
+        }
+        uint64_t id = next_conn_id_++;
+        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kControlConn, id))) {
+            ::close(fd);
+            continue;
+        }
+        control_conns_[id].reset(fd);
+        on_control(id);  // the request may be there already
+    }
+}
+
+void Daemon::on_control(uint64_t id) {
+    auto it = control_conns_.find(id);
+    if (it == control_conns_.end()) return;
+    ControlActions actions;
+    actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
+    if (!handle_control_connection(it->second.get(), actions)) return;
+    epoll_del(it->second.get());
+    control_conns_.erase(it);
+}
+
+bool Daemon::set_port(const std::string& guest, bool up, std::string& error) {
+    const auto& guests = engine_.guests();
+    for (size_t i = 0; i < guests.size(); ++i) {
+        if (guests[i]->name != guest) continue;
+        if (i < published_.size() && !published_[i]->set_port_state(up, error)) return false;
+        engine_.set_port_active(guest, up);
+        return true;
+    }
+    error = "no guest named '" + guest + "'";
+    return false;
+}
+
 void Daemon::shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
     engine_.mark_all_fatal();
     while (!conns_.empty()) close_connection(conns_.begin()->first);
+    for (auto& [id, fd] : control_conns_) epoll_del(fd.get());
+    control_conns_.clear();
+    if (control_) {
+        epoll_del(control_.get());
+        control_.reset();
+        ::unlink(control_path_.c_str());
+    }
     listeners_.clear();
     published_.clear();  // unpublishes each guest
     run_dir_.release();

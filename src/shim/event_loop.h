@@ -16,6 +16,8 @@
 // sockets and the signalfd, until the earliest RNR/retry deadline.
 #pragma once
 
+#include <fcntl.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "attach.h"
+#include "control_socket.h"
 #include "engine.h"
 #include "options.h"
 #include "run_dir.h"
@@ -45,7 +48,7 @@ public:
     static constexpr uint64_t kIdleSpinNs = 100'000;
 
 private:
-    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4 };
+    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4, kControl = 5, kControlConn = 6 };
     static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
@@ -54,6 +57,9 @@ private:
     void on_connection(uint64_t conn_id, uint32_t events);
     void close_connection(uint64_t conn_id);
     void reap_dead_contexts();
+    void accept_control();
+    void on_control(uint64_t id);
+    bool set_port(const std::string& guest, bool up, std::string& error);
 
     Options opts_;
     Engine engine_;
@@ -61,10 +67,16 @@ private:
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;
     std::map<uint64_t, Connection> conns_;
+    UniqueFd control_;                           // RUN_DIR/control.sock
+    std::string control_path_;
+    std::map<uint64_t, UniqueFd> control_conns_;  // operator connections awaiting their request
     uint64_t next_conn_id_ = 1;
     UniqueFd epoll_, signal_fd_;
     bool stop_ = false;
     bool shut_down_ = false;
+    // Held in reserve and given up at the fd limit to refuse a connection
+    // (see accept_all); opened at start so the shim's fd count is stable.
+    UniqueFd spare_fd_{::open("/dev/null", O_RDONLY | O_CLOEXEC)};
 };
 
 }  // namespace vrdma::shim

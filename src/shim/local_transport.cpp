@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "async_events.h"
 #include "cq_writer.h"
 #include "qp_state.h"
 
@@ -56,7 +57,7 @@ void consume_recv(Context& rctx, RecvSlot& rs) {
         uint32_t left;
         if (wq_pending(*rs.wq, left) && left < rs.srq->limit) {
             rs.srq->limit = 0;  // one event per arming
-            rctx.post_async_event(IBV_EVENT_SRQ_LIMIT_REACHED, rs.srq->user_handle);
+            post_srq_event(rctx, *rs.srq, IBV_EVENT_SRQ_LIMIT_REACHED);
         }
     }
 }
@@ -79,7 +80,7 @@ void complete_recv(Context& rctx, Qp& rqp, uint64_t wr_id, uint32_t status, uint
         c.wc_flags |= IBV_WC_WITH_IMM;
     }
     if (grh) c.wc_flags |= IBV_WC_GRH;
-    cq_push(rctx, rqp.recv_cq, c);
+    cq_push(rctx, rqp.recv_cq, c, hdr && (hdr->send_flags & IBV_SEND_SOLICITED));
 }
 
 // Arms (or re-arms) the QP's timer for the current WQE. Returns false when
@@ -154,7 +155,7 @@ ExecResult execute_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t s
     uint32_t qkey = (h.remote_qkey & 0x80000000u) ? qp.attr.qkey : h.remote_qkey;
     RecvSlot rs;
     if (dst && dst.qp->type == IBV_QPT_UD && responder_ready(dst.qp->state) && dst.qp->attr.qkey == qkey &&
-        recv_available(*dst.ctx, *dst.qp, rs)) {
+        ctx.guest().port_active && dst.ctx->guest().port_active && recv_available(*dst.ctx, *dst.qp, rs)) {
         RecvWork rw;
         uint32_t rst = read_recv_wqe(*rs.wq, rs.wq->cons, rs.max_sge, rw);
         Span dsp[abi::kMaxSge];
@@ -211,7 +212,8 @@ ExecResult execute_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t s
     // request is lost and retried until retry_cnt is exhausted.
     Engine::QpRef peer = eng.find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num);
     bool reachable = peer && peer.qp->type == IBV_QPT_RC && responder_ready(peer.qp->state) &&
-                     peer.qp->attr.dest_qp_num == qp.qpn && peer.qp->attr.ah.dlid == ctx.guest().lid;
+                     peer.qp->attr.dest_qp_num == qp.qpn && peer.qp->attr.ah.dlid == ctx.guest().lid &&
+                     ctx.guest().port_active && peer.ctx->guest().port_active;
     if (!reachable) {
         if (arm_wait(eng, ctx, qp, SqWait::Retry, qp.attr.retry_cnt, ack_timeout_ns(qp.attr.timeout)))
             return ExecResult::Wait;
@@ -219,6 +221,7 @@ ExecResult execute_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t s
     }
     Context& rctx = *peer.ctx;
     Qp& rqp = *peer.qp;
+    qp_request_arrived(rctx, rqp);
 
     // Receive WQE first for operations that consume one: no data moves
     // before an RNR.

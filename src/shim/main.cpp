@@ -1,5 +1,6 @@
 // vrdma-shim: see `vrdma-shim --help` and event_loop.h.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <string>
@@ -30,6 +31,13 @@ int main(int argc, char** argv) {
     sigaddset(&set, SIGINT);
     sigprocmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);
+
+    // Every guest segment and eventfd is a file descriptor: use the hard limit.
+    rlimit nofile{};
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+        nofile.rlim_cur = nofile.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &nofile);
+    }
 
     shim::Daemon daemon(opts);
     if (!daemon.start(error)) {

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "quota.h"
 #include "vrdma_common/guest_paths.h"
 
 namespace vrdma::shim {
@@ -14,7 +15,7 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME [--guest NAME ...] [--lid-base N]
-               [--log-level error|warn|info|debug]
+               [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
     vrdma-shim --help
 
 DESCRIPTION
@@ -40,6 +41,24 @@ OPTIONS
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
         gets LID N+i. LIDs must stay in the unicast range 1..0xbfff.
+
+    --quota KEY=VALUE
+        Limits what each guest (all of its processes together) may make the
+        shim hold; repeat for several keys. VALUE is a number, optionally
+        with a k, M, G or T suffix (powers of 1024). Past a limit the verb
+        fails with ENOMEM (a refused connection is closed) and the shim logs
+        a warning (at most one a second per guest and key). Keys and defaults:
+            connections 256    sockets open to the guest's socket (one per
+                               process using the device, and per context)
+            pd 65536  mr 262144  cq 16384  qp 16384  srq 8192  ah 65536
+            mr_bytes 1T        registered memory (sum of MR lengths)
+            wr 4M              work-queue entries of all QPs and SRQs
+            mappings 16384     mmap()s of guest memory: one per memory
+                               segment, 1 + pieces per MR over several
+            map_bytes 2T       bytes of guest memory mapped
+        The device attributes a guest queries report the pd, mr, cq, qp,
+        srq and ah limits. All guests together also stay below the
+        kernel's vm.max_map_count less 8192.
 
     --log-level LEVEL
         error, warn, info (default) or debug. Logs go to standard error.
@@ -150,6 +169,10 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                 error = "--lid-base must be a LID in 1..0xbfff, not '" + v + "'";
                 return false;
             }
+        } else if (a == "--quota") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!set_quota(o.quotas, v, error)) return false;
         } else if (a == "--log-level") {
             std::string v;
             if (!need_value(v)) return false;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "device_model.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -14,6 +15,7 @@ struct Options {
     std::vector<std::string> guests;
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
+    Quotas quotas;  // per guest, --quota KEY=VALUE
     bool help = false;
 };
 

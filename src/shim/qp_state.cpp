@@ -2,6 +2,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "async_events.h"
+
 namespace vrdma::shim {
 namespace {
 
@@ -146,8 +148,10 @@ void qp_set_error(Context& ctx, Qp& qp, int event) {
     if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) return;
     qp.state = IBV_QPS_ERR;
     qp.wait = SqWait::None;
+    qp.sq_draining = false;
     ctx.rescan = true;
-    if (event >= 0) ctx.post_async_event(uint32_t(event), qp.user_handle);
+    if (event >= 0) post_qp_event(ctx, qp, uint32_t(event));
+    qp_entered_error(ctx, qp);
 }
 
 void qp_set_sq_error(Context& ctx, Qp& qp) {

@@ -30,8 +30,16 @@ struct Cq {
     abi::Cqe* slots = nullptr;
     uint32_t entries = 0;
     uint32_t prod = 0;            // shim-owned producer index (never read back)
-    uint32_t last_arm_seq = 0;    // completion-channel arming (later)
-    uint32_t channel_id = 0;      // ignored for now
+    // Completion channel (cq_events.h). The CQ is armed while the guest's
+    // notify->arm_seq differs from last_arm_seq (the arm_seq an event
+    // consumed); seen_arm_seq is the arm_seq last examined at a doorbell.
+    uint32_t channel_id = 0;      // 0: no channel
+    uint32_t last_arm_seq = 0;
+    uint32_t seen_arm_seq = 0;
+    uint64_t pushes = 0;          // CQEs written over the CQ's life
+    uint64_t last_wake_push = 0;  // pushes value of the newest solicited or error CQE (0: none)
+    uint32_t comp_events = 0;     // event records written (reported at DestroyCq)
+    uint32_t async_events = 0;
     uint64_t user_handle = 0;
     bool error = false;           // overrun or invalid consumer index
     uint32_t users = 0;           // QPs using it
@@ -59,6 +67,7 @@ struct Srq {
     uint32_t srqn = 0;
     uint64_t user_handle = 0;
     uint32_t users = 0;           // QPs attached
+    uint32_t async_events = 0;    // records written (reported at DestroySrq)
 };
 
 // Why a QP's send queue is paused on its current WQE.
@@ -84,6 +93,12 @@ struct Qp {
     SqWait wait = SqWait::None;
     uint32_t retries_left = 0;
     uint64_t deadline_ns = 0;
+
+    // Async events (async_events.h).
+    uint32_t async_events = 0;    // records written (reported at DestroyQp)
+    bool comm_est_sent = false;   // COMM_EST already raised since the QP left RESET
+    bool sq_draining = false;     // SQD reached, a WQE still in flight
+    bool sqd_notify = false;      // raise SQ_DRAINED when the drain finishes
 };
 
 struct Ah {

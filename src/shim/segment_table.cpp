@@ -1,8 +1,10 @@
 #include "segment_table.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include <cerrno>
 #include <vector>
@@ -16,31 +18,38 @@ Mapping::~Mapping() {
     if (base) ::munmap(base, len);
 }
 
-int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out) {
+int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out,
+                GuestUsage* usage, std::string* why) {
     constexpr uint64_t page = abi::kPageSize;
-    if (!fd) return EBADF;
-    if (len == 0 || gva % page || len % page || offset % page) return EINVAL;
-    if (gva + len < gva || gva == 0 || offset + len < offset) return EINVAL;
-    if (len > (1ull << 46)) return EINVAL;
+    auto refuse = [&](int err, const char* reason) {
+        if (why) *why = reason;
+        return err;
+    };
+    if (!fd) return refuse(EBADF, "no file descriptor");
+    if (len == 0 || gva % page || len % page || offset % page)
+        return refuse(EINVAL, "address, length and offset must be nonzero page multiples");
+    if (gva + len < gva || gva == 0 || offset + len < offset || offset + len > uint64_t(INT64_MAX))
+        return refuse(EINVAL, "range wraps around");
+    if (len > (1ull << 46)) return refuse(EINVAL, "segment longer than 64 TiB");
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return errno;
-    if (!S_ISREG(st.st_mode)) return EINVAL;
-    // Only memfd/shmem files support seals: this also checks the file type.
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse(EINVAL, "not a memfd");
+    // Only a memfd on shmem: hugetlbfs pages can fail to fault in (SIGBUS)
+    // once the guest punches holes, and other files support no seals.
+    struct statfs sfs;
+    if (::fstatfs(fd.get(), &sfs) != 0 || sfs.f_type != TMPFS_MAGIC) return refuse(EINVAL, "not a memfd on shmem");
+    // The guest keeps the file: it must not be able to shrink it under the
+    // shim's mapping. Seals are never removed; check them before the size.
     int seals = ::fcntl(fd.get(), F_GET_SEALS);
-    if (seals < 0) return EINVAL;
-    if (!(seals & F_SEAL_SHRINK) && ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-        // TODO: refuse unsealable memfds once the provider creates them with
-        // MFD_ALLOW_SEALING; until then a guest that shrinks its own memfd
-        // can make the shim fault (SIGBUS).
-        static bool warned = false;
-        if (!warned)
-            LOG_WARN("a guest memfd cannot be sealed against shrinking (create it with MFD_ALLOW_SEALING)");
-        warned = true;
-    }
-    if (uint64_t(st.st_size) < offset + len) return EINVAL;
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), off_t(offset));
-    if (p == MAP_FAILED) return errno == ENOMEM ? ENOMEM : EINVAL;
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+        return refuse(EPERM, "memfd not sealed with F_SEAL_SHRINK (create it with MFD_ALLOW_SEALING and seal it)");
+    if (::fstat(fd.get(), &st) != 0) return refuse(EINVAL, "fstat failed");
+    if (uint64_t(st.st_size) < offset + len) return refuse(EINVAL, "memfd smaller than offset + length");
     auto m = std::make_shared<Mapping>();
+    m->charges.bind(usage);
+    if (!m->charges.take(Res::Mappings, 1, "a memory segment") || !m->charges.take(Res::MapBytes, len, "a memory segment"))
+        return refuse(ENOMEM, "quota of mapped guest memory reached");
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), off_t(offset));
+    if (p == MAP_FAILED) return refuse(errno == ENOMEM ? ENOMEM : EINVAL, "mmap failed");
     m->base = static_cast<uint8_t*>(p);
     m->len = len;
     m->gva = gva;
@@ -104,7 +113,7 @@ int SegmentTable::translate_one(uint64_t gva, uint64_t len, HostRange& out) cons
     return 0;
 }
 
-int SegmentTable::map_range(uint64_t gva, uint64_t len, HostRange& out) const {
+int SegmentTable::map_range(uint64_t gva, uint64_t len, HostRange& out, GuestUsage* usage) const {
     constexpr uint64_t page = abi::kPageSize;
     if (len == 0 || gva + len < gva || gva + len > UINT64_MAX - page) return EINVAL;
     if (translate_one(gva, len, out) == 0) return 0;
@@ -125,9 +134,13 @@ int SegmentTable::map_range(uint64_t gva, uint64_t len, HostRange& out) const {
         ++it;
     }
     const uint64_t total = aend - astart;
+    auto m = std::make_shared<Mapping>();
+    m->charges.bind(usage);
+    if (!m->charges.take(Res::Mappings, 1 + parts.size(), "a memory region over several segments") ||
+        !m->charges.take(Res::MapBytes, total, "a memory region over several segments"))
+        return ENOMEM;
     void* base = ::mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) return ENOMEM;
-    auto m = std::make_shared<Mapping>();
     m->base = static_cast<uint8_t*>(base);
     m->len = total;
     m->gva = astart;

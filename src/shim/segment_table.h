@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 
+#include "quota.h"
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::shim {
@@ -22,6 +24,7 @@ struct Mapping {
     uint64_t gva = 0;                  // guest address of base
     uint64_t file_offset = 0;          // file offset of base (when fd is set)
     std::shared_ptr<UniqueFd> fd;      // the backing memfd (segments only)
+    Charges charges;                   // Mappings/MapBytes of the guest, given back at unmap
     Mapping() = default;
     Mapping(const Mapping&) = delete;
     Mapping& operator=(const Mapping&) = delete;
@@ -29,10 +32,13 @@ struct Mapping {
 };
 
 // Maps `len` bytes of `fd` from `offset` to stand for [gva, gva+len).
-// Validates alignment, overflow and the file size; returns 0 or a positive
-// errno. Seals the memfd against shrinking when it can (a shrunk file would
-// make the shim's accesses fault).
-int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out);
+// Validates alignment and overflow, and that fd is a memfd on shmem (not
+// hugetlbfs) already sealed with F_SEAL_SHRINK (a file shrunk under the
+// mapping would make the shim fault) whose size covers the range. Charges
+// one mapping and `len` bytes to `usage` (if given). Returns 0 or a positive
+// errno; `why` (if given) gets a one-line reason.
+int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out,
+                GuestUsage* usage = nullptr, std::string* why = nullptr);
 
 // A guest range translated into the shim's address space.
 struct HostRange {
@@ -69,7 +75,8 @@ public:
     int translate_one(uint64_t gva, uint64_t len, HostRange& out) const;
     // Maps [gva, gva+len) as one contiguous shim range, composing several
     // segments when needed (MRs). 0, EFAULT (not covered), EINVAL, ENOMEM.
-    int map_range(uint64_t gva, uint64_t len, HostRange& out) const;
+    // A composed range is charged to `usage` (1 + pieces mappings, its bytes).
+    int map_range(uint64_t gva, uint64_t len, HostRange& out, GuestUsage* usage = nullptr) const;
 
     size_t piece_count() const { return pieces_.size(); }
 

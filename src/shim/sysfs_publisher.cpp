@@ -35,6 +35,7 @@ bool GuestPublication::publish(const std::string& run_dir, const std::string& de
     const std::string verbs = p.sysfs + "/class/infiniband_verbs";
     const std::string dev = p.device_dir;
     const std::string port = dev + "/ports/1";
+    port_dir_ = port;
     for (const std::string& d : {verbs + "/" + uv, port + "/gids", port + "/gid_attrs/types", port + "/pkeys"})
         if (!mkdir_p(d, 0755, error)) return false;
 
@@ -54,8 +55,8 @@ bool GuestPublication::publish(const std::string& run_dir, const std::string& de
         {dev + "/board_id", "vrdma"},
         {dev + "/node_desc", "vrdma " + id.name},
         {dev + "/" + abi::kSocketAttr, p.socket},
-        {port + "/state", "4: ACTIVE"},
-        {port + "/phys_state", "5: LinkUp"},
+        {port + "/state", id.port_active ? "4: ACTIVE" : "1: DOWN"},
+        {port + "/phys_state", id.port_active ? "5: LinkUp" : "3: Disabled"},
         {port + "/lid_mask_count", "0"},
         {port + "/sm_lid", "0x1"},
         {port + "/sm_sl", "0"},
@@ -93,11 +94,18 @@ bool GuestPublication::publish(const std::string& run_dir, const std::string& de
     return true;
 }
 
+bool GuestPublication::set_port_state(bool active, std::string& error) {
+    if (port_dir_.empty()) return true;
+    return write_file(port_dir_ + "/state", active ? "4: ACTIVE\n" : "1: DOWN\n", error) &&
+           write_file(port_dir_ + "/phys_state", active ? "5: LinkUp\n" : "3: Disabled\n", error);
+}
+
 void GuestPublication::unpublish() {
     if (!dev_link_.empty()) ::unlink(dev_link_.c_str());
     if (!guest_dir_.empty()) remove_tree(guest_dir_);
     dev_link_.clear();
     guest_dir_.clear();
+    port_dir_.clear();
 }
 
 }  // namespace vrdma::shim

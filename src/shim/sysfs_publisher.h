@@ -20,8 +20,11 @@ public:
     // which lives in RUN_DIR/NAME).
     void unpublish();
     ~GuestPublication() { unpublish(); }
+    // Rewrites ports/1/state and phys_state (ACTIVE/LinkUp or DOWN/Disabled).
+    bool set_port_state(bool active, std::string& error);
 
 private:
+    std::string port_dir_;
     std::string guest_dir_;
     std::string dev_link_;
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -53,6 +54,7 @@ public:
 
     FakeProvider(Engine& eng, const GuestIdentity& guest) : eng_(eng) {
         fd_ = memfd_create("vrdma-test-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd_ >= 0) fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK);
         if (fd_ < 0 || ftruncate(fd_, kArenaLen) != 0) throw std::runtime_error("memfd");
         void* p = mmap(nullptr, kArenaLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
         if (p == MAP_FAILED) throw std::runtime_error("mmap");

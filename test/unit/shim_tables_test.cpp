@@ -1,4 +1,5 @@
 // Handle tables and the segment table of the shim.
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -68,6 +69,7 @@ struct Memfd {
     explicit Memfd(size_t len) {
         fd = memfd_create("seg", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         REQUIRE(ftruncate(fd, off_t(len)) == 0);
+        REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0);
     }
     ~Memfd() { close(fd); }
     vrdma::UniqueFd dup() const { return vrdma::UniqueFd(::dup(fd)); }

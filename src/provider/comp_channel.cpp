@@ -1,0 +1,235 @@
+// Completion channels (events.h): the preloaded ibv_create_comp_channel,
+// ibv_destroy_comp_channel and ibv_get_cq_event, the registry of vrdma
+// contexts and channels they consult, and the cq_event op.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+#include "events.h"
+#include "objects.h"
+#include "vrdma/abi.h"
+
+namespace vrdma::prov {
+namespace {
+
+struct Channel {
+    ibv_comp_channel ch;     // what the application holds (first member)
+    Context* ctx = nullptr;  // null once the context was freed
+    uint32_t id = 0;
+};
+
+struct Registry {
+    std::mutex mu;
+    std::unordered_map<const ibv_context*, Context*> contexts;
+    std::unordered_map<const ibv_comp_channel*, Channel*> channels;
+};
+
+// Never destroyed: preloaded entry points may run during process exit.
+Registry& registry() {
+    static Registry* r = new Registry;
+    return *r;
+}
+
+template <typename Fn>
+Fn real(const char* name) {
+    return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+}
+
+}  // namespace
+
+Context* find_vrdma_context(const ibv_context* ibctx) {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.contexts.find(ibctx);
+    return it == r.contexts.end() ? nullptr : it->second;
+}
+
+void register_context(ibv_context* ibctx, Context* ctx) {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    r.contexts[ibctx] = ctx;
+}
+
+void unregister_context(ibv_context* ibctx) {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.contexts.find(ibctx);
+    if (it == r.contexts.end()) return;
+    for (auto& [p, ch] : r.channels)
+        if (ch->ctx == it->second) ch->ctx = nullptr;
+    r.contexts.erase(it);
+}
+
+uint32_t channel_id_of(const ibv_comp_channel* channel, const Context& ctx) {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.channels.find(channel);
+    return it != r.channels.end() && it->second->ctx == &ctx ? it->second->id : 0;
+}
+
+void cq_event(ibv_cq* ibcq) {
+    Cq* cq = to_cq(ibcq);
+    std::lock_guard lock(cq->ctx->ev_mu);
+    if (cq->ctx->live_cqs.count(ibcq)) ++cq->comp_read;
+}
+
+bool retire_cq(Context& ctx, Cq& cq, const abi::CmdDestroyResp* resp) {
+    std::lock_guard lock(ctx.ev_mu);
+    ctx.live_cqs.erase(&cq.vcq.cq);
+    return !resp || resp->comp_events != cq.comp_read || resp->async_events != cq.async_read;
+}
+
+void wait_acked(pthread_mutex_t* mu, pthread_cond_t* cond, const unsigned int* completed, uint32_t handed,
+                const unsigned int* completed2, uint32_t handed2) {
+    pthread_mutex_lock(mu);
+    while (*completed != handed || (completed2 && *completed2 != handed2)) pthread_cond_wait(cond, mu);
+    pthread_mutex_unlock(mu);
+}
+
+}  // namespace vrdma::prov
+
+using namespace vrdma;
+using namespace vrdma::prov;
+
+// ---------------------------------------------------------------------------
+// Entry points defined for the whole process when the library is preloaded.
+// ---------------------------------------------------------------------------
+
+extern "C" [[gnu::visibility("default")]] ibv_comp_channel* ibv_create_comp_channel(ibv_context* ibctx) {
+    Context* ctx = ibctx ? find_vrdma_context(ibctx) : nullptr;
+    if (!ctx) {
+        auto fn = real<ibv_comp_channel* (*)(ibv_context*)>("ibv_create_comp_channel");
+        if (!fn) {
+            errno = ENOSYS;
+            return nullptr;
+        }
+        return fn(ibctx);
+    }
+    auto* chan = new (std::nothrow) Channel{};
+    if (!chan) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) {
+        int e = errno;
+        delete chan;
+        errno = e;
+        return nullptr;
+    }
+    UniqueFd rd(p[0]), wr(p[1]);
+    // The shim's end never blocks it; the application's end blocks in
+    // ibv_get_cq_event as a kernel channel does (until it sets O_NONBLOCK).
+    int fl = ::fcntl(wr.get(), F_GETFL);
+    if (fl >= 0) ::fcntl(wr.get(), F_SETFL, fl | O_NONBLOCK);
+
+    abi::SockChannel msg{};
+    msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::CreateChannel, 0};
+    {
+        std::lock_guard lock(ctx->cmd_mu);  // ids are per connection
+        msg.channel_id = ctx->next_channel_id++;
+        if (ctx->next_channel_id == 0) ctx->next_channel_id = 1;
+    }
+    const int fds[1] = {wr.get()};
+    abi::SockReply reply{};
+    if (int rc = sock_request(*ctx, &msg, sizeof(msg), fds, &reply)) {
+        delete chan;
+        errno = rc;
+        return nullptr;
+    }
+    wr.reset();  // the shim holds the only write end: its exit means end-of-file
+    chan->ctx = ctx;
+    chan->id = msg.channel_id;
+    chan->ch.context = ibctx;
+    chan->ch.fd = rd.release();
+    chan->ch.refcnt = 0;
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    r.channels[&chan->ch] = chan;
+    return &chan->ch;
+}
+
+extern "C" [[gnu::visibility("default")]] int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+    Registry& r = registry();
+    Channel* chan = nullptr;
+    {
+        std::lock_guard lock(r.mu);
+        auto it = r.channels.find(channel);
+        if (it != r.channels.end()) chan = it->second;
+    }
+    if (!chan) {
+        auto fn = real<int (*)(ibv_comp_channel*)>("ibv_destroy_comp_channel");
+        return fn ? fn(channel) : ENOSYS;
+    }
+    // libibverbs counts the CQs using a channel under the context's mutex.
+    pthread_mutex_lock(&channel->context->mutex);
+    bool busy = channel->refcnt != 0;
+    pthread_mutex_unlock(&channel->context->mutex);
+    if (busy) return EBUSY;
+    {
+        std::lock_guard lock(r.mu);
+        r.channels.erase(channel);
+    }
+    if (Context* ctx = chan->ctx) {
+        abi::SockChannel msg{};
+        msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::DestroyChannel, 0};
+        msg.channel_id = chan->id;
+        abi::SockReply reply{};
+        sock_request(*ctx, &msg, sizeof(msg), {}, &reply);  // a gone shim closed it already
+    }
+    ::close(channel->fd);
+    delete chan;
+    return 0;
+}
+
+extern "C" [[gnu::visibility("default")]] int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq,
+                                                               void** cq_context) {
+    Registry& r = registry();
+    bool ours;
+    {
+        std::lock_guard lock(r.mu);
+        ours = r.channels.count(channel) != 0;
+    }
+    if (!ours) {  // a kernel channel: libibverbs reads it
+        auto fn = real<int (*)(ibv_comp_channel*, ibv_cq**, void**)>("ibv_get_cq_event");
+        if (!fn) {
+            errno = ENOSYS;
+            return -1;
+        }
+        return fn(channel, cq, cq_context);
+    }
+    for (;;) {
+        uint64_t handle;
+        ssize_t n = ::read(channel->fd, &handle, sizeof(handle));
+        if (n != ssize_t(sizeof(handle))) {
+            if (n >= 0) errno = EIO;  // end of file: the shim is gone
+            return -1;
+        }
+        auto* ibcq = reinterpret_cast<ibv_cq*>(uintptr_t(handle));
+        Context* ctx;
+        {
+            std::lock_guard lock(r.mu);
+            auto it = r.channels.find(channel);
+            ctx = it == r.channels.end() ? nullptr : it->second->ctx;
+        }
+        if (!ctx) {  // its device was closed
+            errno = EIO;
+            return -1;
+        }
+        bool live;
+        {
+            std::lock_guard lock(ctx->ev_mu);
+            live = ctx->live_cqs.count(ibcq) != 0;
+            if (live) ++to_cq(ibcq)->comp_read;
+        }
+        if (!live) continue;  // a record of a CQ destroyed since
+        *cq = ibcq;
+        *cq_context = ibcq->cq_context;
+        return 0;
+    }
+}

@@ -1,0 +1,83 @@
+#include "control_socket.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim {
+namespace {
+
+void send_reply(int fd, const std::string& text) {
+    ssize_t n = ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    (void)n;
+}
+
+std::string execute(const std::string& request, const ControlActions& actions) {
+    std::istringstream in(request);
+    std::vector<std::string> words;
+    for (std::string w; in >> w;) words.push_back(w);
+    if (words.size() == 3 && words[0] == "port" && (words[2] == "up" || words[2] == "down")) {
+        std::string error;
+        if (!actions.set_port || !actions.set_port(words[1], words[2] == "up", error)) return "error: " + error;
+        return "ok";
+    }
+    return "error: unknown request (expected: port NAME up|down)";
+}
+
+}  // namespace
+
+bool open_control_socket(const std::string& path, UniqueFd& out, std::string& error) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) {
+        error = "control socket path too long: " + path;
+        return false;
+    }
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) {
+        error = std::string("socket: ") + strerror(errno);
+        return false;
+    }
+    ::unlink(path.c_str());
+    // Created 0600 from the start: no window in which another user connects.
+    mode_t old = ::umask(077);
+    int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ::umask(old);
+    if (rc != 0 || ::listen(fd.get(), 16) != 0) {
+        error = "cannot listen on " + path + ": " + strerror(errno);
+        return false;
+    }
+    out = std::move(fd);
+    return true;
+}
+
+bool handle_control_connection(int fd, const ControlActions& actions) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        (cred.uid != 0 && cred.uid != ::geteuid())) {
+        send_reply(fd, "error: permission denied");
+        return true;
+    }
+    char buf[512];
+    ssize_t n = ::recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return false;
+    if (n <= 0) return true;
+    buf[n] = 0;
+    std::string request(buf, size_t(n));
+    std::string reply = execute(request, actions);
+    LOG_INFO("control (pid %d): %s -> %s", int(cred.pid), request.c_str(), reply.c_str());
+    send_reply(fd, reply);
+    return true;
+}
+
+}  // namespace vrdma::shim

@@ -1,0 +1,35 @@
+// The operator's control socket, RUN_DIR/control.sock (SOCK_SEQPACKET, mode
+// 0600; only the shim's own user or root may use it, checked with
+// SO_PEERCRED). One text request per message, one text reply, then the shim
+// closes the connection. vrdmactl is its client.
+//
+//   port NAME down   port 1 of guest NAME goes DOWN: PORT_ERR to its contexts
+//   port NAME up     back to ACTIVE: PORT_ACTIVE
+//
+// Replies: "ok" or "error: REASON".
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim {
+
+constexpr const char* kControlSocketName = "control.sock";
+
+bool open_control_socket(const std::string& path, UniqueFd& out, std::string& error);
+
+// What a request may do, supplied by the daemon.
+struct ControlActions {
+    // Sets port 1 of `guest` up or down. False with `error` set on failure.
+    std::function<bool(const std::string& guest, bool up, std::string& error)> set_port;
+};
+
+// Checks the peer, reads one request from the accepted connection `fd`,
+// executes it and sends the reply. Never blocks (the socket is nonblocking);
+// returns true if the connection is finished (reply sent or peer gone) and
+// false if the request has not arrived yet.
+bool handle_control_connection(int fd, const ControlActions& actions);
+
+}  // namespace vrdma::shim
