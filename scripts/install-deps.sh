@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
     build-essential cmake pkg-config git
     libibverbs-dev ibverbs-utils rdma-core perftest
+    openmpi-bin libopenmpi-dev
     libfmt-dev catch2
     iproute2 procps
 )

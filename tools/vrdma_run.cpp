@@ -23,7 +23,8 @@
 namespace {
 
 constexpr const char* kUsage =
-    "Usage: vrdma-run [--run-dir DIR] --guest NAME [--] PROGRAM [ARGS...]\n";
+    "Usage: vrdma-run [--run-dir DIR] --guest NAME [--] PROGRAM [ARGS...]\n"
+    "       vrdma-run [--run-dir DIR] --guest-by-rank NAME,NAME... [--] PROGRAM [ARGS...]\n";
 
 constexpr const char* kHelp =
     "NAME\n"
@@ -31,6 +32,7 @@ constexpr const char* kHelp =
     "\n"
     "SYNOPSIS\n"
     "    vrdma-run [--run-dir DIR] --guest NAME [--] PROGRAM [ARGS...]\n"
+    "    vrdma-run [--run-dir DIR] --guest-by-rank NAME,NAME... [--] PROGRAM [ARGS...]\n"
     "    vrdma-run --print-env [--run-dir DIR] --guest NAME\n"
     "\n"
     "DESCRIPTION\n"
@@ -48,6 +50,12 @@ constexpr const char* kHelp =
     "    --guest NAME\n"
     "        The guest (tenant) whose device the program uses. Default: the\n"
     "        VRDMA_GUEST environment variable.\n"
+    "    --guest-by-rank NAME,NAME...\n"
+    "        For MPI launchers: choose the guest from the process's MPI rank,\n"
+    "        round robin over the list (rank r uses name r mod count). The rank\n"
+    "        is read from OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or\n"
+    "        SLURM_PROCID, the first one set; none set is an error. Write\n"
+    "        a,a,b,b for blocks of two. Overrides --guest.\n"
     "    --print-env\n"
     "        Print the environment as shell assignments instead of running a\n"
     "        program, for use by hand, in container images or with\n"
@@ -69,7 +77,9 @@ constexpr const char* kHelp =
     "    vrdma-shim --run-dir /run/vrdma --guest a --guest b &\n"
     "    vrdma-run --guest a -- ibv_devinfo -v\n"
     "    vrdma-run --guest a -- ibv_rc_pingpong -g 0 &\n"
-    "    vrdma-run --guest b -- ibv_rc_pingpong -g 0 127.0.0.1\n";
+    "    vrdma-run --guest b -- ibv_rc_pingpong -g 0 127.0.0.1\n"
+    "    mpirun -np 4 vrdma-run --guest-by-rank a,b -- ./mpi_program\n"
+    "                 (ranks 0 and 2 in guest a, 1 and 3 in guest b; docs/mpi.md)\n";
 
 int usage_error(const std::string& msg) {
     fprintf(stderr, "vrdma-run: %s\n%s", msg.c_str(), kUsage);
@@ -131,6 +141,33 @@ std::vector<EnvVar> guest_environment(const std::string& run_dir, const std::str
     return env;
 }
 
+// The MPI rank of this process as its launcher tells it, or -1.
+long launcher_rank(std::string& from) {
+    for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"}) {
+        const char* v = getenv(var);
+        if (!v || !*v) continue;
+        char* end = nullptr;
+        errno = 0;
+        long r = strtol(v, &end, 10);
+        if (errno || *end || r < 0) continue;
+        from = var;
+        return r;
+    }
+    return -1;
+}
+
+std::vector<std::string> split_list(const std::string& list) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (true) {
+        size_t comma = list.find(',', start);
+        out.push_back(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+        if (comma == std::string::npos) break;
+        start = comma + 1;
+    }
+    return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +176,7 @@ int main(int argc, char** argv) {
     std::string run_dir = env_dir && *env_dir ? env_dir : VRDMA_DEFAULT_RUN_DIR;
     std::string guest = env_guest ? env_guest : "";
     bool print_env = false;
+    std::string by_rank;  // --guest-by-rank list
     int i = 1;
     for (; i < argc; ++i) {
         std::string a = argv[i];
@@ -159,11 +197,28 @@ int main(int argc, char** argv) {
             run_dir = a.substr(10);
         } else if (a.rfind("--guest=", 0) == 0) {
             guest = a.substr(8);
+        } else if (a == "--guest-by-rank") {
+            if (i + 1 >= argc) return usage_error(a + " needs a value");
+            by_rank = argv[++i];
+        } else if (a.rfind("--guest-by-rank=", 0) == 0) {
+            by_rank = a.substr(16);
         } else if (a.size() > 1 && a[0] == '-') {
             return usage_error("unknown option " + a);
         } else {
             break;  // the program
         }
+    }
+    if (!by_rank.empty()) {
+        auto names = split_list(by_rank);
+        for (auto& n : names)
+            if (!vrdma::valid_guest_name(n))
+                return usage_error("invalid guest name '" + n + "' in --guest-by-rank " + by_rank);
+        std::string from;
+        long rank = launcher_rank(from);
+        if (rank < 0)
+            return usage_error("--guest-by-rank: no MPI rank in the environment (OMPI_COMM_WORLD_RANK, "
+                               "PMIX_RANK, PMI_RANK, SLURM_PROCID); run vrdma-run under mpirun");
+        guest = names[size_t(rank) % names.size()];
     }
     if (guest.empty()) return usage_error("no guest given (--guest NAME)");
     if (!vrdma::valid_guest_name(guest))
