@@ -6,6 +6,8 @@
 #                              a three-process shared-memory relay (the shape
 #                              of sender -> shim -> receiver) and a TCP
 #                              loopback ping-pong
+#   ib_send_lat -e at 8 B      event mode (completion channels: the tools
+#                              sleep in ibv_get_cq_event) beside polling mode
 # and prints a markdown table with the ratios (the table in
 # docs/performance.md comes from here).
 set -euo pipefail
@@ -40,6 +42,7 @@ perftest() {
 echo "measuring (this takes about a minute)..." >&2
 bw_line="$(perftest ib_write_bw -s 65536 -n "$ITERS_BW")"
 lat_line="$(perftest ib_send_lat -s 8 -n "$ITERS_LAT")"
+ev_lat_line="$(perftest ib_send_lat -e -s 8 -n "$ITERS_LAT")"
 base="$build/tools/vrdma-baselines"
 memcpy_bw="$("$base" memcpy 65536 | awk '{print $3}')"
 shm_pp="$("$base" shm-pingpong | awk '{print $3}')"
@@ -49,6 +52,8 @@ tcp_pp="$("$base" tcp-pingpong | awk '{print $3}')"
 write_bw="$(echo "$bw_line" | awk '{print $4}')"      # BW average [MB/sec]
 send_lat="$(echo "$lat_line" | awk '{print $5}')"     # t_typical [usec]
 send_lat_avg="$(echo "$lat_line" | awk '{print $6}')" # t_avg [usec]
+ev_lat="$(echo "$ev_lat_line" | awk '{print $5}')"
+ev_lat_avg="$(echo "$ev_lat_line" | awk '{print $6}')"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 cat <<TABLE
@@ -58,6 +63,8 @@ cat <<TABLE
 | ib_send_lat 8 B (us, typical) | $send_lat | shared-memory ping-pong, 2 processes (us) | $shm_pp | $(ratio "$send_lat" "$shm_pp") x |
 | ib_send_lat 8 B (us, typical) | $send_lat | shared-memory relay, 3 processes (us) | $shm_relay | $(ratio "$send_lat" "$shm_relay") x |
 | ib_send_lat 8 B (us, typical) | $send_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$send_lat" "$tcp_pp") x |
+| ib_send_lat -e 8 B, event mode (us, typical) | $ev_lat | ib_send_lat 8 B, polling mode (us) | $send_lat | $(ratio "$ev_lat" "$send_lat") x |
+| ib_send_lat -e 8 B, event mode (us, typical) | $ev_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$ev_lat" "$tcp_pp") x |
 
-ib_send_lat 8 B average: $send_lat_avg us. Machine: $(nproc) cores, $(uname -r).
+ib_send_lat 8 B average: $send_lat_avg us (polling), $ev_lat_avg us (event mode). Machine: $(nproc) cores, $(uname -r).
 TABLE

@@ -1,10 +1,15 @@
-// vrdmactl: inspect what a vrdma-shim serves.
+// vrdmactl: inspect what a vrdma-shim serves; take a guest's port down or up.
 #include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -20,12 +25,20 @@ constexpr const char* kHelp =
     "SYNOPSIS\n"
     "    vrdmactl [--run-dir DIR] list\n"
     "    vrdmactl [--run-dir DIR] status\n"
+    "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
     "\n"
     "COMMANDS\n"
     "    list    One line per guest: name, LID, port GID, whether its shim\n"
     "            answers.\n"
     "    status  Whether a shim is running in DIR (its pid), then the list.\n"
     "            Exit status 0 if it is running, 3 if not.\n"
+    "    port GUEST down|up\n"
+    "            Takes port 1 of GUEST's vrdma0 down (its state becomes DOWN,\n"
+    "            its RC and UD traffic stops, its processes get\n"
+    "            IBV_EVENT_PORT_ERR) or up again (ACTIVE, IBV_EVENT_PORT_ACTIVE),\n"
+    "            through the shim's control socket DIR/control.sock. Exit\n"
+    "            status 0 on success, 1 if the shim refused, 3 if no shim\n"
+    "            answers.\n"
     "\n"
     "OPTIONS\n"
     "    --run-dir DIR  The shim's run directory. Default: VRDMA_RUN_DIR, else\n"
@@ -71,12 +84,46 @@ int list(const std::string& run_dir) {
     return 0;
 }
 
+// One request to the shim's control socket (src/shim/control_socket.h).
+int control(const std::string& run_dir, const std::string& request) {
+    std::string path = run_dir + "/control.sock";
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) {
+        fprintf(stderr, "vrdmactl: path too long: %s\n", path.c_str());
+        return 2;
+    }
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        fprintf(stderr, "vrdmactl: no vrdma-shim answers on %s: %s\n", path.c_str(), strerror(errno));
+        if (fd >= 0) close(fd);
+        return 3;
+    }
+    char buf[512];
+    ssize_t n = -1;
+    if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size())) {
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, 5000) == 1) n = recv(fd, buf, sizeof(buf) - 1, 0);
+    }
+    close(fd);
+    if (n <= 0) {
+        fprintf(stderr, "vrdmactl: no reply from the vrdma-shim on %s\n", path.c_str());
+        return 3;
+    }
+    std::string reply(buf, size_t(n));
+    if (reply == "ok") return 0;
+    fprintf(stderr, "vrdmactl: %s\n", reply.c_str());
+    return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     const char* env_dir = getenv("VRDMA_RUN_DIR");
     std::string run_dir = env_dir && *env_dir ? env_dir : VRDMA_DEFAULT_RUN_DIR;
     std::string cmd;
+    std::vector<std::string> args;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "-h" || a == "--help") {
@@ -86,12 +133,21 @@ int main(int argc, char** argv) {
             run_dir = argv[++i];
         } else if (cmd.empty() && a[0] != '-') {
             cmd = a;
+        } else if (cmd == "port" && args.size() < 2 && a[0] != '-') {
+            args.push_back(a);
         } else {
             fprintf(stderr, "vrdmactl: unexpected argument '%s' (see vrdmactl --help)\n", a.c_str());
             return 2;
         }
     }
     if (cmd == "list") return list(run_dir);
+    if (cmd == "port") {
+        if (args.size() != 2 || (args[1] != "up" && args[1] != "down")) {
+            fprintf(stderr, "vrdmactl: usage: vrdmactl port GUEST down|up\n");
+            return 2;
+        }
+        return control(run_dir, "port " + args[0] + " " + args[1]);
+    }
     if (cmd == "status") {
         std::string pid = read_line(run_dir + "/ready");
         if (pid.empty()) {

@@ -172,8 +172,11 @@ static_assert(sizeof(Cqe) == 64);
 
 // CQ memory: RingHeader, then CqNotify, then `entries` Cqe slots.
 // The provider arms the CQ without a command: it writes arm_seq (incremented
-// each ibv_req_notify_cq) and arm_solicited; the shim raises one completion
-// event per new arm_seq once a matching completion is present.
+// each ibv_req_notify_cq, a locked read-modify-write) and arm_solicited,
+// then rings the doorbell; the shim raises one completion event per new
+// arm_seq for the first matching completion it adds after seeing it
+// (completions already in the CQ raise nothing: the consumer polls after
+// arming).
 struct CqNotify {
     alignas(kCacheLine) std::atomic<uint32_t> arm_seq;
     std::atomic<uint32_t> arm_solicited;  // 1: only solicited or error completions wake

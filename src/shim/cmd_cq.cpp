@@ -24,13 +24,10 @@ int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     cq->channel_id = r.channel_id;
     cq->keep = std::move(ring.keepalive);
     cq->last_arm_seq = cq->notify->arm_seq.load(std::memory_order_acquire);
-    cq->seen_arm_seq = cq->last_arm_seq;
     cq->ring->producer.store(0, std::memory_order_release);
-    const bool has_channel = cq->channel_id != 0;
     uint32_t h = ctx.cqs.insert(std::move(cq));
     if (!h) return ENOMEM;
     charge.keep();
-    if (has_channel) ctx.channel_cqs.insert(h);
     store_resp(resp, abi::CmdCreateCqResp{h});
     return 0;
 }
@@ -41,7 +38,6 @@ int cmd_destroy_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     if (!cq) return ENOENT;
     if (cq->users) return EBUSY;
     store_resp(resp, abi::CmdDestroyResp{cq->comp_events, cq->async_events});
-    ctx.channel_cqs.erase(r.handle);
     ctx.cqs.erase(r.handle);
     ctx.charges.give(Res::Cq, 1);
     return 0;

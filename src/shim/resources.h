@@ -32,12 +32,9 @@ struct Cq {
     uint32_t prod = 0;            // shim-owned producer index (never read back)
     // Completion channel (cq_events.h). The CQ is armed while the guest's
     // notify->arm_seq differs from last_arm_seq (the arm_seq an event
-    // consumed); seen_arm_seq is the arm_seq last examined at a doorbell.
+    // consumed).
     uint32_t channel_id = 0;      // 0: no channel
     uint32_t last_arm_seq = 0;
-    uint32_t seen_arm_seq = 0;
-    uint64_t pushes = 0;          // CQEs written over the CQ's life
-    uint64_t last_wake_push = 0;  // pushes value of the newest solicited or error CQE (0: none)
     uint32_t comp_events = 0;     // event records written (reported at DestroyCq)
     uint32_t async_events = 0;
     uint64_t user_handle = 0;
