@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs, from Debian 12's archive, what vrdma needs to build, test and
-# run its demo. Only what is missing is installed. Needs root.
+# Installs, from Debian 12's archive, what vrdma needs to build, test (clang
+# and its libFuzzer runtime: scripts/fuzz.sh) and run its demo. Only what is
+# missing is installed. Needs root.
 set -euo pipefail
 
 packages=(
@@ -9,6 +10,7 @@ packages=(
     openmpi-bin libopenmpi-dev
     libfmt-dev catch2
     iproute2 procps
+    clang libclang-rt-14-dev
 )
 
 missing=()

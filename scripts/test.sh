@@ -1,8 +1,60 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, runs the unit tests
-# and the integration tests (real shim, real libibverbs clients, perftest).
+# The whole test suite (CI runs it, .ci/run):
+#   1. installs what is missing;
+#   2. builds build/ and runs its ctest: unit tests and integration tests
+#      (real shim, real libibverbs clients, perftest, Open MPI);
+#   3. builds build-asan/ with -DVRDMA_SANITIZE=ON (ASan and UBSan in the
+#      shim, the tools and every test program; the provider stays plain)
+#      and runs the same ctest there;
+#   4. runs scripts/fuzz.sh's bounded smoke (seeds, then 20 s per target).
+# Arguments go to the ctest of step 2 only. VRDMA_SKIP_ASAN=1 and
+# VRDMA_SKIP_FUZZ=1 leave out steps 3 and 4 (local runs; CI runs all).
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
+build="${BUILD_DIR:-$src/build}"
+asan_build="${ASAN_BUILD_DIR:-$src/build-asan}"
+t_start=$(date +%s)
+times=()
+section() { echo; echo "======== vrdma test: $* ========"; t_section=$(date +%s); }
+done_section() { times+=("$(printf '%-44s %4d s' "$1" $(( $(date +%s) - t_section )))"); }
+
+section "dependencies"
 "$src/scripts/install-deps.sh"
-BUILD_DIR="${BUILD_DIR:-$src/build}" "$src/scripts/build.sh"
-ctest --test-dir "${BUILD_DIR:-$src/build}" --output-on-failure "$@"
+done_section "dependencies"
+
+section "build ($build)"
+BUILD_DIR="$build" "$src/scripts/build.sh"
+done_section "build"
+section "ctest ($build)"
+ctest --test-dir "$build" --output-on-failure "$@"
+done_section "ctest"
+
+if [ "${VRDMA_SKIP_ASAN:-0}" != 1 ]; then
+    section "build with ASan+UBSan ($asan_build)"
+    BUILD_DIR="$asan_build" "$src/scripts/build.sh" -DVRDMA_SANITIZE=ON
+    done_section "build (ASan+UBSan)"
+    section "ctest with ASan+UBSan ($asan_build)"
+    # verify_asan_link_order=0: vrdma-run preloads the plain provider into
+    # instrumented test programs (vrdma-verbs-tests), ahead of libasan.
+    # Leaks are errors in the shim and the tools.
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-verify_asan_link_order=0:detect_leaks=1:abort_on_error=0:halt_on_error=1}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+    # Excluded under the sanitizers (the plain build runs them):
+    #  - integration.mpi_*: mpirun, orted and the MPI ranks are Debian's
+    #    uninstrumented binaries; only vrdma-run and the shim would be
+    #    instrumented, which the other integration tests already cover, and
+    #    they cost 50 s.
+    ctest --test-dir "$asan_build" --output-on-failure -E '^integration\.mpi_'
+    unset ASAN_OPTIONS UBSAN_OPTIONS
+    done_section "ctest (ASan+UBSan)"
+fi
+
+if [ "${VRDMA_SKIP_FUZZ:-0}" != 1 ]; then
+    section "fuzz smoke (scripts/fuzz.sh, ${FUZZ_SECONDS:-20} s per target)"
+    "$src/scripts/fuzz.sh"
+    done_section "fuzz smoke"
+fi
+
+section "summary"
+printf '%s\n' "${times[@]}"
+echo "total: $(( $(date +%s) - t_start )) s"

@@ -39,17 +39,28 @@ Context::Context(uint64_t id, const GuestIdentity& guest, const Quotas& quotas, 
     cb_->shim_state.store(abi::kShimRunning, std::memory_order_release);
 }
 
+// A guest fd call that the guard timer interrupted was blocking: the guest
+// cleared O_NONBLOCK on the file it shares with us, which the provider never
+// does. Each such call costs the shim's only thread kGuestFdTimeoutMs, so the
+// context is detached at the first one rather than at every event.
+void Context::check_blocked(ssize_t n, const char* fd_name) {
+    if (n >= 0 || errno != EINTR || dead) return;
+    LOG_WARN("guest %s: context %llu: its %s blocked the shim (O_NONBLOCK cleared): detaching it",
+             guest_->name.c_str(), (unsigned long long)id_, fd_name);
+    dead = true;
+}
+
 void Context::signal_cmd_done() {
-    if (!cmd_done_) return;
+    if (!cmd_done_ || dead) return;
     uint64_t one = 1;
     ssize_t n = guest_fd_write(cmd_done_.get(), &one, sizeof(one));
-    (void)n;
+    check_blocked(n, "cmd-done eventfd");
 }
 
 bool Context::post_async_event(uint32_t event_type, uint64_t element) {
     LOG_DEBUG("context %llu: async event %u element 0x%llx", (unsigned long long)id_, event_type,
               (unsigned long long)element);
-    if (!async_) return false;
+    if (!async_ || dead) return false;
     struct {
         uint64_t element;
         uint32_t event_type;
@@ -57,6 +68,9 @@ bool Context::post_async_event(uint32_t event_type, uint64_t element) {
     } rec{element, event_type, 0};
     ssize_t n = guest_fd_write(async_.get(), &rec, sizeof(rec));
     if (n == ssize_t(sizeof(rec))) return true;
+    const int e = errno;
+    check_blocked(n, "async event pipe");
+    errno = e;
     if (!warned_lost_event_) {
         warned_lost_event_ = true;
         LOG_WARN("context %llu: async event %u lost (%s); further losses of this context are not logged",
@@ -84,9 +98,12 @@ bool Context::remove_channel(uint32_t id) { return channels_.erase(id) != 0; }
 
 bool Context::post_comp_event(uint32_t channel_id, uint64_t cq_user_handle) {
     auto it = channels_.find(channel_id);
-    if (it == channels_.end()) return false;
+    if (it == channels_.end() || dead) return false;
     ssize_t n = guest_fd_write(it->second.get(), &cq_user_handle, sizeof(cq_user_handle));
     if (n == ssize_t(sizeof(cq_user_handle))) return true;
+    const int e = errno;
+    check_blocked(n, "completion channel pipe");
+    errno = e;
     if (!warned_lost_event_) {
         warned_lost_event_ = true;
         LOG_WARN("context %llu: completion event lost on channel %u (%s); further losses of this context are "

@@ -3,6 +3,8 @@
 // memfd, so tests can create one in-process without a socket.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -44,9 +46,6 @@ public:
     bool has_channel(uint32_t id) const { return channels_.count(id) != 0; }
     // Writes one 8-byte completion event record, never blocking.
     bool post_comp_event(uint32_t channel_id, uint64_t cq_user_handle);
-    // CQs created with a channel: their arming is checked at every doorbell.
-    std::set<uint32_t> channel_cqs;
-
     // What this context's resources charge to its guest's quotas (given
     // back when the context is destroyed; mappings carry their own).
     Charges charges;
@@ -64,6 +63,9 @@ public:
     bool rescan = true;              // look at every queue on the next pass
     uint64_t next_deadline_ns = 0;   // earliest waiting QP deadline, 0: none
     bool dead = false;               // protocol violation: detach it
+    // After a guest_fd_* call: marks the context dead when the call was
+    // interrupted by the guard timer (the guest made the fd blocking).
+    void check_blocked(ssize_t n, const char* fd_name);
 
 private:
     uint64_t id_;

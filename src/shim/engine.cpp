@@ -90,7 +90,8 @@ void Engine::destroy_resources(Context& ctx) {
 // flushing their posted work, rather than waiting for their next send to
 // time out: a responder that only waits for receives would wait forever.
 void Engine::fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns) {
-    for (auto& [id, c] : contexts_) {
+    for (auto& entry : contexts_) {
+        Context* c = entry.second.get();  // not a structured binding: clang 14 cannot capture those
         c->qps.for_each([&](uint32_t, Qp& qp) {
             if (qp.type != IBV_QPT_RC || qp.attr.ah.dlid != lid || !qpns.count(qp.attr.dest_qp_num)) return;
             if (qp.state != IBV_QPS_RTR && qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD &&
@@ -206,7 +207,6 @@ bool Engine::process_context(Context& ctx) {
     bool progress = process_commands(ctx);
     if (ctx.dead) return true;
     ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= process_qp(ctx, qp, t); });
-    progress |= check_armed_cqs(ctx);
     return progress;
 }
 

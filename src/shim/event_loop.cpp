@@ -153,8 +153,10 @@ void Daemon::poll_events(int timeout_ms) {
             if (it == conns_.end()) break;
             Context* ctx = engine_.find_context(it->second.ctx_id);
             uint64_t v;
-            if (ctx && guest_fd_read(ctx->kick_fd(), &v, sizeof(v)) < 0 && errno != EAGAIN && errno != EINTR)
-                close_connection(id);
+            if (!ctx) break;
+            ssize_t n = guest_fd_read(ctx->kick_fd(), &v, sizeof(v));
+            ctx->check_blocked(n, "kick eventfd");  // EINTR: reaped as dead below
+            if (n < 0 && errno != EAGAIN && errno != EINTR) close_connection(id);
             break;
         }
         }

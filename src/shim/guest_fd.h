@@ -6,7 +6,9 @@
 // for ever. These set O_NONBLOCK again when it was cleared and, for the race
 // that remains, bound the call with a timer (kGuestFdTimeoutMs); they return
 // what read()/write() return (-1 with errno EAGAIN or EINTR when they would
-// have blocked).
+// have blocked). EINTR means the guard timer fired: the call was blocking,
+// so the guest had cleared O_NONBLOCK; Context::check_blocked then detaches
+// that context.
 #pragma once
 
 #include <sys/types.h>
@@ -15,7 +17,7 @@
 
 namespace vrdma::shim {
 
-constexpr long kGuestFdTimeoutMs = 20;
+constexpr long kGuestFdTimeoutMs = 5;
 
 ssize_t guest_fd_write(int fd, const void* buf, size_t len);
 ssize_t guest_fd_read(int fd, void* buf, size_t len);

@@ -81,7 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             std::vector<uint8_t> req(abi::kCmdReqBytes, 0);
             auto put = [&](const auto& t) { std::memcpy(req.data(), &t, sizeof(t)); };
             switch (abi::CmdOp(op)) {
-            case abi::CmdOp::QueryPort: put(abi::CmdQueryPortReq{in.u8() & 3}); break;
+            case abi::CmdOp::QueryPort: put(abi::CmdQueryPortReq{uint32_t(in.u8() & 3)}); break;
             case abi::CmdOp::DeallocPd:
             case abi::CmdOp::DeregMr:
             case abi::CmdOp::DestroyCq:

@@ -32,6 +32,9 @@
 namespace vrdma::fuzz {
 
 using namespace vrdma::shim;
+// The harnesses' bodies live at global scope under `using namespace
+// vrdma::fuzz`, which does not make vrdma::abi visible there.
+namespace abi = vrdma::abi;
 
 // Reads the input front to back; past its end every value is 0.
 class Input {
@@ -144,7 +147,8 @@ public:
             uint32_t op = recs[i].first;
             std::memcpy(&s.op, &op, 4);
             std::memset(s.req, 0, sizeof(s.req));
-            std::memcpy(s.req, recs[i].second.data(), std::min(recs[i].second.size(), sizeof(s.req)));
+            if (!recs[i].second.empty())  // data() of an empty vector may be null
+                std::memcpy(s.req, recs[i].second.data(), std::min(recs[i].second.size(), sizeof(s.req)));
             s.seq.store(++seq_);
             seqs.push_back(seq_);
             slots.push_back(slot);

@@ -200,3 +200,21 @@ TEST_CASE("guest fds cannot block the shim", "[shim][hardening]") {
     close(p[1]);
     close(efd);
 }
+
+TEST_CASE("a guest fd that blocked the shim detaches its context", "[shim][hardening]") {
+    // The guard timer interrupted the call (EINTR): the guest had cleared
+    // O_NONBLOCK. Any other failure (EAGAIN: pipe full) is the guest's loss.
+    TwoGuests t;
+    errno = EAGAIN;
+    t.a.ctx().check_blocked(-1, "test fd");
+    CHECK(!t.a.ctx().dead);
+    errno = EINTR;
+    t.a.ctx().check_blocked(8, "test fd");
+    CHECK(!t.a.ctx().dead);
+    t.a.ctx().check_blocked(-1, "test fd");
+    CHECK(t.a.ctx().dead);
+    CHECK(!t.b.ctx().dead);
+    auto dead = t.eng.dead_contexts();
+    REQUIRE(dead.size() == 1);
+    CHECK(dead[0] == t.a.ctx_id());
+}

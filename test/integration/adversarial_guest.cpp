@@ -1,0 +1,1005 @@
+// A hostile guest (docs/reliability.md "Adversarial guest"). It attaches to
+// its shim like the provider does, through the device ABI directly (a sealed
+// memfd arena, its own eventfds and async pipe), and then does everything a
+// guest controls wrong: malformed socket messages and fds, command-ring and
+// work-queue indices past the ring or stale, huge and zero sizes and counts,
+// SGEs outside every segment or wrapping, guessed handles, keys and QPNs of
+// other guests, commands before setup and racing with destroy, WQEs and
+// command slots rewritten while the shim reads them, saturated eventfds,
+// O_NONBLOCK cleared on the fds the shim writes, a full async pipe, memfd
+// truncation and hole punching, connection floods.
+//
+// Run under vrdma-run (it reads SYSFS_PATH to find its socket). It never
+// waits for the shim for ever. Exit status: 0 when the shim still answers a
+// fresh, well-formed attach and command at the end (and answered within
+// bounds throughout), 1 otherwise. It prints one line per case.
+//
+//   adversarial_guest [--seconds N] [--seed S]
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <linux/falloc.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "vrdma/abi.h"
+#include "vrdma/ring.h"
+
+namespace abi = vrdma::abi;
+using vrdma::ring_advance;
+using vrdma::ring_slot;
+
+namespace {
+
+std::mt19937_64 rng;
+std::string g_socket;
+int g_failures = 0;
+
+uint64_t now_ms() {
+    return uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+}
+
+[[gnu::format(printf, 1, 2)]] void say(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::vprintf(fmt, ap);
+    va_end(ap);
+    std::printf("\n");
+    std::fflush(stdout);
+}
+
+[[gnu::format(printf, 1, 2)]] void bad(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    std::printf("UNEXPECTED: ");
+    std::vprintf(fmt, ap);
+    va_end(ap);
+    std::printf("\n");
+    std::fflush(stdout);
+    ++g_failures;
+}
+
+uint32_t r32() { return uint32_t(rng()); }
+uint64_t r64() { return rng(); }
+uint32_t pick(uint32_t n) { return uint32_t(rng() % n); }
+
+// A value that is likely to hurt: 0, 1, powers of two and their neighbours,
+// all ones, random.
+uint64_t nasty64() {
+    switch (pick(8)) {
+    case 0: return 0;
+    case 1: return 1;
+    case 2: return uint64_t(1) << pick(64);
+    case 3: return (uint64_t(1) << pick(64)) - 1;
+    case 4: return ~uint64_t(0) - pick(16);
+    case 5: return pick(1 << 16);
+    default: return r64();
+    }
+}
+uint32_t nasty32() { return uint32_t(nasty64() >> (pick(2) ? 0 : 32)); }
+
+int make_memfd(uint64_t size, bool seal) {
+    int fd = memfd_create("adversary", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, off_t(size)) != 0) return -1;
+    if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
+    return fd;
+}
+
+int send_msg(int sock, const void* buf, size_t len, const std::vector<int>& fds) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
+    iovec iov{const_cast<void*>(buf), len};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (!fds.empty()) {
+        msg.msg_control = control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    return ::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 ? errno : 0;
+}
+
+int connect_socket() {
+    int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", g_socket.c_str());
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        ::close(s);
+        return -1;
+    }
+    return s;
+}
+
+// Waits up to ms for a reply. Returns its status, -1 for EOF (the shim hung
+// up: a legitimate answer to a violation), -2 for no answer in time.
+int await_reply(int sock, int ms, abi::SockReply* out = nullptr) {
+    pollfd p{sock, POLLIN, 0};
+    if (::poll(&p, 1, ms) <= 0) return -2;
+    abi::SockReply r{};
+    ssize_t n = ::recv(sock, &r, sizeof(r), MSG_DONTWAIT);
+    if (n <= 0) return -1;
+    if (out) *out = r;
+    return n == ssize_t(sizeof(r)) ? r.status : -3;
+}
+
+// One connection as the provider makes it.
+class Guest {
+public:
+    static constexpr uint64_t kArena = 4 << 20;
+
+    ~Guest() { close_all(); }
+
+    // 0 on success, else the shim's status (or -1/-2 as await_reply).
+    int attach(bool seal = true) {
+        sock_ = connect_socket();
+        if (sock_ < 0) return -4;
+        arena_fd_ = make_memfd(kArena, seal);
+        void* p = mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd_, 0);
+        if (p == MAP_FAILED) return -5;
+        base_ = static_cast<uint8_t*>(p);
+        kick_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        done_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        int ap[2];
+        if (pipe2(ap, O_CLOEXEC | O_NONBLOCK) != 0) return -6;
+        async_r_ = ap[0];
+        async_w_ = ap[1];
+        abi::SockAttach a{};
+        a.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
+        a.arena_gva = gva();
+        a.arena_len = kArena;
+        if (send_msg(sock_, &a, sizeof(a), {arena_fd_, kick_, done_, async_w_})) return -7;
+        abi::SockReply r{};
+        int st = await_reply(sock_, 5000, &r);
+        if (st == 0) lid_ = r.guest_lid;
+        next_ = abi::kControlBlockBytes;
+        return st;
+    }
+    void close_all() {
+        for (int* fd : {&sock_, &arena_fd_, &kick_, &done_, &async_r_, &async_w_})
+            if (*fd >= 0) ::close(*fd), *fd = -1;
+        if (base_) munmap(base_, kArena), base_ = nullptr;
+    }
+
+    uint64_t gva() const { return reinterpret_cast<uint64_t>(base_); }
+    uint8_t* at(uint64_t g) { return reinterpret_cast<uint8_t*>(g); }
+    abi::ControlBlock* cb() { return reinterpret_cast<abi::ControlBlock*>(base_); }
+    int sock() const { return sock_; }
+    int arena_fd() const { return arena_fd_; }
+    int done_fd() const { return done_; }
+    int kick_fd() const { return kick_; }
+    int async_w() const { return async_w_; }
+    uint32_t lid() const { return lid_; }
+    uint64_t alloc(uint64_t bytes, uint64_t align = 4096) {
+        next_ = (next_ + align - 1) & ~(align - 1);
+        if (next_ + bytes > kArena) next_ = abi::kControlBlockBytes;  // reuse: the adversary does not care
+        uint64_t g = gva() + next_;
+        next_ += bytes;
+        return g;
+    }
+    // The shim hung up on us (or is gone).
+    bool hung_up() {
+        pollfd p{sock_, POLLIN | POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) <= 0) return false;
+        return p.revents & (POLLHUP | POLLRDHUP | POLLERR);
+    }
+    void ring() {
+        cb()->doorbell.fetch_add(1);
+        if (cb()->shim_sleeping.load()) {
+            uint64_t one = 1;
+            (void)!::write(kick_, &one, sizeof(one));
+        }
+    }
+
+    // Issues one command. Returns its status, -1 when the shim hung up, -2
+    // when it did not answer within ms.
+    int cmd(abi::CmdOp op, const void* req, size_t len, void* resp = nullptr, size_t resp_len = 0,
+            int ms = 3000) {
+        uint32_t slot = ring_slot(prod_, abi::kCmdSlots);
+        abi::CmdSlot& s = cb()->cmd[slot];
+        std::memcpy(&s.op, &op, sizeof(op));
+        std::memset(s.req, 0, sizeof(s.req));
+        if (len) std::memcpy(s.req, req, std::min(len, sizeof(s.req)));
+        uint32_t seq = ++seq_;
+        s.seq.store(seq);
+        prod_ = ring_advance(prod_, 1, abi::kCmdSlots);
+        cb()->cmd_producer.store(prod_);
+        ring();
+        uint64_t deadline = now_ms() + uint64_t(ms);
+        for (;;) {
+            if (s.done_seq.load() == seq) {
+                if (resp) std::memcpy(resp, s.resp, std::min(resp_len, sizeof(s.resp)));
+                return s.status;
+            }
+            if (hung_up()) return -1;
+            if (now_ms() > deadline) return -2;
+            pollfd p[2] = {{done_, POLLIN, 0}, {sock_, POLLIN | POLLRDHUP, 0}};
+            ::poll(p, 2, drain_done ? 1 : 0);
+            uint64_t v;
+            if (drain_done) (void)!::read(done_, &v, sizeof(v));
+            else usleep(50);
+        }
+    }
+    template <typename Req>
+    int cmd(abi::CmdOp op, const Req& req, void* resp = nullptr, size_t resp_len = 0) {
+        return cmd(op, &req, sizeof(req), resp, resp_len);
+    }
+    // false: never read the cmd-done eventfd (so a saturated counter stays so).
+    bool drain_done = true;
+    // The command producer index as this guest last published it.
+    uint32_t& prod() { return prod_; }
+
+    // --- resources ---
+    uint32_t pd() {
+        abi::CmdAllocPdResp r{};
+        return cmd(abi::CmdOp::AllocPd, nullptr, 0, &r, sizeof(r)) == 0 ? r.pd_handle : 0;
+    }
+    abi::CmdRegMrResp mr(uint32_t pd, uint64_t addr, uint64_t len, uint32_t access) {
+        abi::CmdRegMrResp r{};
+        if (cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, access, addr, len}, &r, sizeof(r)) != 0) r = {};
+        return r;
+    }
+    struct Cq {
+        uint32_t handle = 0, entries = 0;
+        uint64_t ring = 0;
+    };
+    Cq cq(uint32_t entries) {
+        Cq c;
+        c.entries = entries;
+        c.ring = alloc(abi::cq_ring_bytes(entries));
+        abi::CmdCreateCqReq req{};
+        req.ring_gva = c.ring;
+        req.entries = entries;
+        abi::CmdCreateCqResp r{};
+        if (cmd(abi::CmdOp::CreateCq, req, &r, sizeof(r)) == 0) c.handle = r.cq_handle;
+        return c;
+    }
+    struct Qp {
+        uint32_t handle = 0, qpn = 0, type = 0, entries = 8, stride = 512, prod = 0, rprod = 0;
+        uint64_t sq = 0, rq = 0;
+    };
+    Qp qp(uint32_t pd, uint32_t cq, uint32_t type) {
+        Qp q;
+        q.type = type;
+        q.sq = alloc(abi::wq_ring_bytes(q.entries, q.stride));
+        q.rq = alloc(abi::wq_ring_bytes(q.entries, q.stride));
+        abi::CmdCreateQpReq req{};
+        req.sq_gva = q.sq;
+        req.rq_gva = q.rq;
+        req.pd_handle = pd;
+        req.qp_type = type;
+        req.send_cq_handle = req.recv_cq_handle = cq;
+        req.sq_entries = req.rq_entries = q.entries;
+        req.sq_stride = req.rq_stride = q.stride;
+        req.max_send_sge = req.max_recv_sge = 4;
+        req.max_inline_data = 256;
+        req.sq_sig_all = 1;
+        abi::CmdCreateQpResp r{};
+        if (cmd(abi::CmdOp::CreateQp, req, &r, sizeof(r)) == 0) q.handle = r.qp_handle, q.qpn = r.qpn;
+        return q;
+    }
+    int modify(uint32_t qp, uint32_t mask, const abi::QpAttr& a) {
+        abi::CmdModifyQpReq req{};
+        req.qp_handle = qp;
+        req.attr_mask = mask;
+        req.attr = a;
+        return cmd(abi::CmdOp::ModifyQp, req);
+    }
+    // RESET -> RTS, RC to (dlid, dqpn) or UD.
+    int connect(const Qp& q, uint16_t dlid, uint32_t dqpn) {
+        abi::QpAttr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qkey = 0x11111111;
+        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                            IBV_ACCESS_REMOTE_ATOMIC;
+        int rc;
+        if (q.type == IBV_QPT_UD) {
+            if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, a))) return rc;
+            a.qp_state = IBV_QPS_RTR;
+            if ((rc = modify(q.handle, IBV_QP_STATE, a))) return rc;
+            a.qp_state = IBV_QPS_RTS;
+            return modify(q.handle, IBV_QP_STATE | IBV_QP_SQ_PSN, a);
+        }
+        if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, a)))
+            return rc;
+        a = {};
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_4096;
+        a.dest_qp_num = dqpn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 1;
+        a.ah.dlid = dlid;
+        a.ah.port_num = 1;
+        if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                         a)))
+            return rc;
+        a = {};
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = 1;
+        a.retry_cnt = 1;
+        a.rnr_retry = 1;
+        a.max_rd_atomic = 1;
+        return modify(q.handle, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                    IBV_QP_MAX_QP_RD_ATOMIC,
+                      a);
+    }
+    abi::RingHeader* hdr(uint64_t ring) { return reinterpret_cast<abi::RingHeader*>(at(ring)); }
+    uint8_t* sq_slot(const Qp& q, uint32_t idx) {
+        return at(q.sq + abi::wq_slots_offset() + uint64_t(ring_slot(idx, q.entries)) * q.stride);
+    }
+    void publish_sq(Qp& q, uint32_t n = 1) {
+        q.prod = ring_advance(q.prod, n, q.entries);
+        hdr(q.sq)->producer.store(q.prod);
+        ring();
+    }
+
+private:
+    int sock_ = -1, arena_fd_ = -1, kick_ = -1, done_ = -1, async_r_ = -1, async_w_ = -1;
+    uint8_t* base_ = nullptr;
+    uint64_t next_ = 0;
+    uint32_t prod_ = 0, seq_ = 0, lid_ = 0;
+};
+
+// The end-of-case check: a fresh, well-formed guest attaches and gets an
+// answer to QueryDevice within a second.
+bool shim_answers(const char* after) {
+    Guest g;
+    int st = g.attach();
+    abi::DeviceAttr attr{};
+    int c = st == 0 ? g.cmd(abi::CmdOp::QueryDevice, nullptr, 0, &attr, sizeof(attr)) : st;
+    if (st != 0 || c != 0 || attr.phys_port_cnt != 1) {
+        bad("after %s: a well-formed guest got attach %d, QueryDevice %d", after, st, c);
+        return false;
+    }
+    return true;
+}
+
+// A guest with a PD, a 64 KiB MR, a CQ and RC (loopback) and UD QPs in RTS.
+struct Armed {
+    Guest g;
+    uint32_t pd = 0;
+    abi::CmdRegMrResp mr{};
+    uint64_t buf = 0;
+    Guest::Cq cq;
+    Guest::Qp rc, ud;
+    bool ok = false;
+    Armed() {
+        if (g.attach() != 0) return;
+        pd = g.pd();
+        buf = g.alloc(64 << 10);
+        mr = g.mr(pd, buf, 64 << 10, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+        cq = g.cq(64);
+        rc = g.qp(pd, cq.handle, IBV_QPT_RC);
+        ud = g.qp(pd, cq.handle, IBV_QPT_UD);
+        ok = pd && mr.lkey && cq.handle && rc.handle && ud.handle && g.connect(rc, uint16_t(g.lid()), rc.qpn) == 0 &&
+             g.connect(ud, 0, 0) == 0;
+    }
+    // A random but plausible send WQE (any opcode, SGEs/inline, keys).
+    void random_send(Guest::Qp& q) {
+        uint8_t* slot = g.sq_slot(q, q.prod);
+        abi::SendWqe w{};
+        w.wr_id = r64();
+        static constexpr uint32_t kOps[] = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
+                                            IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ,
+                                            IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD};
+        w.opcode = pick(10) ? kOps[pick(7)] : nasty32();
+        w.send_flags = pick(4) ? IBV_SEND_SIGNALED | (pick(3) ? 0 : IBV_SEND_INLINE) : nasty32();
+        w.num_sge = pick(3) ? pick(5) : nasty32();
+        w.inline_len = pick(3) ? pick(400) : nasty32();
+        w.remote_addr = pick(2) ? buf + pick(70000) - 2000 : nasty64();
+        w.rkey = pick(2) ? mr.rkey : guess_key();
+        w.ah_handle = pick(2) ? nasty32() : 0x60000000u | pick(64);
+        w.remote_qpn = pick(2) ? pick(400) : nasty32();
+        w.remote_qkey = pick(2) ? 0x11111111 : nasty32();
+        std::memcpy(slot, &w, sizeof(w));
+        auto* sge = reinterpret_cast<abi::Sge*>(slot + sizeof(w));
+        for (uint32_t i = 0; i < (q.stride - sizeof(w)) / sizeof(abi::Sge); ++i) {
+            sge[i].addr = pick(2) ? buf + pick(70000) - 2000 : nasty64();
+            sge[i].length = pick(2) ? pick(8192) : nasty32();
+            sge[i].lkey = pick(2) ? mr.lkey : guess_key();
+        }
+        g.publish_sq(q);
+    }
+    // Keys of other guests: lkey = rkey = the MR's handle in this shim, so a
+    // guess is an MR handle with a small slot and generation.
+    static uint32_t guess_key() {
+        return pick(4) ? (2u << 29) | (pick(4) << 21) | (1 + pick(64)) : nasty32();
+    }
+};
+
+// --- socket messages -------------------------------------------------------
+
+void case_socket_garbage() {
+    int answered = 0, hung = 0;
+    for (int i = 0; i < 200; ++i) {
+        int s = connect_socket();
+        if (s < 0) {
+            bad("cannot connect (iteration %d)", i);
+            return;
+        }
+        uint8_t msg[512];
+        for (auto& b : msg) b = uint8_t(r32());
+        abi::SockHeader h{pick(4) ? abi::kMagic : r32(), pick(4) ? abi::kVersion : r32(),
+                          abi::SockOp(pick(4) ? 1 + pick(6) : r32()), r32()};
+        std::memcpy(msg, &h, sizeof(h));
+        size_t len = pick(3) ? pick(64) : 1 + pick(sizeof(msg) - 1);  // 0..63, or up to 512 (truncated)
+        std::vector<int> fds;
+        uint32_t nfd = pick(3) ? pick(5) : pick(14);
+        for (uint32_t k = 0; k < nfd; ++k) {
+            switch (pick(5)) {
+            case 0: fds.push_back(make_memfd(4096 * (1 + pick(4)), pick(2))); break;
+            case 1: fds.push_back(eventfd(0, EFD_CLOEXEC)); break;
+            case 2: {
+                int p[2];
+                if (pipe2(p, O_CLOEXEC) != 0) break;
+                fds.push_back(p[pick(2)]);
+                ::close(p[0] == fds.back() ? p[1] : p[0]);
+                break;
+            }
+            case 3: fds.push_back(::open("/dev/null", O_RDWR | O_CLOEXEC)); break;
+            default: fds.push_back(connect_socket()); break;
+            }
+        }
+        send_msg(s, msg, len ? len : 1, fds);
+        for (int f : fds) ::close(f);
+        int st = await_reply(s, 3000);
+        if (st == -2) bad("no answer to a malformed message within 3 s");
+        (st == -1 ? hung : answered)++;
+        ::close(s);
+    }
+    say("socket garbage: 200 malformed messages (bad magic/version/op/length, 0-13 fds of every kind): "
+        "%d answered with an error, %d hung up",
+        answered, hung);
+}
+
+void case_attach_refusals() {
+    // Each builds its own Attach message.
+    auto attempt = [](const char* what, uint64_t gva, uint64_t len, bool seal, int kick_kind, int async_kind,
+                      int nfds) {
+        int s = connect_socket();
+        int mem = make_memfd(1 << 20, seal);
+        int ev1 = kick_kind == 0 ? eventfd(0, EFD_CLOEXEC) : ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        int ev2 = eventfd(0, EFD_CLOEXEC);
+        int p[2] = {-1, -1};
+        (void)!pipe2(p, O_CLOEXEC);
+        int tmp = -1;
+        if (async_kind == 1) {
+            char path[] = "/tmp/vrdma-adversary.XXXXXX";
+            tmp = mkstemp(path);
+            unlink(path);
+        }
+        abi::SockAttach a{};
+        a.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
+        a.arena_gva = gva;
+        a.arena_len = len;
+        std::vector<int> fds = {mem, ev1, ev2, async_kind == 1 ? tmp : p[1], ev2, ev2};
+        fds.resize(size_t(nfds));
+        send_msg(s, &a, sizeof(a), fds);
+        int st = await_reply(s, 3000);
+        for (int f : {s, mem, ev1, ev2, p[0], p[1], tmp})
+            if (f >= 0) ::close(f);
+        if (st == 0 || st == -2) bad("attach %s: got %d, wanted a refusal", what, st);
+        return st;
+    };
+    attempt("with an unsealed memfd", 0x10000000, 1 << 20, false, 0, 0, 4);
+    attempt("longer than the memfd", 0x10000000, 2 << 20, true, 0, 0, 4);
+    attempt("of length 0", 0x10000000, 0, true, 0, 0, 4);
+    attempt("of 4 KiB (< control block)", 0x10000000, 4096, true, 0, 0, 4);
+    attempt("at gva 0", 0, 1 << 20, true, 0, 0, 4);
+    attempt("at an unaligned gva", 0x10000010, 1 << 20, true, 0, 0, 4);
+    attempt("wrapping the address space", 0xfffffffffff00000ull, 1 << 20, true, 0, 0, 4);
+    attempt("with /dev/null as kick eventfd", 0x10000000, 1 << 20, true, 1, 0, 4);
+    attempt("with a regular file as async fd", 0x10000000, 1 << 20, true, 0, 1, 4);
+    attempt("with 3 fds", 0x10000000, 1 << 20, true, 0, 0, 3);
+    attempt("with 6 fds", 0x10000000, 1 << 20, true, 0, 0, 6);
+    attempt("with no fd", 0x10000000, 1 << 20, true, 0, 0, 0);
+    // Attach twice on one connection; segment operations before attach.
+    Guest g;
+    if (g.attach() != 0) return bad("a well-formed attach failed");
+    abi::SockAttach a{};
+    a.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
+    send_msg(g.sock(), &a, sizeof(a), {});
+    if (await_reply(g.sock(), 3000) != EBUSY) bad("a second Attach on one connection was not refused with EBUSY");
+    int s = connect_socket();
+    abi::SockAddSegment seg{};
+    seg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::AddSegment, 0};
+    int mem = make_memfd(1 << 20, true);
+    seg.gva = 0x20000000, seg.len = 1 << 20, seg.seg_id = 1;
+    send_msg(s, &seg, sizeof(seg), {mem});
+    if (int st = await_reply(s, 3000); st == 0 || st == -2) bad("AddSegment before Attach: %d", st);
+    ::close(s);
+    ::close(mem);
+    say("attach refusals: unsealed/short/empty/unaligned/wrapping arenas, wrong fd kinds and counts, double "
+        "attach, AddSegment before attach: all refused");
+}
+
+void case_segments() {
+    Guest g;
+    if (g.attach() != 0) return bad("attach failed");
+    int refused = 0, accepted = 0;
+    for (int i = 0; i < 300; ++i) {
+        abi::SockAddSegment s{};
+        s.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::AddSegment, 0};
+        uint64_t file = 4096 * (1 + pick(64));
+        int fd = make_memfd(file, pick(8) != 0);
+        s.gva = pick(2) ? (0x30000000ull + pick(256) * 4096) : nasty64();  // overlapping each other, or nasty
+        s.len = pick(2) ? 4096 * (1 + pick(64)) : nasty64();
+        s.offset = pick(2) ? 4096 * pick(4) : nasty64();
+        s.seg_id = pick(4) ? 1 + pick(40) : nasty32();
+        send_msg(g.sock(), &s, sizeof(s), {fd});
+        if (pick(2)) (void)!ftruncate(fd, 0);  // shrink after sending: must fail once sealed
+        ::close(fd);
+        int st = await_reply(g.sock(), 3000);
+        if (st == -2 || st == -1) return bad("AddSegment %d: shim %s", i, st == -1 ? "hung up" : "silent");
+        (st == 0 ? accepted : refused)++;
+        if (pick(3) == 0) {
+            abi::SockRemoveSegment rm{};
+            rm.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::RemoveSegment, 0};
+            rm.seg_id = pick(2) ? pick(42) : r32();
+            send_msg(g.sock(), &rm, sizeof(rm), {});
+            if (await_reply(g.sock(), 3000) < -1) return bad("RemoveSegment: no answer");
+        }
+    }
+    // The arena cannot be shrunk under the shim's mapping; holes read as 0.
+    if (ftruncate(g.arena_fd(), 4096) == 0) bad("the sealed arena memfd could be shrunk");
+    (void)!fallocate(g.arena_fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, Guest::kArena);
+    int st = g.cmd(abi::CmdOp::AllocPd, nullptr, 0);
+    // Channels: an eventfd, the read end, a duplicate id, then too many.
+    int chan_ok = 0;
+    for (int i = 0; i < 1100; ++i) {
+        abi::SockChannel m{};
+        m.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::CreateChannel, 0};
+        m.channel_id = i < 3 ? 7 : uint32_t(i);
+        int p[2] = {-1, -1};
+        (void)!pipe2(p, O_CLOEXEC);
+        int fd = i == 0 ? eventfd(0, EFD_CLOEXEC) : i == 1 ? p[0] : p[1];
+        send_msg(g.sock(), &m, sizeof(m), {fd});
+        ::close(p[0]);
+        ::close(p[1]);
+        if (i == 0) ::close(fd);
+        int r = await_reply(g.sock(), 3000);
+        if (r < -1) return bad("CreateChannel: no answer");
+        if (r == 0) ++chan_ok;
+    }
+    say("segments: 300 AddSegment (unsealed, overlapping, nasty gva/len/offset/id, shrunk after sending) "
+        "%d accepted %d refused; arena shrink refused, holes punched in the whole arena (command after it: %d); "
+        "1100 CreateChannel: %d accepted (limit 1024)",
+        accepted, refused, st, chan_ok);
+}
+
+void case_connection_flood() {
+    // The connection quota is per guest: while this guest holds 400 open
+    // sockets its own new attaches are refused (the other guests, checked
+    // by adversarial.sh, are not affected); once it closes them it is
+    // served again.
+    std::vector<int> socks;
+    for (int i = 0; i < 400; ++i) {
+        int s = connect_socket();
+        if (s < 0) break;
+        socks.push_back(s);
+    }
+    usleep(100000);
+    Guest g;
+    int while_flooding = g.attach();
+    g.close_all();
+    for (int s : socks) ::close(s);
+    usleep(100000);
+    say("connection flood: %zu connections opened without attaching (quota 256): attach meanwhile %d "
+        "(refused: -1), served again after closing them",
+        socks.size(), while_flooding);
+    if (while_flooding == 0) bad("a 257th connection of one guest was served");
+}
+
+// --- command ring ----------------------------------------------------------
+
+void case_command_indices() {
+    int detached = 0;
+    for (uint32_t bad_prod : {17u, 32u, 1000u, 0xffffffffu, 0x80000000u}) {
+        Guest g;
+        if (g.attach() != 0) return bad("attach failed");
+        g.cb()->cmd_producer.store(bad_prod);
+        g.ring();
+        for (int i = 0; i < 300 && !g.hung_up(); ++i) usleep(10000);
+        detached += g.hung_up();
+    }
+    // Stale: the producer moved back behind the shim's consumer.
+    {
+        Guest g;
+        if (g.attach() != 0) return bad("attach failed");
+        for (int i = 0; i < 5; ++i) g.pd();
+        g.cb()->cmd_producer.store(2);
+        g.ring();
+        for (int i = 0; i < 300 && !g.hung_up(); ++i) usleep(10000);
+        detached += g.hung_up();
+    }
+    if (detached != 6) bad("%d of 6 guests with a bad command producer were detached", detached);
+    say("command producer past the ring (17, 32, 1000, 2^31, 2^32-1) and stale: %d/6 detached", detached);
+}
+
+void case_command_garbage(int rounds) {
+    Guest g;
+    if (g.attach() != 0) return bad("attach failed");
+    int ok = 0, err = 0;
+    for (int i = 0; i < rounds; ++i) {
+        uint8_t req[abi::kCmdReqBytes];
+        for (size_t k = 0; k < sizeof(req); k += 4) {
+            uint32_t v = pick(3) ? (pick(2) ? nasty32() : (uint32_t(1 + pick(6)) << 29) | (pick(4) << 21) | (1 + pick(16)))
+                                 : r32();
+            std::memcpy(req + k, &v, 4);
+        }
+        // Ring addresses, when a field is one, point somewhere in the arena.
+        if (pick(2)) {
+            uint64_t a = g.gva() + pick(Guest::kArena / 64) * 64;
+            std::memcpy(req, &a, 8);
+        }
+        uint32_t op = pick(8) ? 1 + pick(uint32_t(abi::CmdOp::kMax) - 1) : nasty32();
+        int st = g.cmd(abi::CmdOp(op), req, sizeof(req));
+        if (st == -1 || st == -2) return bad("random command %d (op %u): shim %s", i, op, st == -1 ? "hung up" : "silent");
+        (st == 0 ? ok : err)++;
+    }
+    say("command garbage: %d random commands (random ops, nasty sizes, guessed handles): %d succeeded, %d errors",
+        rounds, ok, err);
+}
+
+void case_handles() {
+    Guest g;
+    if (g.attach() != 0) return bad("attach failed");
+    uint32_t pd = g.pd();
+    uint64_t buf = g.alloc(8192);
+    auto mr = g.mr(pd, buf, 8192, IBV_ACCESS_LOCAL_WRITE);
+    auto cq = g.cq(16);
+    auto qp = g.qp(pd, cq.handle, IBV_QPT_RC);
+    // Wrong type, freed, double free, in-use objects.
+    int wrong = 0;
+    for (auto op : {abi::CmdOp::DeallocPd, abi::CmdOp::DeregMr, abi::CmdOp::DestroyCq, abi::CmdOp::DestroyQp,
+                    abi::CmdOp::DestroySrq, abi::CmdOp::DestroyAh, abi::CmdOp::QueryQp, abi::CmdOp::QuerySrq})
+        for (uint32_t h : {pd, mr.lkey, cq.handle, qp.handle, 0u, 0xffffffffu})
+            wrong += g.cmd(op, abi::CmdHandleReq{h}) != 0;
+    // Everything destroyed in order, then destroyed again: all refused.
+    g.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{qp.handle});
+    g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle});
+    g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{mr.lkey});
+    g.cmd(abi::CmdOp::DeallocPd, abi::CmdHandleReq{pd});
+    int again = 0;
+    for (auto op : {abi::CmdOp::DeallocPd, abi::CmdOp::DeregMr, abi::CmdOp::DestroyCq, abi::CmdOp::DestroyQp})
+        for (uint32_t h : {pd, mr.lkey, cq.handle, qp.handle}) again += g.cmd(op, abi::CmdHandleReq{h}) == 0;
+    // Stale handles after re-creation: same slot, new generation.
+    uint32_t pd2 = g.pd();
+    int stale = g.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_LOCAL_WRITE, buf, 4096}) == 0;
+    // Guessed handles of every type over the first slots and generations:
+    // they name this guest's own (absent) objects, never another guest's.
+    int guessed_ok = 0;
+    for (uint32_t t = 1; t <= 6; ++t)
+        for (uint32_t gen = 0; gen < 4; ++gen)
+            for (uint32_t slot = 0; slot < 32; ++slot) {
+                uint32_t h = (t << 29) | (gen << 21) | (slot + 1);
+                guessed_ok += g.cmd(abi::CmdOp::QueryQp, abi::CmdHandleReq{h}) == 0;
+                guessed_ok += g.cmd(abi::CmdOp::DestroyAh, abi::CmdHandleReq{h}) == 0;
+            }
+    say("handles: wrong-type/zero/all-ones handles on 8 ops (%d refused), double destroy (%d wrongly accepted), "
+        "stale PD after re-creation (%s), 1536 guessed handles (%d accepted: own objects only; pd2 %s)",
+        wrong, again, stale ? "ACCEPTED" : "refused", guessed_ok, pd2 ? "ok" : "failed");
+    if (again || stale) bad("a freed handle was accepted");
+}
+
+void case_quota_flood() {
+    Guest g;
+    if (g.attach() != 0) return bad("attach failed");
+    uint64_t t0 = now_ms();
+    uint32_t pd1 = g.pd(), pds = pd1 ? 1 : 0;
+    while (pds < 70000 && g.pd()) ++pds;
+    // MRs over the same 4 KiB until a limit or 20000.
+    uint32_t mrs = 0;
+    uint64_t buf = g.alloc(4096);
+    while (mrs < 20000 && g.mr(pd1, buf, 4096, IBV_ACCESS_LOCAL_WRITE).lkey) ++mrs;
+    // CQs with huge rings, QPs with huge queues: refused, never allocated.
+    abi::CmdCreateCqReq cq{};
+    cq.ring_gva = g.gva() + abi::kControlBlockBytes;
+    cq.entries = 1u << 30;
+    int big_cq = g.cmd(abi::CmdOp::CreateCq, cq);
+    say("quota flood: %u PDs allocated before the limit, %u MRs (of 20000 tried) in %llu ms; CQ of 2^30 entries: %d",
+        pds, mrs, (unsigned long long)(now_ms() - t0), big_cq);
+    if (big_cq == 0) bad("a CQ of 2^30 entries over a 4 MiB arena was accepted");
+}
+
+void case_command_tamper() {
+    // A thread rewrites command slots, the producer index and the doorbell
+    // while the main thread issues commands: the shim copies a slot out once.
+    Guest g;
+    if (g.attach() != 0) return bad("attach failed");
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        std::mt19937 r(1);
+        while (!stop.load()) {
+            abi::CmdSlot& s = g.cb()->cmd[r() % abi::kCmdSlots];
+            uint32_t v = r();
+            std::memcpy(s.req + (r() % (abi::kCmdReqBytes / 4)) * 4, &v, 4);
+            if (r() % 64 == 0) std::memcpy(&s.op, &v, 4);
+            g.cb()->doorbell.fetch_add(1);
+        }
+    });
+    int answered = 0, hung = 0;
+    for (int i = 0; i < 2000 && !g.hung_up(); ++i) {
+        int st = i % 2 ? g.cmd(abi::CmdOp::AllocPd, nullptr, 0) : g.cmd(abi::CmdOp::QueryDevice, nullptr, 0);
+        if (st == -1) ++hung;
+        else if (st != -2) ++answered;
+    }
+    stop = true;
+    t.join();
+    say("command tamper: 2000 commands while another thread rewrote slots: %d answered, %s", answered,
+        g.hung_up() ? "then detached" : "still attached");
+}
+
+// --- rings and WQEs --------------------------------------------------------
+
+void case_wq_indices() {
+    Armed a;
+    if (!a.ok) return bad("setup failed");
+    int st = 0;
+    // SQ producer past the ring, then stale; CQ consumer past the ring.
+    for (uint32_t p : {9u, 16u, 17u, 0xffffffffu, 0x80000000u}) {
+        a.g.hdr(a.rc.sq)->producer.store(p);
+        a.g.ring();
+        usleep(2000);
+    }
+    a.g.hdr(a.cq.ring)->consumer.store(0xdeadbeef);
+    a.g.ring();
+    usleep(5000);
+    abi::QpAttr q{};
+    st = a.g.cmd(abi::CmdOp::QueryQp, abi::CmdHandleReq{a.rc.handle}, &q, sizeof(q));
+    // CQ arm bits flipped at random, doorbell hammered.
+    auto* notify = reinterpret_cast<abi::CqNotify*>(a.g.at(a.cq.ring + sizeof(abi::RingHeader)));
+    for (int i = 0; i < 100000; ++i) {
+        notify->arm_seq.store(r32());
+        notify->arm_solicited.store(r32());
+        a.g.cb()->doorbell.fetch_add(1);
+    }
+    say("work-queue indices: SQ producer 9/16/17/2^31/2^32-1, CQ consumer 0xdeadbeef, 100000 random arm "
+        "values: QueryQp %d (state %u: 6 = ERR)",
+        st, q.qp_state);
+}
+
+void case_wqe_storm(int seconds) {
+    Armed a;
+    if (!a.ok) return bad("setup failed");
+    // The UD QP also sends to guessed QPNs of other guests (LIDs 1..4) with
+    // the default perftest qkey; the RC QP is connected to itself.
+    uint64_t end = now_ms() + uint64_t(seconds) * 1000;
+    uint64_t posted = 0;
+    int reconnects = 0, lost = 0;
+    while (now_ms() < end) {
+        for (int i = 0; i < 8; ++i) {
+            a.random_send(pick(2) ? a.rc : a.ud);
+            ++posted;
+        }
+        // Consume every CQE (with a random consumer now and then).
+        auto* h = a.g.hdr(a.cq.ring);
+        h->consumer.store(pick(50) ? h->producer.load() : r32());
+        // Random bytes over a whole slot, random producer jumps.
+        if (pick(8) == 0) {
+            uint8_t* s = a.g.sq_slot(a.rc, a.rc.prod);
+            for (uint32_t k = 0; k < a.rc.stride; ++k) s[k] = uint8_t(r32());
+            a.g.publish_sq(a.rc, pick(4) ? 1 : pick(40));
+        }
+        usleep(200);
+        if (pick(16) == 0) {  // back to RTS (the QP is in error after most of this)
+            abi::QpAttr at{};
+            at.qp_state = IBV_QPS_RESET;
+            a.g.modify(a.rc.handle, IBV_QP_STATE, at);
+            a.g.modify(a.ud.handle, IBV_QP_STATE, at);
+            a.rc.prod = a.ud.prod = 0;
+            a.g.hdr(a.rc.sq)->producer.store(0);
+            a.g.hdr(a.ud.sq)->producer.store(0);
+            // A reset QP's ring restarts at 0; a CQ in error stays so: new one.
+            if (a.g.connect(a.rc, uint16_t(a.g.lid()), a.rc.qpn) == 0 && a.g.connect(a.ud, 0, 0) == 0) ++reconnects;
+        }
+        if (a.g.hung_up()) {
+            ++lost;
+            break;
+        }
+    }
+    say("WQE storm: %llu random WQEs in %d s (opcodes, flags, SGE counts, inline lengths, addresses outside "
+        "every segment, guessed lkeys/rkeys, AHs, QPNs of other guests), %d reconnects%s",
+        (unsigned long long)posted, seconds, reconnects, lost ? ", then detached" : "");
+}
+
+void case_foreign_qps() {
+    // RC QPs pointed at every guessed (LID, QPN) of the other guests: the
+    // shim treats each like a lost packet (their QPs are connected
+    // elsewhere); RDMA WRITEs with guessed rkeys complete in error.
+    Armed a;
+    if (!a.ok) return bad("setup failed");
+    int tried = 0;
+    for (uint16_t lid = 1; lid <= 3; ++lid) {
+        for (uint32_t qpn = 2; qpn < 66; qpn += 1) {
+            abi::QpAttr at{};
+            at.qp_state = IBV_QPS_RESET;
+            a.g.modify(a.rc.handle, IBV_QP_STATE, at);
+            a.rc.prod = 0;
+            a.g.hdr(a.rc.sq)->producer.store(0);
+            if (a.g.connect(a.rc, lid, qpn) != 0) continue;
+            uint8_t* slot = a.g.sq_slot(a.rc, a.rc.prod);
+            abi::SendWqe w{};
+            w.opcode = pick(2) ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+            w.send_flags = IBV_SEND_SIGNALED;
+            w.num_sge = 1;
+            w.remote_addr = pick(2) ? a.buf : 0x7f0000000000ull + uint64_t(pick(1 << 20)) * 4096;
+            w.rkey = Armed::guess_key();
+            std::memcpy(slot, &w, sizeof(w));
+            abi::Sge s{a.buf, 64, a.mr.lkey};
+            std::memcpy(slot + sizeof(w), &s, sizeof(s));
+            a.g.publish_sq(a.rc);
+            ++tried;
+        }
+    }
+    usleep(50000);
+    say("foreign QPs: RC QP connected in turn to %d guessed (LID, QPN) of guests a, b, c with RDMA WRITE/READ "
+        "and guessed rkeys",
+        tried);
+}
+
+void case_fd_abuse(int seconds) {
+    // Saturated cmd-done eventfd (a write would block), O_NONBLOCK cleared
+    // in a loop on every fd the shim reads or writes, a full async pipe,
+    // then commands and async events (QP errors).
+    Armed a;
+    if (!a.ok) return bad("setup failed");
+    a.g.drain_done = false;
+    uint64_t big = 0xfffffffffffffffeull, v;
+    (void)!::read(a.g.done_fd(), &v, sizeof(v));
+    (void)!::write(a.g.done_fd(), &big, sizeof(big));
+    char junk[4096] = {};
+    int filled = 0;
+    while (::write(a.g.async_w(), junk, sizeof(junk)) > 0) ++filled;
+    std::atomic<bool> stop{false};
+    std::thread t([&] {
+        while (!stop.load())
+            for (int fd : {a.g.done_fd(), a.g.kick_fd(), a.g.async_w()}) {
+                int fl = fcntl(fd, F_GETFL);
+                fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+            }
+    });
+    // Commands: the provider side reads done_seq, so they complete even
+    // though the eventfd cannot be written. The first write that blocks
+    // (the guard timer fires) gets the context detached.
+    uint64_t t0 = now_ms(), worst = 0;
+    int n = 0;
+    uint64_t end = t0 + uint64_t(seconds) * 1000;
+    bool detached = false;
+    while (now_ms() < end) {
+        uint64_t c0 = now_ms();
+        abi::QpAttr at{};
+        at.qp_state = IBV_QPS_ERR;
+        int st = a.g.modify(a.rc.handle, IBV_QP_STATE, at);
+        at.qp_state = IBV_QPS_RESET;
+        if (st >= 0) st = a.g.modify(a.rc.handle, IBV_QP_STATE, at);
+        worst = std::max(worst, now_ms() - c0);
+        n += 2;
+        if (st == -2) bad("a command got no answer within 3 s under fd abuse");
+        if (st < 0) {
+            detached = st == -1;
+            break;
+        }
+    }
+    stop = true;
+    t.join();
+    say("fd abuse: cmd-done eventfd saturated, async pipe full (%d KiB), O_NONBLOCK cleared in a loop on the "
+        "kick/cmd-done/async fds: %d commands in %llu ms (worst %llu ms), %s",
+        filled * 4, n, (unsigned long long)(now_ms() - t0), (unsigned long long)worst,
+        detached ? "then detached (a guest fd blocked the shim)" : "never caught blocking");
+}
+
+void case_destroy_races(int seconds) {
+    // WQEs posted by one thread while the other destroys and re-creates
+    // the QP, CQ and MR under them; segments removed under MRs.
+    uint64_t end = now_ms() + uint64_t(seconds) * 1000;
+    int rounds = 0;
+    while (now_ms() < end) {
+        Armed a;
+        if (!a.ok) return bad("setup failed");
+        std::atomic<bool> stop{false};
+        std::thread t([&] {
+            while (!stop.load()) {
+                a.random_send(a.rc);
+                usleep(50);
+            }
+        });
+        a.g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{a.mr.lkey});
+        a.g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{a.cq.handle});  // in use: EBUSY
+        a.g.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{a.rc.handle});
+        a.g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{a.cq.handle});
+        a.mr = a.g.mr(a.pd, a.buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+        a.g.cmd(abi::CmdOp::DeallocPd, abi::CmdHandleReq{a.pd});
+        stop = true;
+        t.join();
+        ++rounds;
+        // Half the time the guest just goes, with everything in flight.
+    }
+    say("destroy races: %d rounds of DeregMr/DestroyCq/DestroyQp/DeallocPd while another thread posted WQEs",
+        rounds);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int seconds = 20;
+    uint64_t seed = uint64_t(time(nullptr));
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--seconds" && i + 1 < argc) seconds = std::atoi(argv[++i]);
+        else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 0);
+        else {
+            std::fprintf(stderr, "usage: adversarial_guest [--seconds N] [--seed S]\n");
+            return 2;
+        }
+    }
+    rng.seed(seed);
+    const char* sysfs = getenv("SYSFS_PATH");
+    if (!sysfs) {
+        std::fprintf(stderr, "adversarial_guest: run it under vrdma-run (SYSFS_PATH is not set)\n");
+        return 2;
+    }
+    std::ifstream f(std::string(sysfs) + "/class/infiniband/" + abi::kDeviceName + "/" + abi::kSocketAttr);
+    std::getline(f, g_socket);
+    if (g_socket.empty()) {
+        std::fprintf(stderr, "adversarial_guest: no vrdma_socket under %s\n", sysfs);
+        return 2;
+    }
+    say("adversarial guest: seed %llu, %d s of timed cases", (unsigned long long)seed, seconds);
+    const int slice = std::max(1, seconds / 4);
+    struct Named {
+        const char* name;
+        std::function<void()> run;
+    };
+    std::vector<Named> cases = {
+        {"socket garbage", case_socket_garbage},
+        {"attach refusals", case_attach_refusals},
+        {"segments", case_segments},
+        {"connection flood", case_connection_flood},
+        {"command indices", case_command_indices},
+        {"command garbage", [] { case_command_garbage(5000); }},
+        {"handles", case_handles},
+        {"quota flood", case_quota_flood},
+        {"command tamper", case_command_tamper},
+        {"work-queue indices", case_wq_indices},
+        {"WQE storm", [slice] { case_wqe_storm(slice); }},
+        {"foreign QPs", case_foreign_qps},
+        {"fd abuse", [slice] { case_fd_abuse(slice); }},
+        {"destroy races", [slice] { case_destroy_races(slice); }},
+    };
+    for (auto& c : cases) {
+        uint64_t t0 = now_ms();
+        c.run();
+        if (!shim_answers(c.name)) break;
+        say("  (%s: %llu ms; the shim still answers)", c.name, (unsigned long long)(now_ms() - t0));
+    }
+    say("adversarial guest: %s (%d unexpected)", g_failures ? "FAILED" : "done", g_failures);
+    return g_failures ? 1 : 0;
+}
