@@ -9,6 +9,8 @@
 #   4. runs scripts/fuzz.sh's bounded smoke (seeds, then 20 s per target).
 # Arguments go to the ctest of step 2 only. VRDMA_SKIP_ASAN=1 and
 # VRDMA_SKIP_FUZZ=1 leave out steps 3 and 4 (local runs; CI runs all).
+# A failing test step does not stop the later ones; the summary names it and
+# the exit status is non-zero. A failing build stops at once.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$src/build}"
@@ -16,7 +18,12 @@ asan_build="${ASAN_BUILD_DIR:-$src/build-asan}"
 t_start=$(date +%s)
 times=()
 section() { echo; echo "======== vrdma test: $* ========"; t_section=$(date +%s); }
-done_section() { times+=("$(printf '%-44s %4d s' "$1" $(( $(date +%s) - t_section )))"); }
+failed=()
+done_section() {  # NAME [STATUS]
+    local verdict=ok
+    if [ "${2:-0}" -ne 0 ]; then verdict="FAILED"; failed+=("$1"); fi
+    times+=("$(printf '%-28s %5d s  %s' "$1" $(( $(date +%s) - t_section )) "$verdict")")
+}
 
 section "dependencies"
 "$src/scripts/install-deps.sh"
@@ -26,8 +33,9 @@ section "build ($build)"
 BUILD_DIR="$build" "$src/scripts/build.sh"
 done_section "build"
 section "ctest ($build)"
-ctest --test-dir "$build" --output-on-failure "$@"
-done_section "ctest"
+rc=0
+ctest --test-dir "$build" --output-on-failure "$@" || rc=$?
+done_section "ctest" "$rc"
 
 if [ "${VRDMA_SKIP_ASAN:-0}" != 1 ]; then
     section "build with ASan+UBSan ($asan_build)"
@@ -44,17 +52,24 @@ if [ "${VRDMA_SKIP_ASAN:-0}" != 1 ]; then
     #    uninstrumented binaries; only vrdma-run and the shim would be
     #    instrumented, which the other integration tests already cover, and
     #    they cost 50 s.
-    ctest --test-dir "$asan_build" --output-on-failure -E '^integration\.mpi_'
+    rc=0
+    ctest --test-dir "$asan_build" --output-on-failure -E '^integration\.mpi_' || rc=$?
     unset ASAN_OPTIONS UBSAN_OPTIONS
-    done_section "ctest (ASan+UBSan)"
+    done_section "ctest (ASan+UBSan)" "$rc"
 fi
 
 if [ "${VRDMA_SKIP_FUZZ:-0}" != 1 ]; then
     section "fuzz smoke (scripts/fuzz.sh, ${FUZZ_SECONDS:-20} s per target)"
-    "$src/scripts/fuzz.sh"
-    done_section "fuzz smoke"
+    rc=0
+    "$src/scripts/fuzz.sh" || rc=$?
+    done_section "fuzz smoke" "$rc"
 fi
 
 section "summary"
 printf '%s\n' "${times[@]}"
 echo "total: $(( $(date +%s) - t_start )) s"
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "vrdma test: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
+echo "vrdma test: all passed"
