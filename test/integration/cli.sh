@@ -11,12 +11,12 @@ expect_fail() {  # expect_fail CODE PATTERN CMD...
     out="$("$@" 2>&1)" || rc=$?
     echo "\$ $* -> $rc: $out"
     [ "$rc" -eq "$code" ] || fail "'$*' exited $rc, expected $code"
-    echo "$out" | grep -Eq "$pattern" || fail "'$*' said '$out', expected /$pattern/"
+    grep -Eq "$pattern" <<<"$out" || fail "'$*' said '$out', expected /$pattern/"
 }
 
-"$SHIM" --help | grep -q -- '--run-dir' || fail "vrdma-shim --help does not explain --run-dir"
-"$VRDMA_RUN" --help | grep -q -- '--guest' || fail "vrdma-run --help does not explain --guest"
-"$VRDMA_BUILD_DIR/tools/vrdmactl" --help | grep -q 'list' || fail "vrdmactl --help"
+"$SHIM" --help | grep >/dev/null -- '--run-dir' || fail "vrdma-shim --help does not explain --run-dir"
+"$VRDMA_RUN" --help | grep >/dev/null -- '--guest' || fail "vrdma-run --help does not explain --guest"
+"$VRDMA_BUILD_DIR/tools/vrdmactl" --help | grep >/dev/null 'list' || fail "vrdmactl --help"
 
 expect_fail 2 'unknown (argument|option)' "$SHIM" --bogus
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none
@@ -31,7 +31,7 @@ expect_fail 127 'cannot run' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- /non
 in_guest a true || fail "vrdma-run of true failed"
 # A second shim on the same run directory is refused while the first lives.
 expect_fail 1 'already' "$SHIM" --run-dir "$RUN_DIR" --guest a
-"$VRDMA_BUILD_DIR/tools/vrdmactl" --run-dir "$RUN_DIR" status | tee /dev/stderr | grep -q 'a .*answering' ||
+"$VRDMA_BUILD_DIR/tools/vrdmactl" --run-dir "$RUN_DIR" status | tee /dev/stderr | grep >/dev/null 'a .*answering' ||
     fail "vrdmactl status does not show guest a answering"
 grep -q 'ready: guests a(lid 1) b(lid 2)' "$SHIM_LOG" || fail "shim did not print its ready line"
 dev_a="$(ls "$RUN_DIR/a/sys/class/infiniband_verbs/" | grep '^uverbs_vrdma_a_')" || fail "no uverbs entry for guest a"
@@ -41,7 +41,7 @@ dev_a="$(ls "$RUN_DIR/a/sys/class/infiniband_verbs/" | grep '^uverbs_vrdma_a_')"
 kill -TERM "$SHIM_PID"
 wait "$SHIM_PID" || fail "shim exited non-zero on SIGTERM"
 [ -z "$(ls -A "$RUN_DIR")" ] || fail "shim left files in $RUN_DIR: $(ls -A "$RUN_DIR")"
-! ls /dev/infiniband/ | grep -q "^$dev_a\$" || fail "shim left /dev/infiniband/$dev_a"
+! ls /dev/infiniband/ | grep >/dev/null "^$dev_a\$" || fail "shim left /dev/infiniband/$dev_a"
 expect_fail 3 'not answering|does not serve|no guest' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- true
 SHIM_PID=""
 echo "cli: ok"

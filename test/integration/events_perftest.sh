@@ -14,13 +14,13 @@
 source "$(dirname "$0")/lib.sh"
 start_shim a b
 
-if ib_write_bw --help 2>&1 | grep -q -- '--write_with_imm'; then
+if ib_write_bw --help 2>&1 | grep >/dev/null -- '--write_with_imm'; then
     imm=1
 else
     imm=0
     note "this perftest has no --write_with_imm (see verbs_events_test.cpp)"
     out="$(ib_write_bw -d no-such-device -e 2>&1)" && fail "ib_write_bw -e was accepted: run it here"
-    echo "$out" | grep -q 'Events feature not available on WRITE verb' ||
+    grep -q 'Events feature not available on WRITE verb' <<<"$out" ||
         fail "ib_write_bw -e failed for another reason: $out"
 fi
 

@@ -78,7 +78,7 @@ for sig in TERM KILL; do
 
     note "a new shim on the same run directory"
     restart_shim
-    in_guest a ibv_devinfo -d vrdma0 | grep -q 'state:.*PORT_ACTIVE' || fail "ibv_devinfo fails on the new shim"
+    in_guest a ibv_devinfo -d vrdma0 | grep >/dev/null 'state:.*PORT_ACTIVE' || fail "ibv_devinfo fails on the new shim"
     port=$((port + 1))
     client_server 60 $port "ibv_rc_pingpong -d vrdma0 -g 0 -e -c -p $port -n 100" \
         "ibv_rc_pingpong -d vrdma0 -g 0 -e -c -p $port -n 100 127.0.0.1"

@@ -73,7 +73,7 @@ in_guest() {
 # wait_port PORT : until something listens on TCP PORT (10 s).
 wait_port() {
     for _ in $(seq 1 200); do
-        ss -ltnH "sport = :$1" | grep -q . && return 0
+        ss -ltnH "sport = :$1" | grep >/dev/null . && return 0
         sleep 0.05
     done
     fail "nothing listens on port $1"

@@ -56,6 +56,6 @@ rc=0
 out="$(SYSFS_PATH="$RUN_DIR/a/sys" "$OPENIB_CHECK" 2>&1)" || rc=$?
 echo "$out" | sed 's/^/  | /'
 [ "$rc" -ne 0 ] || fail "vrdma-openib-check passed without a shim"
-echo "$out" | grep -q '^FAIL ' || fail "vrdma-openib-check did not name the failing step"
+grep -q '^FAIL ' <<<"$out" || fail "vrdma-openib-check did not name the failing step"
 rm -f "$log"
 echo "mpi_failure: ok"
