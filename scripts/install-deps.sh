@@ -8,8 +8,8 @@ packages=(
     build-essential cmake pkg-config git
     libibverbs-dev ibverbs-utils rdma-core perftest
     openmpi-bin libopenmpi-dev
-    libfmt-dev catch2
-    iproute2 procps
+    libfmt-dev catch2 libssl-dev
+    iproute2 procps iperf3
     clang libclang-rt-14-dev
 )
 

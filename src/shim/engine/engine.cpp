@@ -162,6 +162,10 @@ void Engine::set_sleeping(bool sleeping) {
     for (auto& [id, c] : contexts_) c->control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }
 
+void Engine::rescan_all() {
+    for (auto& [id, c] : contexts_) c->rescan = true;
+}
+
 void Engine::mark_all_fatal() {
     for (auto& [id, c] : contexts_) {
         c->control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);

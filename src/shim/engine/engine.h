@@ -52,6 +52,9 @@ public:
     // Earliest deadline of a QP waiting for an RNR or retry timer (0: none).
     uint64_t next_deadline_ns() const;
     void set_sleeping(bool sleeping);
+    // Every context looks at all its queues on the next pass (a route or a
+    // transport's room changed).
+    void rescan_all();
     // Shutdown: every context's shim_state becomes fatal and DEVICE_FATAL is
     // posted to its async pipe.
     void mark_all_fatal();
@@ -79,6 +82,7 @@ public:
     LocalTransport& local_transport() { return local_; }
     // The one WQE being worked on (too large for the stack of every pass).
     SendWork& scratch() { return scratch_; }
+    Pins& scratch_pins() { return scratch_pins_; }
 
     uint64_t now() const { return clock_(); }
     void set_clock(uint64_t (*clock)()) { clock_ = clock; }
@@ -108,6 +112,7 @@ private:
     RouteTable routes_;
     LocalTransport local_;
     SendWork scratch_;
+    Pins scratch_pins_;
 };
 
 }  // namespace vrdma::shim

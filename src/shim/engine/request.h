@@ -37,6 +37,9 @@ struct Request {
     uint32_t flow_label = 0;
     uint8_t sgid[16] = {};
     uint8_t dgid[16] = {};
+    // Not carried: the payload is the WQE's inline data (in the requester's
+    // scratch memory, valid only while the transport's send() runs).
+    bool inline_payload = false;
 };
 
 // The responder's answer to an RC request (UD requests get none).

@@ -196,10 +196,13 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     };
     if (st != IBV_WC_SUCCESS) return local_error(st);
     if (!is_rc_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
+    Transport* t = transport_of(eng, qp);
+    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
+    if (pins) pins->clear();
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
-    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len); e != IBV_WC_SUCCESS) return local_error(e);
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return local_error(e);
     if (is_atomic(op) && len != 8) return local_error(IBV_WC_LOC_LEN_ERR);
 
     Request req;
@@ -219,11 +222,11 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.remote_addr = w.hdr.remote_addr;
     req.compare_add = w.hdr.compare_add;
     req.swap = w.hdr.swap;
+    req.inline_payload = w.is_inline;
 
     Response resp;
     SendResult sent = SendResult::Done;  // resp.syndrome is Drop: lost
-    Transport* t = transport_of(eng, qp);
-    if (t && ctx.guest().port_active) sent = t->send(eng, ctx, qp, req, loc, nl, resp);
+    if (t && ctx.guest().port_active) sent = t->send(eng, ctx, qp, req, loc, nl, pins, resp);
     if (sent == SendResult::Busy) return Step::Stop;
     qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
     qp.next_psn = psn_next(qp.next_psn);
@@ -244,10 +247,13 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
         return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
     const Ah* ah = ctx.ahs.get(h.ah_handle);
     if (!ah || ah->pd != qp.pd) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    Transport* t = eng.routes().lookup(ah->attr.dlid);
+    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
+    if (pins) pins->clear();
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
-    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len); e != IBV_WC_SUCCESS)
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS)
         return fail_head(eng, ctx, qp, e, &w), Step::Stop;
     if (len > kPortMtuBytes) return fail_head(eng, ctx, qp, IBV_WC_LOC_LEN_ERR, &w), Step::Stop;
 
@@ -273,11 +279,11 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
         make_gid(ctx.guest().guid, req.sgid);
         std::memcpy(req.dgid, ah->attr.dgid, 16);
     }
+    req.inline_payload = w.is_inline;
     // A datagram nobody can receive is lost; the send still succeeds.
-    Transport* t = eng.routes().lookup(req.dlid);
     if (t && ctx.guest().port_active) {
         Response ignored;
-        if (t->send(eng, ctx, qp, req, loc, nl, ignored) == SendResult::Busy) return Step::Stop;
+        if (t->send(eng, ctx, qp, req, loc, nl, pins, ignored) == SendResult::Busy) return Step::Stop;
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;
@@ -449,6 +455,13 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
         return;
     }
     on_head_response(eng, ctx, qp, resp, nullptr, nullptr, 0, 0);
+    ctx.rescan = true;
+}
+
+void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status) {
+    if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons || psn != qp.una_psn) return;
+    if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    fail_head(eng, ctx, qp, status, nullptr);
     ctx.rescan = true;
 }
 

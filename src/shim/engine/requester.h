@@ -31,6 +31,10 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t now);
 // RC QP. Stale responses (not for the oldest WQE in flight) are ignored.
 void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& resp);
 
+// The READ in flight with `psn` cannot take its data (its memory is gone):
+// it completes with `status` and the QP goes to error.
+void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status);
+
 // Where the data of the RDMA READ in flight with `psn` goes: the WQE's
 // scatter list resolved again (an asynchronous transport reads the response
 // payload straight into it). IBV_WC_SUCCESS or the local error status.

@@ -7,6 +7,7 @@
 
 #include "async_events.h"
 #include "cq_writer.h"
+#include "engine.h"
 #include "psn.h"
 #include "qp_state.h"
 

@@ -16,27 +16,13 @@
 #include <memory>
 
 #include "context.h"
-#include "engine.h"
 #include "request.h"
 #include "resources.h"
 #include "work_queue.h"
 
 namespace vrdma::shim {
 
-// Mappings an asynchronous transport keeps alive while a payload moves over
-// several turns (the guest may deregister the memory meanwhile: the bytes
-// then land in pages nobody uses any more, never in unmapped memory).
-struct Pins {
-    std::shared_ptr<Mapping> keep[abi::kMaxSge];
-    uint32_t count = 0;
-    void add(const std::shared_ptr<Mapping>& m) {
-        if (count < abi::kMaxSge) keep[count++] = m;
-    }
-    void clear() {
-        for (uint32_t i = 0; i < count; ++i) keep[i].reset();
-        count = 0;
-    }
-};
+class Engine;
 
 struct Delivery {
     Response resp;

@@ -6,7 +6,6 @@
 #include <cstring>
 
 #include "device_model.h"
-#include "responder.h"
 #include "vrdma/ring.h"
 
 namespace vrdma::shim {

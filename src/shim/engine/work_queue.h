@@ -12,7 +12,6 @@
 
 namespace vrdma::shim {
 
-struct Pins;
 
 // Number of WQEs posted and not yet consumed. Returns false (and marks the
 // queue broken) if the guest wrote an invalid producer index.
@@ -29,6 +28,21 @@ void wq_discard_all(WorkQueue& wq);
 struct Span {
     uint8_t* p;
     uint64_t len;
+};
+
+// Mappings an asynchronous transport keeps alive while a payload moves over
+// several turns (the guest may deregister the memory meanwhile: the bytes
+// then land in pages nobody uses any more, never in unmapped memory).
+struct Pins {
+    std::shared_ptr<Mapping> keep[abi::kMaxSge];
+    uint32_t count = 0;
+    void add(const std::shared_ptr<Mapping>& m) {
+        if (count < abi::kMaxSge) keep[count++] = m;
+    }
+    void clear() {
+        for (uint32_t i = 0; i < count; ++i) keep[i].reset();
+        count = 0;
+    }
 };
 
 struct SendWork {

@@ -7,7 +7,7 @@
 namespace vrdma::shim {
 
 SendResult LocalTransport::send(Engine& eng, Context&, Qp&, const Request& req, const Span* local,
-                                uint32_t nlocal, Response& resp) {
+                                uint32_t nlocal, Pins*, Response& resp) {
     Delivery d;
     responder_begin(eng, req, d);
     if (d.resp.syndrome == Syndrome::Ack && d.length) {

@@ -12,7 +12,7 @@ class LocalTransport final : public Transport {
 public:
     const char* name() const override { return "local"; }
     SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
-                    Response& resp) override;
+                    Pins* pins, Response& resp) override;
 };
 
 }  // namespace vrdma::shim

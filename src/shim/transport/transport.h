@@ -28,11 +28,18 @@ public:
     virtual ~Transport() = default;
     virtual const char* name() const = 0;
 
+    // True if the transport keeps the sender's memory after send()
+    // returns (it writes the payload later): the requester then pins it.
+    virtual bool keeps_memory() const { return false; }
+
     // Carries `req` of `qp`. `local` is the sender's memory: the payload of
-    // SEND and WRITE (gathered), the destination of READ data (scattered).
+    // SEND and WRITE (gathered), the destination of READ data (scattered);
+    // when req.inline_payload it lives in the requester's scratch memory
+    // and is gone once send() returns. `pins` (keeps_memory() only) holds
+    // the mappings of `local`; the transport may take them.
     // UD requests get no response: Done and InFlight both mean "sent".
     virtual SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
-                            uint32_t nlocal, Response& resp) = 0;
+                            uint32_t nlocal, Pins* pins, Response& resp) = 0;
 };
 
 }  // namespace vrdma::shim
