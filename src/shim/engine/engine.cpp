@@ -236,7 +236,7 @@ bool Engine::process_commands(Context& ctx) {
         std::memcpy(req, slot.req, sizeof(req));
         std::memset(resp, 0, sizeof(resp));
         int status = dispatch_command(*this, ctx, op, req, resp);
-        if (status) LOG_DEBUG("guest %s: command %u failed: %s", ctx.guest().name.c_str(), op, strerror(status));
+        if (status) LOG_DEBUG("guest %s: command %s failed: %s", ctx.guest().name.c_str(), command_name(op), strerror(status));
         std::memcpy(slot.resp, resp, sizeof(resp));
         slot.status = status;
         slot.done_seq.store(seq, std::memory_order_release);
