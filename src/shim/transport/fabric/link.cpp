@@ -111,6 +111,17 @@ void Link::send_raw(const void* p, size_t n) {
     raw_.insert(raw_.end(), b, b + n);
 }
 
+void Link::flush_raw() {
+    while (raw_pos_ < raw_.size()) {
+        ssize_t n = ::send(fd_.get(), raw_.data() + raw_pos_, raw_.size() - raw_pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n <= 0) return;
+        stats.tx_bytes += uint64_t(n);
+        raw_pos_ += size_t(n);
+    }
+    raw_.clear();
+    raw_pos_ = 0;
+}
+
 bool Link::take_became_up() {
     bool b = became_up_;
     became_up_ = false;
@@ -250,6 +261,7 @@ bool Link::parse() {
             Auth a;
             key_.mac(kAuthLabel, &mine_, sizeof(mine_), &peer_, sizeof(peer_), a.mac);
             send_raw(&a, sizeof(a));
+            flush_raw();  // now: the peer may be about to close on our proof
             rx_ = RxState::Auth;
             break;
         }
@@ -262,6 +274,7 @@ bool Link::parse() {
             if (!mac_equal(got.mac, want.mac)) {
                 auth_failed_ = true;
                 ++stats.errors;
+                flush_raw();  // our proof, so that the peer reports the mismatch too
                 close("authentication failed (the peer does not know the fabric key)");
                 return false;
             }

@@ -135,6 +135,7 @@ private:
     void build_batch();
     void batch_done();
     void send_raw(const void* p, size_t n);
+    void flush_raw();
 
     Engine& eng_;
     const FabricKey& key_;
