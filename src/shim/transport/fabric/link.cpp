@@ -438,8 +438,10 @@ void Link::finish_request(InMsg& m) {
     Delivery& d = m.d;
     if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(eng_, d)) responder_finish(d);
     if (req.qp_type != IBV_QPT_RC || d.resp.syndrome == Syndrome::Drop) return;
-    const bool read = d.resp.syndrome == Syndrome::Ack && req.opcode == IBV_WR_RDMA_READ;
-    queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, read ? &d : nullptr, &m.pins);
+    const bool ack = d.resp.syndrome == Syndrome::Ack;
+    const bool read = ack && req.opcode == IBV_WR_RDMA_READ;
+    const bool plain = ack && carries_payload(req.opcode);
+    queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, plain, read ? &d : nullptr, &m.pins);
 }
 
 void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
@@ -552,6 +554,7 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
         return false;
     }
     m->type = SegType::Request;
+    m->plain_ack = false;
     m->src_lid = req.slid;
     m->src_qpn = req.sqpn;
     m->dst_lid = req.dlid;
@@ -583,14 +586,27 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
 }
 
 void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
-                          const Response& resp, Delivery* read_from, Pins* pins) {
+                          const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins) {
     QpSender* s = sender(src_lid, src_qpn, true);
+    // ACKs are cumulative: one not yet sent for the PSN before this one
+    // becomes the ACK of both (a stream of writes is answered by a few ACKs).
+    if (plain_ack && s->count > s->committed) {
+        OutMsg& last = s->at(s->count - 1);
+        if (last.plain_ack && !last.header_sent && last.dst_lid == dst_lid && last.dst_qpn == dst_qpn &&
+            psn_next(last.psn) == resp.psn) {
+            last.psn = resp.psn;
+            WireResponse w = encode(resp, 0);
+            std::memcpy(last.fixed, &w, sizeof(w));
+            return;
+        }
+    }
     OutMsg* m = reserve(*s);
     if (!m) {  // cannot happen: reading waits for room (parse)
         ++stats.errors;
         return;
     }
     m->type = SegType::Response;
+    m->plain_ack = plain_ack;
     m->src_lid = src_lid;
     m->src_qpn = src_qpn;
     m->dst_lid = dst_lid;

@@ -52,6 +52,7 @@ struct OutMsg {
     uint64_t total = 0;  // payload bytes
     uint64_t sent = 0;   // payload bytes placed in batches so far
     bool header_sent = false;
+    bool plain_ack = false;  // a Response ACK of a SEND or WRITE: later ones may fold into it
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];
 };
@@ -131,7 +132,7 @@ private:
     OutMsg* reserve(QpSender& s);
     void commit(QpSender& s);
     void queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
-                        const Response& resp, Delivery* read_from, Pins* pins);
+                        const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins);
     void build_batch();
     void batch_done();
     void send_raw(const void* p, size_t n);
