@@ -553,6 +553,13 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
         s->wake_ctx = ctx_id;
         return false;
     }
+    if (req.qp_type == IBV_QPT_RC) {
+        if (s->sent_any && psn_before(req.psn, s->next_psn))
+            ++stats.retries;
+        else
+            s->next_psn = psn_next(req.psn);
+        s->sent_any = true;
+    }
     m->type = SegType::Request;
     m->plain_ack = false;
     m->src_lid = req.slid;

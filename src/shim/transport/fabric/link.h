@@ -66,6 +66,8 @@ struct QpSender {
     uint32_t committed = 0;    // head messages whose last bytes are in the batch being written
     bool in_rr = false;        // in the round-robin list of the writer
     uint64_t wake_ctx = 0;     // a context that found the queue full
+    uint32_t next_psn = 0;     // after the newest request queued (a lower one is a resend)
+    bool sent_any = false;
     OutMsg& at(uint32_t i) { return msgs[(head + i) % kDepth]; }
 };
 
