@@ -584,6 +584,9 @@ TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working
             const bool cut = std::string(c.why) == "a message shorter than announced";
             if (cut) std::memset(want.data(), 0xab, 50);
             CHECK(std::memcmp(t.pb(0), want.data(), want.size()) == 0);
+            // The target of a request cut short is in error (it counted the
+            // request as executed); a malformed one never reached it.
+            CHECK(t.B.p.qp_state(t.qb.handle) == (cut ? IBV_QPS_ERR : IBV_QPS_RTS));
             t.B.p.poll(t.cq_b);
             // Both engines work on: a new connection carries a send.
             t.connect();
@@ -665,4 +668,45 @@ TEST_CASE("fabric: a request from a QP the target is not connected to is dropped
     CHECK(std::memcmp(t.pb(0), want.data(), want.size()) == 0);
     CHECK(t.lb->stats.tx_msgs == 0);
     t.send_ok();
+}
+
+TEST_CASE("fabric: a WRITE cut short by a lost connection is never acknowledged as done", "[shim][fabric]") {
+    RcOverFabric t(kMiB, 7, /*retry_cnt=*/2);
+    fill(t.pa(0), kMiB, 3);
+    std::memset(t.pb(0), 0xee, kMiB);
+    auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
+    w.remote_addr = t.mb.addr;
+    w.rkey = t.mb.rkey;
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, kMiB)});
+    // Part of the write crosses, then the connection breaks.
+    t.A.eng.poll_once();
+    t.la->flush();
+    t.lb->on_readable();
+    REQUIRE(t.lb->stats.rx_bytes > sizeof(fabric::Hello) + sizeof(fabric::Auth) + 1000);
+    REQUIRE(t.lb->stats.rx_bytes < kMiB);
+    t.A.to_peer.link = nullptr;
+    t.la.reset();
+    t.pump();
+    REQUIRE(t.lb->state() == LinkState::Closed);
+    // A new connection; A's requester resends the write (same PSN) after
+    // its timeout. B must not answer it as an already executed duplicate:
+    // its memory holds only part of the data.
+    t.connect();
+    REQUIRE(t.up());
+    std::vector<abi::Cqe> sc;
+    for (int i = 0; i < 8 && sc.empty(); ++i) {
+        g_fake_now += ack_timeout_ns(14) + 1;
+        t.pump();
+        sc = t.A.p.poll(t.cq_a);
+    }
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 1);
+    if (sc[0].status == IBV_WC_SUCCESS) {
+        CHECK(std::memcmp(t.pa(0), t.pb(0), kMiB) == 0);  // a success means all the data arrived
+    } else {
+        // The responder QP went to error when the payload was cut: the
+        // requester gets an error, never a false success.
+        CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);
+        CHECK(t.B.p.qp_state(t.qb.handle) == IBV_QPS_ERR);
+    }
 }
