@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "psn.h"
+#include "qp_state.h"
 #include "requester.h"
 #include "vrdma_common/log.h"
 
@@ -132,10 +133,18 @@ void Link::close(const std::string& reason) {
     if (state_ == LinkState::Closed) return;
     state_ = LinkState::Closed;
     close_reason_ = reason;
-    // Incoming messages that never arrived whole: their receives fail.
+    // Incoming messages that never arrived whole: their receives fail. An
+    // RC target QP goes to error even without a receive (RDMA WRITE): the
+    // responder counted the request as executed when it began, so the
+    // requester's resend would be acknowledged as a duplicate with only
+    // part of the data written.
     for (auto& m : inbound_) {
-        if (m->type == uint8_t(SegType::Request) && !m->discard && m->d.recv_cqe && responder_revalidate(eng_, m->d))
-            responder_finish(m->d, false);
+        if (m->type == uint8_t(SegType::Request) && !m->discard && responder_revalidate(eng_, m->d)) {
+            if (m->d.recv_cqe)
+                responder_finish(m->d, false);
+            else if (m->req.qp_type == IBV_QPT_RC)
+                qp_set_error(*m->d.ctx, *m->d.qp, IBV_EVENT_QP_FATAL);
+        }
         m->pins.clear();
     }
     inbound_.clear();
