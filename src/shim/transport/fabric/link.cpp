@@ -388,6 +388,9 @@ bool Link::on_fixed() {
         if (req.slid != hdr_.src_lid || req.sqpn != hdr_.src_qpn || req.dlid != hdr_.dst_lid ||
             req.dqpn != hdr_.dst_qpn || req.psn != hdr_.psn)
             return violation("request addresses differ from its segment's");
+        // Checked before the responder acts: an atomic is executed at once.
+        if (hdr_.payload_len > (carries_payload(req.opcode) ? req.length : 0))
+            return violation("more payload than announced");
         begin_request(*m, req);
     } else {
         WireResponse w;
@@ -462,14 +465,18 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     m.local_error = 0;
     m.nspans = 0;
     m.pins.clear();
-    if (!length) return;
+    if (resp.syndrome != Syndrome::Ack) return;
     Engine::QpRef q = eng_.find_qp(hdr_.dst_lid, hdr_.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
-        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn)
+        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons)
         return;  // stale: nobody waits for this data
+    // The ACK of a READ must bring exactly the bytes asked for; data for
+    // anything else is a bad response.
     uint64_t len = 0;
     uint32_t st = requester_read_target(eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
-    if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_LOC_LEN_ERR;
+    if (st == IBV_WC_LOC_QP_OP_ERR && !length) return;  // not a READ: a plain ACK
+    if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_BAD_RESP_ERR;
+    if (st == IBV_WC_LOC_QP_OP_ERR) st = IBV_WC_BAD_RESP_ERR;
     if (st != IBV_WC_SUCCESS) {
         m.local_error = st;
         return;
@@ -557,7 +564,9 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
                         bool inline_payload, Pins* pins) {
     if (state_ != LinkState::Up || close_after_flush_) return false;
     QpSender* s = sender(req.slid, req.sqpn, true);
-    OutMsg* m = reserve(*s);
+    // The last slot is kept for the response of the request this QP may be
+    // receiving as responder (parse() checked there was room for it).
+    OutMsg* m = s->count + 1 < QpSender::kDepth ? reserve(*s) : nullptr;
     if (!m) {
         s->wake_ctx = ctx_id;
         return false;
