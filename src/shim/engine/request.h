@@ -40,6 +40,9 @@ struct Request {
     // Not carried: the payload is the WQE's inline data (in the requester's
     // scratch memory, valid only while the transport's send() runs).
     bool inline_payload = false;
+    // Not carried: this PSN was sent before (a resend after a timeout or a
+    // NAK); transports count them.
+    bool resend = false;
 };
 
 // The responder's answer to an RC request (UD requests get none).

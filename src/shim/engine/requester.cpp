@@ -223,6 +223,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.compare_add = w.hdr.compare_add;
     req.swap = w.hdr.swap;
     req.inline_payload = w.is_inline;
+    req.resend = psn_before(req.psn, qp.sent_high);
 
     Response resp;
     SendResult sent = SendResult::Done;  // resp.syndrome is Drop: lost
@@ -230,6 +231,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (sent == SendResult::Busy) return Step::Stop;
     qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
     qp.next_psn = psn_next(qp.next_psn);
+    if (!req.resend) qp.sent_high = qp.next_psn;
     if (sent == SendResult::InFlight) {
         if (!qp.ack_deadline_ns) qp.ack_deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
         return Step::Next;
@@ -349,7 +351,7 @@ uint32_t wc_opcode_for(uint32_t wr_opcode) {
 
 void requester_start(Qp& qp) {
     qp.sq_next = qp.sq.cons;
-    qp.una_psn = qp.next_psn = qp.attr.sq_psn & kPsnMask;
+    qp.una_psn = qp.next_psn = qp.sent_high = qp.attr.sq_psn & kPsnMask;
     qp.retries_left = qp.attr.retry_cnt;
     qp.rnr_left = qp.attr.rnr_retry;
     qp.wait = SqWait::None;

@@ -93,6 +93,7 @@ struct Qp {
     uint32_t sq_next = 0;
     uint32_t una_psn = 0;
     uint32_t next_psn = 0;
+    uint32_t sent_high = 0;          // PSN after the highest ever sent (lower ones are resends)
     SqWait wait = SqWait::None;      // blocks new sends until deadline_ns
     uint64_t deadline_ns = 0;
     uint64_t ack_deadline_ns = 0;    // in flight: when the oldest request times out

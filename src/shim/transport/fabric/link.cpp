@@ -534,8 +534,18 @@ QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
     auto it = senders_.find(k);
     if (it != senders_.end()) return it->second.get();
     if (!create) return nullptr;
-    auto s = std::make_unique<QpSender>();
+    std::unique_ptr<QpSender> s;
+    if (!idle_senders_.empty()) {
+        s = std::move(idle_senders_.back());
+        idle_senders_.pop_back();
+    } else {
+        s = std::make_unique<QpSender>();
+    }
     s->key = k;
+    s->head = s->count = s->committed = 0;
+    s->in_rr = false;
+    s->wake_ctx = 0;
+
     QpSender* p = s.get();
     senders_.emplace(k, std::move(s));
     return p;
@@ -571,13 +581,7 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
         s->wake_ctx = ctx_id;
         return false;
     }
-    if (req.qp_type == IBV_QPT_RC) {
-        if (s->sent_any && psn_before(req.psn, s->next_psn))
-            ++stats.retries;
-        else
-            s->next_psn = psn_next(req.psn);
-        s->sent_any = true;
-    }
+    if (req.resend) ++stats.retries;
     m->type = SegType::Request;
     m->plain_ack = false;
     m->src_lid = req.slid;
@@ -720,6 +724,15 @@ void Link::batch_done() {
             if (Context* c = eng_.find_context(s->wake_ctx)) c->rescan = true;
             s->wake_ctx = 0;
         }
+    }
+    // A queue left empty goes back to the pool: QPs come and go, the map
+    // holds only those with output.
+    for (QpSender* s : batch_senders_) {
+        if (s->count || s->in_rr || s->wake_ctx) continue;
+        auto it = senders_.find(s->key);
+        if (it == senders_.end()) continue;
+        if (idle_senders_.size() < 64) idle_senders_.push_back(std::move(it->second));
+        senders_.erase(it);
     }
     batch_senders_.clear();
     iov_.clear();

@@ -66,8 +66,6 @@ struct QpSender {
     uint32_t committed = 0;    // head messages whose last bytes are in the batch being written
     bool in_rr = false;        // in the round-robin list of the writer
     uint64_t wake_ctx = 0;     // a context that found the queue full
-    uint32_t next_psn = 0;     // after the newest request queued (a lower one is a resend)
-    bool sent_any = false;
     OutMsg& at(uint32_t i) { return msgs[(head + i) % kDepth]; }
 };
 
@@ -168,6 +166,7 @@ private:
     std::vector<uint8_t> raw_;   // handshake and error bytes, before any segment
     size_t raw_pos_ = 0;
     std::unordered_map<uint64_t, std::unique_ptr<QpSender>> senders_;
+    std::vector<std::unique_ptr<QpSender>> idle_senders_;  // emptied queues, reused
     std::deque<QpSender*> rr_;
     std::vector<iovec> iov_;
     size_t iov_pos_ = 0;
