@@ -14,7 +14,8 @@ namespace {
 
 // A real-time signal of our own (libFuzzer and others use SIGALRM); its
 // handler does nothing, installed without SA_RESTART so that a blocked
-// read()/write() returns EINTR.
+// read()/write() returns EINTR. Each thread has its own timer, aimed at
+// itself (SIGEV_THREAD_ID): a worker's guard never interrupts another.
 int guard_signal() { return SIGRTMIN + 3; }
 
 void on_guard(int) {}
@@ -29,10 +30,14 @@ struct Guard {
         sa.sa_flags = 0;
         if (::sigaction(guard_signal(), &sa, nullptr) != 0) return;
         sigevent sev{};
-        sev.sigev_notify = SIGEV_SIGNAL;
+        sev.sigev_notify = SIGEV_THREAD_ID;
         sev.sigev_signo = guard_signal();
+        sev._sigev_un._tid = ::gettid();  // sigev_notify_thread_id, which glibc 2.36 does not name
         ok = ::timer_create(CLOCK_MONOTONIC, &sev, &timer) == 0;
         if (!ok) LOG_WARN("cannot create the guest I/O timer: guest fds rely on O_NONBLOCK alone");
+    }
+    ~Guard() {
+        if (ok) ::timer_delete(timer);
     }
     void arm(long ms) {
         if (!ok) return;
@@ -49,7 +54,7 @@ struct Guard {
 };
 
 Guard& guard() {
-    static Guard g;
+    thread_local Guard g;
     return g;
 }
 
