@@ -14,12 +14,21 @@
 #include "cq_events.h"
 #include "cq_writer.h"
 #include "requester.h"
+#include "transport.h"
 #include "qp_state.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/log.h"
 #include "work_queue.h"
 
 namespace vrdma::shim {
+namespace {
+
+// The states in which an RC QP is connected to a peer.
+bool connected_state(uint32_t state) {
+    return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD || state == IBV_QPS_SQE;
+}
+
+}  // namespace
 
 uint64_t monotonic_ns() {
     timespec ts;
@@ -82,9 +91,24 @@ void Engine::destroy_resources(Context& ctx) {
     std::unordered_set<uint32_t> gone;
     ctx.qps.for_each([&](uint32_t, Qp& qp) {
         unregister_qp(qp.qpn);
-        if (qp.type == IBV_QPT_RC) gone.insert(qp.qpn);
+        if (qp.type != IBV_QPT_RC) return;
+        gone.insert(qp.qpn);
+        // A peer on another shim is told through the transport that reaches it.
+        Transport* t = routes_.lookup(qp.attr.ah.dlid);
+        if (t && t != &local_ && connected_state(qp.state))
+            t->qp_gone(ctx.guest().lid, qp.qpn, qp.attr.ah.dlid, qp.attr.dest_qp_num);
     });
     if (!gone.empty()) fail_peers_of(ctx.guest().lid, gone);
+}
+
+void Engine::fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn) {
+    QpRef q = find_qp(lid, qpn);
+    if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != gone_lid || q.qp->attr.dest_qp_num != gone_qpn)
+        return;
+    if (!connected_state(q.qp->state)) return;
+    LOG_INFO("guest %s: QP %u to error: its peer QP %u (lid %u, another shim) vanished", q.ctx->guest().name.c_str(),
+             qpn, gone_qpn, gone_lid);
+    qp_set_error(*q.ctx, *q.qp, IBV_EVENT_QP_FATAL);
 }
 
 // RC QPs of other contexts connected to QPs that vanished go to error now,
@@ -95,9 +119,7 @@ void Engine::fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpn
         Context* c = entry.second.get();  // not a structured binding: clang 14 cannot capture those
         c->qps.for_each([&](uint32_t, Qp& qp) {
             if (qp.type != IBV_QPT_RC || qp.attr.ah.dlid != lid || !qpns.count(qp.attr.dest_qp_num)) return;
-            if (qp.state != IBV_QPS_RTR && qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD &&
-                qp.state != IBV_QPS_SQE)
-                return;
+            if (!connected_state(qp.state)) return;
             LOG_INFO("guest %s: QP %u to error: its peer QP %u vanished", c->guest().name.c_str(), qp.qpn,
                      qp.attr.dest_qp_num);
             qp_set_error(*c, qp, IBV_EVENT_QP_FATAL);

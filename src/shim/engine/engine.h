@@ -75,6 +75,9 @@ public:
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
     uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
+    // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
+    // of this shim connected to exactly it goes to error (QP_FATAL).
+    void fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn);
 
     // Destination LID -> transport. Every guest of this engine is routed to
     // the local transport; peer shims add their LID ranges.

@@ -40,6 +40,13 @@ public:
     // UD requests get no response: Done and InFlight both mean "sent".
     virtual SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
                             uint32_t nlocal, Pins* pins, Response& resp) = 0;
+
+    // RC QP (lid, qpn), connected to (peer_lid, peer_qpn) which this
+    // transport reaches, vanished with its process: the peer QP goes to
+    // error at once rather than wait for a timeout (protocol.md).
+    virtual void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) {
+        (void)lid, (void)qpn, (void)peer_lid, (void)peer_qpn;
+    }
 };
 
 }  // namespace vrdma::shim

@@ -371,6 +371,11 @@ bool Link::on_fixed() {
         return true;
     }
     if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
+    if (hdr_.type == uint8_t(SegType::QpGone)) {
+        cur_ = nullptr;
+        eng_.fail_peer_qp(hdr_.src_lid, hdr_.src_qpn, hdr_.dst_lid, hdr_.dst_qpn);
+        return true;
+    }
     if (hdr_.offset != 0) return violation("a first segment at a nonzero offset");
     if (find_inbound(hdr_.type, hdr_.src_lid, hdr_.src_qpn)) return violation("a new message before the last one ended");
     InMsg* m = new_inbound();
@@ -612,6 +617,22 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
     commit(*s);
     ++stats.tx_msgs;
     return true;
+}
+
+void Link::send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) {
+    if (state_ != LinkState::Up || close_after_flush_) return;
+    QpSender* s = sender(lid, qpn, true);
+    OutMsg* m = reserve(*s);
+    if (!m) return;  // its queue is full: the peer's timeouts will tell it
+    m->type = SegType::QpGone;
+    m->plain_ack = false;
+    m->src_lid = lid;
+    m->src_qpn = qpn;
+    m->dst_lid = peer_lid;
+    m->dst_qpn = peer_qpn;
+    m->psn = 0;
+    m->fixed_len = 0;
+    commit(*s);
 }
 
 void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,

@@ -103,6 +103,10 @@ public:
     bool send_request(const Request& req, uint64_t ctx_id, const Span* local, uint32_t nlocal, bool inline_payload,
                       Pins* pins);
 
+    // Tells the peer that local QP (lid, qpn), connected to its QP
+    // (peer_lid, peer_qpn), vanished.
+    void send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn);
+
     // Refuses the peer (a misconfiguration found after the handshake):
     // sends the reason and closes once it is written.
     void refuse(const std::string& reason);

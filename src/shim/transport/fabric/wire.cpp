@@ -106,11 +106,14 @@ bool header_ok(const SegHeader& h, const char** why) {
         *why = w;
         return false;
     };
-    if (h.type != uint8_t(SegType::Request) && h.type != uint8_t(SegType::Response) && h.type != uint8_t(SegType::Error))
-        return bad("unknown segment type");
+    if (h.type < uint8_t(SegType::Request) || h.type > uint8_t(SegType::QpGone)) return bad("unknown segment type");
     if (h.flags & ~(kSegFirst | kSegLast)) return bad("unknown segment flags");
     if (h.payload_len > kMaxSegmentPayload) return bad("segment payload over 64 KiB");
     if (h.type == uint8_t(SegType::Error)) return h.fixed_len == 0 ? true : bad("error segment with a fixed part");
+    if (h.type == uint8_t(SegType::QpGone))
+        return h.flags == (kSegFirst | kSegLast) && h.fixed_len == 0 && h.payload_len == 0 && h.offset == 0
+                   ? true
+                   : bad("malformed QP-gone notice");
     const size_t want = h.type == uint8_t(SegType::Request) ? sizeof(WireRequest) : sizeof(WireResponse);
     if ((h.flags & kSegFirst) ? h.fixed_len != want : h.fixed_len != 0) return bad("wrong fixed part length");
     if (h.src_qpn > kPsnMask || h.dst_qpn > kPsnMask || h.psn > kPsnMask) return bad("QPN or PSN over 24 bits");

@@ -49,6 +49,8 @@ enum class SegType : uint8_t {
     Request = 1,   // requester -> responder shim: fixed part = WireRequest
     Response = 2,  // responder -> requester shim: fixed part = WireResponse; READ data as payload
     Error = 3,     // a refusal before closing: payload = text
+    QpGone = 4,    // the source QP vanished (its process went away): its
+                   // connected peer, the destination QP, goes to error
 };
 
 enum SegFlags : uint8_t { kSegFirst = 1, kSegLast = 2 };
