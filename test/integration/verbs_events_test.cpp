@@ -24,6 +24,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -605,28 +606,47 @@ TEST_CASE("no lost wake-up: an event-driven ping-pong of 3000 round trips never 
     Buffer abuf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     constexpr int kRounds = 3000;
     std::atomic<bool> stalled{false};
+    // What stopped a side first (for the report): its name, the step, the
+    // round and the status of a failed completion.
+    std::mutex why_mu;
+    std::string why;
+    auto stall = [&](const char* side_name, const char* step, int round, int status = 0) {
+        std::lock_guard lock(why_mu);
+        if (why.empty())
+            why = std::string(side_name) + ": " + step + " at round " + std::to_string(round) +
+                  (status ? std::string(" (") + ibv_wc_status_str(ibv_wc_status(status)) + ")" : "");
+        stalled = true;
+    };
     // The consumer loop of ibv_get_cq_event(3): arm, poll until empty, and
     // only then sleep on the channel (2 s: a lost wake-up, not slowness).
     // Each side receives into and sends from a buffer of its own device.
     auto side = [&](ibv_qp* qp, ibv_cq* rcq, ibv_cq* scq, ibv_comp_channel* ch, bool starts) {
+        const char* name = starts ? "a" : "b";
         Buffer& buf = starts ? abuf : rbuf;
         for (int i = 0; i < 16; ++i)
-            if (post_recv(qp, i, {sge(buf, 0, 64)})) stalled = true;
-        if (ibv_req_notify_cq(rcq, 0)) stalled = true;
+            if (post_recv(qp, i, {sge(buf, 0, 64)})) stall(name, "post_recv", 0);
+        if (ibv_req_notify_cq(rcq, 0)) stall(name, "ibv_req_notify_cq", 0);
         int received = 0;
         auto send = [&] {
-            if (post_send(qp, send_wr(1, IBV_WR_SEND, 0), {sge(buf, 1024, 8)})) stalled = true;
+            if (post_send(qp, send_wr(1, IBV_WR_SEND, 0), {sge(buf, 1024, 8)})) stall(name, "post_send", received);
         };
         if (starts) send();
         while (received < kRounds && !stalled) {
             ibv_wc wc[8];
             int n = ibv_poll_cq(rcq, 8, wc);
             if (n < 0) {
-                stalled = true;
+                stall(name, "ibv_poll_cq", received);
                 break;
             }
             for (int i = 0; i < n; ++i) {
-                if (wc[i].status != IBV_WC_SUCCESS) stalled = true;
+                if (wc[i].status != IBV_WC_SUCCESS) {
+                    // The QP went to error: an error completion of its
+                    // (unsignaled) sends says why.
+                    ibv_wc sw{};
+                    bool send_err = ibv_poll_cq(scq, 1, &sw) == 1 && sw.status != IBV_WC_SUCCESS;
+                    stall(name, send_err ? "a failed receive after a failed send" : "a failed receive", received,
+                          send_err ? sw.status : wc[i].status);
+                }
                 ++received;
                 post_recv(qp, 0, {sge(buf, 0, 64)});
                 if (received < kRounds || !starts) send();
@@ -634,16 +654,20 @@ TEST_CASE("no lost wake-up: an event-driven ping-pong of 3000 round trips never 
             if (n > 0) continue;
             ibv_cq* cq = get_cq_event(ch, 2000);
             if (cq != rcq) {
-                stalled = true;
+                // A lost wake-up, or a message that never arrived: tell
+                // them apart by polling once more.
+                stall(name, ibv_poll_cq(rcq, 1, wc) > 0 ? "no wake-up (a completion was there)"
+                                                        : "no completion within 2 s",
+                      received);
                 break;
             }
-            if (ibv_req_notify_cq(rcq, 0)) stalled = true;
+            if (ibv_req_notify_cq(rcq, 0)) stall(name, "ibv_req_notify_cq", received);
         }
-        (void)scq;
     };
     std::thread tb(side, p.b, p.b_rcq, p.b_scq, p.chan_b, false);
     side(p.a, p.a_rcq, p.a_scq, p.chan_a, true);
     tb.join();
+    INFO(why);
     CHECK_FALSE(stalled);
 }
 

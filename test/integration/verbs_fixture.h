@@ -74,8 +74,12 @@ struct RcParams {
     int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
     uint8_t rnr_retry = 7;
     uint8_t min_rnr_timer = 1;  // 0.01 ms
-    uint8_t retry_cnt = 1;
-    uint8_t timeout = 8;        // 1 ms
+    // What ibv_rc_pingpong uses. Across hosts (TCP between shims, two
+    // cores shared by two shims and the test's threads) an ACK can take
+    // longer than a millisecond; only the test about a peer that never
+    // answers wants a short timeout, and sets it.
+    uint8_t retry_cnt = 7;
+    uint8_t timeout = 14;       // 67 ms
 };
 
 // RESET -> INIT -> RTR -> RTS towards (lid, remote_qpn).
