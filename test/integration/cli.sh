@@ -29,6 +29,14 @@ start_shim a b
 expect_fail 3 "no guest 'c'" "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest c -- true
 expect_fail 127 'cannot run' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- /nonexistent/program
 in_guest a true || fail "vrdma-run of true failed"
+# Several guests: each must exist, none twice; --print-env takes one.
+expect_fail 3 "no guest 'c'" "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest c -- true
+expect_fail 2 "given twice" "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a,b,a -- true
+expect_fail 2 "invalid guest name" "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a, -- true
+expect_fail 2 "print-env takes one guest" "$VRDMA_RUN" --print-env --run-dir "$RUN_DIR" --guest a --guest b
+expect_fail 127 'cannot run' "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest b -- /nonexistent/program
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest b -- sh -c 'exit 7' && rc=0 || rc=$?
+[ "$rc" -eq 7 ] || fail "vrdma-run with two guests did not pass on the program's exit status (got $rc)"
 # A second shim on the same run directory is refused while the first lives.
 expect_fail 1 'already' "$SHIM" --run-dir "$RUN_DIR" --guest a
 "$VRDMA_BUILD_DIR/tools/vrdmactl" --run-dir "$RUN_DIR" status | tee /dev/stderr | grep >/dev/null 'a .*answering' ||

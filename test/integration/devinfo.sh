@@ -29,4 +29,26 @@ expect 'active_mtu:[[:space:]]+4096'
 
 # The second guest has its own LID.
 in_guest b ibv_devinfo | grep -E >/dev/null 'port_lid:[[:space:]]+2$' || fail "guest b does not have LID 2"
+
+# Attached to both guests: vrdma0 is guest a's device, vrdma1 guest b's, each
+# with its own GUID and LID.
+both() { "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest b -- "$@"; }
+list2="$(both ibv_devices)"
+echo "$list2"
+guid_a="$(awk '$1 == "vrdma0" {print $2}' <<<"$list")"
+guid_a2="$(awk '$1 == "vrdma0" {print $2}' <<<"$list2")"
+guid_b="$(in_guest b ibv_devices | awk '$1 == "vrdma0" {print $2}')"
+guid_b2="$(awk '$1 == "vrdma1" {print $2}' <<<"$list2")"
+[ "$(echo "$list2" | grep -c 'vrdma')" -eq 2 ] || fail "--guest a --guest b does not list two devices"
+[ -n "$guid_a" ] && [ "$guid_a" = "$guid_a2" ] || fail "vrdma0 under a,b is not guest a's device ($guid_a2 vs $guid_a)"
+[ -n "$guid_b" ] && [ "$guid_b" = "$guid_b2" ] || fail "vrdma1 under a,b is not guest b's device ($guid_b2 vs $guid_b)"
+[ "$guid_a" != "$guid_b" ] || fail "guests a and b have the same GUID"
+both ibv_devinfo -d vrdma1 | grep -E >/dev/null 'port_lid:[[:space:]]+2$' || fail "vrdma1 does not have guest b's LID 2"
+both ibv_devinfo -d vrdma0 | grep -E >/dev/null 'port_lid:[[:space:]]+1$' || fail "vrdma0 does not have guest a's LID 1"
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b,a -- ibv_devinfo -d vrdma0 | grep -E >/dev/null 'port_lid:[[:space:]]+2$' ||
+    fail "--guest b,a: vrdma0 is not guest b's device"
+# The merged tree is private to the run and gone once the program exited.
+tree="$(both sh -c 'echo "$SYSFS_PATH"')"
+for _ in $(seq 1 50); do [ -e "$tree" ] || break; sleep 0.1; done
+[ ! -e "$tree" ] || fail "the merged device tree $tree outlived the program"
 echo "devinfo: ok"

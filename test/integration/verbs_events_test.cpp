@@ -3,9 +3,13 @@
 // element (the right QP, CQ or SRQ pointer); completion channels (arming,
 // solicited-only, several CQs on one channel, no lost wake-up, poll/epoll,
 // destroy with unacknowledged events); and the RDMA netlink hiding of the
-// preloaded provider. Peers are QPs of this same process (the shim's data
-// path is the same as between guests). Port events and DEVICE_FATAL need
-// the operator or the shim's death: events_port.sh and events_shim_stop.sh.
+// preloaded provider. The two ends of every connection are on different
+// devices: the local end on vrdma0, the remote end on the peer device
+// (vrdma1, another guest, possibly behind another shim on another host,
+// when the program runs attached to two guests; see verbs_fixture.h), so an
+// event is expected on the async fd of the device that holds its object.
+// Port events and DEVICE_FATAL need the operator or the shim's death:
+// events_port.sh and events_shim_stop.sh.
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -20,6 +24,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -118,22 +123,23 @@ ibv_send_wr send_wr(uint64_t id, ibv_wr_opcode op = IBV_WR_SEND, unsigned flags 
 }
 
 // Two QPs whose CQs all belong to one completion channel per QP: chan_a for
-// a's CQs, chan_b for b's. Torn down in the order libibverbs requires.
+// a's CQs, chan_b for b's; a and its channel on d, b and its channel on the
+// peer device. Torn down in the order libibverbs requires.
 struct ChannelPair {
-    explicit ChannelPair(Device& d, bool connect = true) : dev(d) {
+    ChannelPair(Device& d, Device& peer, bool connect = true) : dev(d) {
         chan_a = ibv_create_comp_channel(d.ctx);
-        chan_b = ibv_create_comp_channel(d.ctx);
+        chan_b = ibv_create_comp_channel(peer.ctx);
         REQUIRE(chan_a);
         REQUIRE(chan_b);
         a_scq = ibv_create_cq(d.ctx, 64, &tag_a_scq, chan_a, 0);
         a_rcq = ibv_create_cq(d.ctx, 64, &tag_a_rcq, chan_a, 0);
-        b_scq = ibv_create_cq(d.ctx, 64, &tag_b_scq, chan_b, 0);
-        b_rcq = ibv_create_cq(d.ctx, 64, &tag_b_rcq, chan_b, 0);
+        b_scq = ibv_create_cq(peer.ctx, 64, &tag_b_scq, chan_b, 0);
+        b_rcq = ibv_create_cq(peer.ctx, 64, &tag_b_rcq, chan_b, 0);
         REQUIRE((a_scq && a_rcq && b_scq && b_rcq));
         a = make_qp(d, a_scq, a_rcq);
-        b = make_qp(d, b_scq, b_rcq);
+        b = make_qp(peer, b_scq, b_rcq);
         if (connect) {
-            connect_rc(a, d.lid, b->qp_num);
+            connect_rc(a, peer.lid, b->qp_num);
             connect_rc(b, d.lid, a->qp_num);
         }
     }
@@ -170,66 +176,67 @@ ibv_cq* get_cq_event(ibv_comp_channel* ch, int ms = 2000, void** cq_context = nu
 // ---------------------------------------------------------------------------
 
 TEST_CASE("COMM_EST: the first request reaching an RC QP in RTR, once, on that QP", "[events][async]") {
-    Device dev;
-    Qp a(dev), b(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    connect_rc(a.qp, dev.lid, b.qpn());
+    Device dev, peer(Device::kPeer);
+    Qp a(dev), b(peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    connect_rc(a.qp, peer.lid, b.qpn());
     to_rtr(b.qp, dev.lid, a.qpn());
-    REQUIRE(post_recv(b.qp, 1, {sge(buf, 0, 64)}) == 0);
-    REQUIRE(post_recv(b.qp, 2, {sge(buf, 64, 64)}) == 0);
+    REQUIRE(post_recv(b.qp, 1, {sge(rbuf, 0, 64)}) == 0);
+    REQUIRE(post_recv(b.qp, 2, {sge(rbuf, 64, 64)}) == 0);
     REQUIRE(post_send(a.qp, send_wr(10), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
-    auto ev = wait_async(dev.ctx, IBV_EVENT_COMM_EST);
+    auto ev = wait_async(peer.ctx, IBV_EVENT_COMM_EST);
     REQUIRE(ev);
     CHECK(ev->element.qp == b.qp);
     REQUIRE(post_send(a.qp, send_wr(11), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
-    CHECK(async_quiet(dev.ctx, 200));  // not again for the second request
+    CHECK(async_quiet(peer.ctx, 200));  // not again for the second request
+    CHECK(async_quiet(dev.ctx, 0));     // nor on the requester's device
 }
 
 TEST_CASE("QP_REQ_ERR: a SEND larger than the receive buffer, on the responder QP", "[events][async]") {
-    Device dev;
-    Qp a(dev), b(dev);
-    connect_rc(a.qp, dev.lid, b.qpn());
+    Device dev, peer(Device::kPeer);
+    Qp a(dev), b(peer);
+    connect_rc(a.qp, peer.lid, b.qpn());
     connect_rc(b.qp, dev.lid, a.qpn());
-    Buffer buf(dev.pd, 8192, kAll);
-    REQUIRE(post_recv(b.qp, 1, {sge(buf, 0, 16)}) == 0);
+    Buffer buf(dev.pd, 8192, kAll), rbuf(peer.pd, 8192, kAll);
+    REQUIRE(post_recv(b.qp, 1, {sge(rbuf, 0, 16)}) == 0);
     REQUIRE(post_send(a.qp, send_wr(1), {sge(buf, 4096, 1000)}) == 0);
     CHECK(poll_one(a.send_cq)->status == IBV_WC_REM_INV_REQ_ERR);
-    auto ev = wait_async(dev.ctx, IBV_EVENT_QP_REQ_ERR);
+    auto ev = wait_async(peer.ctx, IBV_EVENT_QP_REQ_ERR);
     REQUIRE(ev);
     CHECK(ev->element.qp == b.qp);
     CHECK(qp_state(b.qp) == IBV_QPS_ERR);
 }
 
 TEST_CASE("QP_ACCESS_ERR: an RDMA WRITE with a bad rkey, on the responder QP", "[events][async]") {
-    Device dev;
-    Qp a(dev), b(dev);
-    connect_rc(a.qp, dev.lid, b.qpn());
+    Device dev, peer(Device::kPeer);
+    Qp a(dev), b(peer);
+    connect_rc(a.qp, peer.lid, b.qpn());
     connect_rc(b.qp, dev.lid, a.qpn());
-    Buffer src(dev.pd, 4096, kAll), dst(dev.pd, 4096, kAll);
+    Buffer src(dev.pd, 4096, kAll), dst(peer.pd, 4096, kAll);
     ibv_send_wr wr = send_wr(1, IBV_WR_RDMA_WRITE);
     wr.wr.rdma.remote_addr = dst.addr();
     wr.wr.rdma.rkey = dst.mr->rkey ^ 0x5a5a00;
     REQUIRE(post_send(a.qp, wr, {sge(src, 0, 64)}) == 0);
     CHECK(poll_one(a.send_cq)->status == IBV_WC_REM_ACCESS_ERR);
-    auto ev = wait_async(dev.ctx, IBV_EVENT_QP_ACCESS_ERR);
+    auto ev = wait_async(peer.ctx, IBV_EVENT_QP_ACCESS_ERR);
     REQUIRE(ev);
     CHECK(ev->element.qp == b.qp);
 }
 
 TEST_CASE("QP_FATAL: a receive WQE with a bad lkey at the responder, on that QP", "[events][async]") {
-    Device dev;
-    Qp a(dev), b(dev);
-    connect_rc(a.qp, dev.lid, b.qpn());
+    Device dev, peer(Device::kPeer);
+    Qp a(dev), b(peer);
+    connect_rc(a.qp, peer.lid, b.qpn());
     connect_rc(b.qp, dev.lid, a.qpn());
-    Buffer buf(dev.pd, 4096, kAll);
-    ibv_sge bad = sge(buf, 0, 64);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    ibv_sge bad = sge(rbuf, 0, 64);
     bad.lkey ^= 0x777700;
     REQUIRE(post_recv(b.qp, 1, {bad}) == 0);
     REQUIRE(post_send(a.qp, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     CHECK(poll_one(a.send_cq)->status == IBV_WC_REM_OP_ERR);
-    auto ev = wait_async(dev.ctx, IBV_EVENT_QP_FATAL);
+    auto ev = wait_async(peer.ctx, IBV_EVENT_QP_FATAL);
     REQUIRE(ev);
     CHECK(ev->element.qp == b.qp);
 }
@@ -238,14 +245,15 @@ TEST_CASE("QP_FATAL: the peer QP's context goes away with the QP alive, on the s
     Device dev;
     Qp b(dev);
     {
-        // A second context of this process, closed with its QP still alive:
-        // for the shim that is the peer process exiting.
+        // A second context of this process on the peer device, closed with
+        // its QP still alive: for the shim that is the peer process exiting.
+        const std::string peer_name = peer_device_name();
         int n = 0;
         ibv_device** list = ibv_get_device_list(&n);
         REQUIRE(list);
         ibv_context* other = nullptr;
         for (int i = 0; i < n && !other; ++i)
-            if (std::string(ibv_get_device_name(list[i])) == "vrdma0") other = ibv_open_device(list[i]);
+            if (ibv_get_device_name(list[i]) == peer_name) other = ibv_open_device(list[i]);
         ibv_free_device_list(list);
         REQUIRE(other);
         ibv_pd* pd = ibv_alloc_pd(other);
@@ -259,8 +267,10 @@ TEST_CASE("QP_FATAL: the peer QP's context goes away with the QP alive, on the s
         ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
         ibv_qp* a = ibv_create_qp(pd, &ia);
         REQUIRE(a);
+        ibv_port_attr pa{};
+        REQUIRE(ibv_query_port(other, 1, &pa) == 0);
         connect_rc(a, dev.lid, b.qpn());
-        connect_rc(b.qp, dev.lid, a->qp_num);
+        connect_rc(b.qp, pa.lid, a->qp_num);
         CHECK(async_quiet(dev.ctx, 100));
         // a, cq and pd are never destroyed, as when a process exits; under
         // LeakSanitizer that is on purpose.
@@ -278,11 +288,11 @@ TEST_CASE("QP_FATAL: the peer QP's context goes away with the QP alive, on the s
 }
 
 TEST_CASE("SQ_DRAINED: RTS -> SQD with en_sqd_async_notify, on that QP; SQD -> RTS works", "[events][async][sqd]") {
-    Device dev;
-    Qp a(dev), b(dev);
-    connect_rc(a.qp, dev.lid, b.qpn());
+    Device dev, peer(Device::kPeer);
+    Qp a(dev), b(peer);
+    connect_rc(a.qp, peer.lid, b.qpn());
     connect_rc(b.qp, dev.lid, a.qpn());
-    Buffer buf(dev.pd, 4096, kAll);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_SQD;
     attr.en_sqd_async_notify = 1;
@@ -298,33 +308,35 @@ TEST_CASE("SQ_DRAINED: RTS -> SQD with en_sqd_async_notify, on that QP; SQD -> R
     attr.qp_state = IBV_QPS_SQD;
     REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
     CHECK(async_quiet(dev.ctx, 200));
+    CHECK(async_quiet(peer.ctx, 0));
     attr.qp_state = IBV_QPS_RTS;
     REQUIRE(ibv_modify_qp(a.qp, &attr, IBV_QP_STATE) == 0);
-    REQUIRE(post_recv(b.qp, 1, {sge(buf, 0, 64)}) == 0);
+    REQUIRE(post_recv(b.qp, 1, {sge(rbuf, 0, 64)}) == 0);
     REQUIRE(post_send(a.qp, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     CHECK(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
 }
 
 TEST_CASE("QP_LAST_WQE_REACHED: an SRQ-attached QP going to ERR, on that QP", "[events][async][srq]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     ibv_srq_init_attr sia{};
     sia.attr.max_wr = 16;
     sia.attr.max_sge = 1;
-    ibv_srq* srq = ibv_create_srq(dev.pd, &sia);
+    ibv_srq* srq = ibv_create_srq(peer.pd, &sia);
     REQUIRE(srq);
     {
         QpOptions with_srq;
         with_srq.srq = srq;
-        Qp s(dev), r(dev, with_srq), plain(dev);
-        connect_rc(s.qp, dev.lid, r.qpn());
+        Qp s(dev), r(peer, with_srq), plain(peer);
+        connect_rc(s.qp, peer.lid, r.qpn());
         connect_rc(r.qp, dev.lid, s.qpn());
         connect_rc(plain.qp, dev.lid, s.qpn());
         ibv_qp_attr attr{};
         attr.qp_state = IBV_QPS_ERR;
         REQUIRE(ibv_modify_qp(plain.qp, &attr, IBV_QP_STATE) == 0);  // no SRQ: no event
-        CHECK(async_quiet(dev.ctx, 200));
+        CHECK(async_quiet(peer.ctx, 200));
+        CHECK(async_quiet(dev.ctx, 0));
         REQUIRE(ibv_modify_qp(r.qp, &attr, IBV_QP_STATE) == 0);
-        auto ev = wait_async(dev.ctx, IBV_EVENT_QP_LAST_WQE_REACHED);
+        auto ev = wait_async(peer.ctx, IBV_EVENT_QP_LAST_WQE_REACHED);
         REQUIRE(ev);
         CHECK(ev->element.qp == r.qp);
     }
@@ -332,15 +344,15 @@ TEST_CASE("QP_LAST_WQE_REACHED: an SRQ-attached QP going to ERR, on that QP", "[
 }
 
 TEST_CASE("SRQ_LIMIT_REACHED: armed by ibv_modify_srq, once, on that SRQ", "[events][async][srq]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     ibv_srq_init_attr sia{};
     sia.attr.max_wr = 16;
     sia.attr.max_sge = 1;
-    ibv_srq* srq = ibv_create_srq(dev.pd, &sia);
+    ibv_srq* srq = ibv_create_srq(peer.pd, &sia);
     REQUIRE(srq);
-    Buffer buf(dev.pd, 8192, kAll);
+    Buffer buf(dev.pd, 8192, kAll), rbuf(peer.pd, 8192, kAll);
     for (int i = 0; i < 6; ++i) {
-        ibv_sge s = sge(buf, 4096 + i * 64, 64);
+        ibv_sge s = sge(rbuf, 4096 + i * 64, 64);
         ibv_recv_wr wr{};
         ibv_recv_wr* bad = nullptr;
         wr.wr_id = 100 + i;
@@ -354,8 +366,8 @@ TEST_CASE("SRQ_LIMIT_REACHED: armed by ibv_modify_srq, once, on that SRQ", "[eve
     {
         QpOptions with_srq;
         with_srq.srq = srq;
-        Qp s(dev), r(dev, with_srq);
-        connect_rc(s.qp, dev.lid, r.qpn());
+        Qp s(dev), r(peer, with_srq);
+        connect_rc(s.qp, peer.lid, r.qpn());
         connect_rc(r.qp, dev.lid, s.qpn());
         auto send_one = [&] {
             REQUIRE(post_send(s.qp, send_wr(1), {sge(buf, 0, 8)}) == 0);
@@ -364,33 +376,33 @@ TEST_CASE("SRQ_LIMIT_REACHED: armed by ibv_modify_srq, once, on that SRQ", "[eve
         };
         send_one();  // 5 left: not below 4
         send_one();  // 4 left: not below 4
-        CHECK(async_quiet(dev.ctx, 200));
+        CHECK(async_quiet(peer.ctx, 200));
         send_one();  // 3 left: below the limit
-        auto ev = wait_async(dev.ctx, IBV_EVENT_SRQ_LIMIT_REACHED);
+        auto ev = wait_async(peer.ctx, IBV_EVENT_SRQ_LIMIT_REACHED);
         REQUIRE(ev);
         CHECK(ev->element.srq == srq);
         ibv_srq_attr q{};
         REQUIRE(ibv_query_srq(srq, &q) == 0);
         CHECK(q.srq_limit == 0);  // the event disarmed it
         send_one();  // 2 left: not again until re-armed
-        CHECK(async_quiet(dev.ctx, 200));
+        CHECK(async_quiet(peer.ctx, 200));
     }
     CHECK(ibv_destroy_srq(srq) == 0);
 }
 
 TEST_CASE("CQ_ERR: a CQ overrun, on that CQ; the CQ can still be destroyed", "[events][async][cq]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     ibv_cq* small = ibv_create_cq(dev.ctx, 1, nullptr, nullptr, 0);
     ibv_cq* rcq = ibv_create_cq(dev.ctx, 64, nullptr, nullptr, 0);
     REQUIRE(small);
     REQUIRE(rcq);
-    Qp b(dev);
+    Qp b(peer);
     ibv_qp* a = make_qp(dev, small, rcq);
-    connect_rc(a, dev.lid, b.qpn());
+    connect_rc(a, peer.lid, b.qpn());
     connect_rc(b.qp, dev.lid, a->qp_num);
-    Buffer buf(dev.pd, 4096, kAll);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     const int n = small->cqe + 4;
-    for (int i = 0; i < n; ++i) REQUIRE(post_recv(b.qp, i, {sge(buf, 0, 64)}) == 0);
+    for (int i = 0; i < n; ++i) REQUIRE(post_recv(b.qp, i, {sge(rbuf, 0, 64)}) == 0);
     for (int i = 0; i < n; ++i) REQUIRE(post_send(a, send_wr(i), {sge(buf, 1024, 8)}) == 0);
     auto ev = wait_async(dev.ctx, IBV_EVENT_CQ_ERR);
     REQUIRE(ev);
@@ -401,27 +413,27 @@ TEST_CASE("CQ_ERR: a CQ overrun, on that CQ; the CQ can still be destroyed", "[e
 }
 
 TEST_CASE("an async event of a QP destroyed before it was read is skipped", "[events][async]") {
-    Device dev;
-    Buffer buf(dev.pd, 4096, kAll);
+    Device dev, peer(Device::kPeer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     Qp a(dev);
-    ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, nullptr, 0);
+    ibv_cq* cq = ibv_create_cq(peer.ctx, 16, nullptr, nullptr, 0);
     REQUIRE(cq);
-    ibv_qp* b = make_qp(dev, cq, cq);
-    connect_rc(a.qp, dev.lid, b->qp_num);
+    ibv_qp* b = make_qp(peer, cq, cq);
+    connect_rc(a.qp, peer.lid, b->qp_num);
     to_rtr(b, dev.lid, a.qpn());
-    REQUIRE(post_recv(b, 1, {sge(buf, 0, 64)}) == 0);
+    REQUIRE(post_recv(b, 1, {sge(rbuf, 0, 64)}) == 0);
     REQUIRE(post_send(a.qp, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(a.send_cq)->status == IBV_WC_SUCCESS);
-    REQUIRE(readable(dev.ctx->async_fd, 2000));  // COMM_EST for b is in the pipe, unread
-    REQUIRE(ibv_destroy_qp(b) == 0);             // nothing handed out: destroy does not wait
-    CHECK(readable(dev.ctx->async_fd, 0));       // the record is still there...
-    int fl = fcntl(dev.ctx->async_fd, F_GETFL);
-    REQUIRE(fcntl(dev.ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
+    REQUIRE(readable(peer.ctx->async_fd, 2000));  // COMM_EST for b is in the pipe, unread
+    REQUIRE(ibv_destroy_qp(b) == 0);              // nothing handed out: destroy does not wait
+    CHECK(readable(peer.ctx->async_fd, 0));       // the record is still there...
+    int fl = fcntl(peer.ctx->async_fd, F_GETFL);
+    REQUIRE(fcntl(peer.ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0);
     ibv_async_event ev{};
     errno = 0;
-    CHECK(ibv_get_async_event(dev.ctx, &ev) == -1);  // ...but it is not handed out
+    CHECK(ibv_get_async_event(peer.ctx, &ev) == -1);  // ...but it is not handed out
     CHECK(errno == EAGAIN);
-    REQUIRE(fcntl(dev.ctx->async_fd, F_SETFL, fl) == 0);
+    REQUIRE(fcntl(peer.ctx->async_fd, F_SETFL, fl) == 0);
     CHECK(ibv_destroy_cq(cq) == 0);
 }
 
@@ -430,11 +442,11 @@ TEST_CASE("an async event of a QP destroyed before it was read is skipped", "[ev
 // ---------------------------------------------------------------------------
 
 TEST_CASE("a completion channel wakes once per arming, with the CQ and its cq_context", "[events][channel]") {
-    Device dev;
-    ChannelPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    REQUIRE(post_recv(p.b, 1, {sge(buf, 0, 64)}) == 0);
-    REQUIRE(post_recv(p.b, 2, {sge(buf, 64, 64)}) == 0);
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    REQUIRE(post_recv(p.b, 1, {sge(rbuf, 0, 64)}) == 0);
+    REQUIRE(post_recv(p.b, 2, {sge(rbuf, 64, 64)}) == 0);
     // Not armed: a completion raises nothing.
     REQUIRE(post_send(p.a, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(p.b_rcq));
@@ -455,10 +467,10 @@ TEST_CASE("a completion channel wakes once per arming, with the CQ and its cq_co
 }
 
 TEST_CASE("solicited_only: only solicited receives and error completions wake", "[events][channel]") {
-    Device dev;
-    ChannelPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    for (int i = 0; i < 4; ++i) REQUIRE(post_recv(p.b, i, {sge(buf, i * 64, 64)}) == 0);
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    for (int i = 0; i < 4; ++i) REQUIRE(post_recv(p.b, i, {sge(rbuf, i * 64, 64)}) == 0);
     REQUIRE(ibv_req_notify_cq(p.b_rcq, 1) == 0);
     REQUIRE(post_send(p.a, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(p.a_scq)->status == IBV_WC_SUCCESS);
@@ -484,9 +496,9 @@ TEST_CASE("solicited_only: only solicited receives and error completions wake", 
 
 TEST_CASE("RDMA WRITE with immediate data wakes the responder's receive CQ; a plain WRITE does not",
           "[events][channel][imm]") {
-    Device dev;
-    ChannelPair p(dev);
-    Buffer src(dev.pd, 4096, kAll), dst(dev.pd, 4096, kAll);
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer src(dev.pd, 4096, kAll), dst(peer.pd, 4096, kAll);
     std::memcpy(src.data, "immediate", 10);
     REQUIRE(post_recv(p.b, 7, {sge(dst, 2048, 16)}) == 0);
     REQUIRE(ibv_req_notify_cq(p.b_rcq, 0) == 0);
@@ -511,25 +523,26 @@ TEST_CASE("RDMA WRITE with immediate data wakes the responder's receive CQ; a pl
 }
 
 TEST_CASE("several CQs on one channel: each event names its CQ", "[events][channel]") {
-    Device dev;
-    ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+    Device dev, peer(Device::kPeer);
+    // The channel, its CQs and the receivers on the peer device.
+    ibv_comp_channel* ch = ibv_create_comp_channel(peer.ctx);
     REQUIRE(ch);
     int tags[3];
     ibv_cq* cqs[3];
     for (int i = 0; i < 3; ++i) {
-        cqs[i] = ibv_create_cq(dev.ctx, 16, &tags[i], ch, 0);
+        cqs[i] = ibv_create_cq(peer.ctx, 16, &tags[i], ch, 0);
         REQUIRE(cqs[i]);
     }
-    Buffer buf(dev.pd, 4096, kAll);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     {
         // Three receivers, each on its own CQ of the shared channel.
         Qp s(dev);
         ibv_qp* r[3];
-        for (int i = 0; i < 3; ++i) r[i] = make_qp(dev, cqs[i], cqs[i]);
+        for (int i = 0; i < 3; ++i) r[i] = make_qp(peer, cqs[i], cqs[i]);
         std::set<ibv_cq*> woke;
         for (int i = 0; i < 3; ++i) {
             connect_rc(r[i], dev.lid, s.qpn());
-            REQUIRE(post_recv(r[i], i, {sge(buf, i * 64, 64)}) == 0);
+            REQUIRE(post_recv(r[i], i, {sge(rbuf, i * 64, 64)}) == 0);
             REQUIRE(ibv_req_notify_cq(cqs[i], 0) == 0);
         }
         // One sender QP reconnected to each receiver in turn.
@@ -537,7 +550,7 @@ TEST_CASE("several CQs on one channel: each event names its CQ", "[events][chann
             ibv_qp_attr a{};
             a.qp_state = IBV_QPS_RESET;
             REQUIRE(ibv_modify_qp(s.qp, &a, IBV_QP_STATE) == 0);
-            connect_rc(s.qp, dev.lid, r[i]->qp_num);
+            connect_rc(s.qp, peer.lid, r[i]->qp_num);
             REQUIRE(post_send(s.qp, send_wr(i), {sge(buf, 1024, 8)}) == 0);
             REQUIRE(poll_one(s.send_cq)->status == IBV_WC_SUCCESS);
         }
@@ -560,10 +573,10 @@ TEST_CASE("several CQs on one channel: each event names its CQ", "[events][chann
 }
 
 TEST_CASE("no lost wake-up: arming a CQ that already holds completions", "[events][channel]") {
-    Device dev;
-    ChannelPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    for (int i = 0; i < 8; ++i) REQUIRE(post_recv(p.b, i, {sge(buf, i * 64, 64)}) == 0);
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    for (int i = 0; i < 8; ++i) REQUIRE(post_recv(p.b, i, {sge(rbuf, i * 64, 64)}) == 0);
     REQUIRE(post_send(p.a, send_wr(0), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(post_send(p.a, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(p.a_scq));
@@ -588,31 +601,52 @@ TEST_CASE("no lost wake-up: arming a CQ that already holds completions", "[event
 }
 
 TEST_CASE("no lost wake-up: an event-driven ping-pong of 3000 round trips never stalls", "[events][channel]") {
-    Device dev;
-    ChannelPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer abuf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     constexpr int kRounds = 3000;
     std::atomic<bool> stalled{false};
+    // What stopped a side first (for the report): its name, the step, the
+    // round and the status of a failed completion.
+    std::mutex why_mu;
+    std::string why;
+    auto stall = [&](const char* side_name, const char* step, int round, int status = 0) {
+        std::lock_guard lock(why_mu);
+        if (why.empty())
+            why = std::string(side_name) + ": " + step + " at round " + std::to_string(round) +
+                  (status ? std::string(" (") + ibv_wc_status_str(ibv_wc_status(status)) + ")" : "");
+        stalled = true;
+    };
     // The consumer loop of ibv_get_cq_event(3): arm, poll until empty, and
     // only then sleep on the channel (2 s: a lost wake-up, not slowness).
+    // Each side receives into and sends from a buffer of its own device.
     auto side = [&](ibv_qp* qp, ibv_cq* rcq, ibv_cq* scq, ibv_comp_channel* ch, bool starts) {
+        const char* name = starts ? "a" : "b";
+        Buffer& buf = starts ? abuf : rbuf;
         for (int i = 0; i < 16; ++i)
-            if (post_recv(qp, i, {sge(buf, 0, 64)})) stalled = true;
-        if (ibv_req_notify_cq(rcq, 0)) stalled = true;
+            if (post_recv(qp, i, {sge(buf, 0, 64)})) stall(name, "post_recv", 0);
+        if (ibv_req_notify_cq(rcq, 0)) stall(name, "ibv_req_notify_cq", 0);
         int received = 0;
         auto send = [&] {
-            if (post_send(qp, send_wr(1, IBV_WR_SEND, 0), {sge(buf, 1024, 8)})) stalled = true;
+            if (post_send(qp, send_wr(1, IBV_WR_SEND, 0), {sge(buf, 1024, 8)})) stall(name, "post_send", received);
         };
         if (starts) send();
         while (received < kRounds && !stalled) {
             ibv_wc wc[8];
             int n = ibv_poll_cq(rcq, 8, wc);
             if (n < 0) {
-                stalled = true;
+                stall(name, "ibv_poll_cq", received);
                 break;
             }
             for (int i = 0; i < n; ++i) {
-                if (wc[i].status != IBV_WC_SUCCESS) stalled = true;
+                if (wc[i].status != IBV_WC_SUCCESS) {
+                    // The QP went to error: an error completion of its
+                    // (unsignaled) sends says why.
+                    ibv_wc sw{};
+                    bool send_err = ibv_poll_cq(scq, 1, &sw) == 1 && sw.status != IBV_WC_SUCCESS;
+                    stall(name, send_err ? "a failed receive after a failed send" : "a failed receive", received,
+                          send_err ? sw.status : wc[i].status);
+                }
                 ++received;
                 post_recv(qp, 0, {sge(buf, 0, 64)});
                 if (received < kRounds || !starts) send();
@@ -620,23 +654,27 @@ TEST_CASE("no lost wake-up: an event-driven ping-pong of 3000 round trips never 
             if (n > 0) continue;
             ibv_cq* cq = get_cq_event(ch, 2000);
             if (cq != rcq) {
-                stalled = true;
+                // A lost wake-up, or a message that never arrived: tell
+                // them apart by polling once more.
+                stall(name, ibv_poll_cq(rcq, 1, wc) > 0 ? "no wake-up (a completion was there)"
+                                                        : "no completion within 2 s",
+                      received);
                 break;
             }
-            if (ibv_req_notify_cq(rcq, 0)) stalled = true;
+            if (ibv_req_notify_cq(rcq, 0)) stall(name, "ibv_req_notify_cq", received);
         }
-        (void)scq;
     };
     std::thread tb(side, p.b, p.b_rcq, p.b_scq, p.chan_b, false);
     side(p.a, p.a_rcq, p.a_scq, p.chan_a, true);
     tb.join();
+    INFO(why);
     CHECK_FALSE(stalled);
 }
 
 TEST_CASE("the channel fd works with poll, epoll and O_NONBLOCK", "[events][channel]") {
-    Device dev;
-    ChannelPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     int ep = epoll_create1(EPOLL_CLOEXEC);
     REQUIRE(ep >= 0);
     epoll_event ee{};
@@ -653,7 +691,7 @@ TEST_CASE("the channel fd works with poll, epoll and O_NONBLOCK", "[events][chan
     CHECK(ibv_get_cq_event(p.chan_b, &cq, &c) == -1);
     CHECK(errno == EAGAIN);
 
-    REQUIRE(post_recv(p.b, 1, {sge(buf, 0, 64)}) == 0);
+    REQUIRE(post_recv(p.b, 1, {sge(rbuf, 0, 64)}) == 0);
     REQUIRE(ibv_req_notify_cq(p.b_rcq, 0) == 0);
     REQUIRE(post_send(p.a, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(epoll_wait(ep, &out, 1, 2000) == 1);
@@ -671,17 +709,17 @@ TEST_CASE("the channel fd works with poll, epoll and O_NONBLOCK", "[events][chan
 }
 
 TEST_CASE("ibv_destroy_cq waits for unacknowledged events, then returns", "[events][channel]") {
-    Device dev;
-    ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+    Device dev, peer(Device::kPeer);
+    ibv_comp_channel* ch = ibv_create_comp_channel(peer.ctx);
     REQUIRE(ch);
-    ibv_cq* cq = ibv_create_cq(dev.ctx, 16, nullptr, ch, 0);
+    ibv_cq* cq = ibv_create_cq(peer.ctx, 16, nullptr, ch, 0);
     REQUIRE(cq);
-    Buffer buf(dev.pd, 4096, kAll);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     Qp s(dev);
-    ibv_qp* r = make_qp(dev, cq, cq);
-    connect_rc(s.qp, dev.lid, r->qp_num);
+    ibv_qp* r = make_qp(peer, cq, cq);
+    connect_rc(s.qp, peer.lid, r->qp_num);
     connect_rc(r, dev.lid, s.qpn());
-    REQUIRE(post_recv(r, 1, {sge(buf, 0, 64)}) == 0);
+    REQUIRE(post_recv(r, 1, {sge(rbuf, 0, 64)}) == 0);
     REQUIRE(ibv_req_notify_cq(cq, 0) == 0);
     REQUIRE(post_send(s.qp, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(readable(ch->fd, 2000));
@@ -706,23 +744,23 @@ TEST_CASE("ibv_destroy_cq waits for unacknowledged events, then returns", "[even
 }
 
 TEST_CASE("an event of a CQ destroyed before it was read is skipped", "[events][channel]") {
-    Device dev;
-    ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+    Device dev, peer(Device::kPeer);
+    ibv_comp_channel* ch = ibv_create_comp_channel(peer.ctx);
     REQUIRE(ch);
-    ibv_cq* cq1 = ibv_create_cq(dev.ctx, 16, nullptr, ch, 0);
-    ibv_cq* cq2 = ibv_create_cq(dev.ctx, 16, nullptr, ch, 0);
+    ibv_cq* cq1 = ibv_create_cq(peer.ctx, 16, nullptr, ch, 0);
+    ibv_cq* cq2 = ibv_create_cq(peer.ctx, 16, nullptr, ch, 0);
     REQUIRE((cq1 && cq2));
-    Buffer buf(dev.pd, 4096, kAll);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     Qp s(dev);
-    ibv_qp* r1 = make_qp(dev, cq1, cq1);
-    ibv_qp* r2 = make_qp(dev, cq2, cq2);
+    ibv_qp* r1 = make_qp(peer, cq1, cq1);
+    ibv_qp* r2 = make_qp(peer, cq2, cq2);
     connect_rc(r1, dev.lid, s.qpn());
     connect_rc(r2, dev.lid, s.qpn());
-    REQUIRE(post_recv(r1, 1, {sge(buf, 0, 64)}) == 0);
-    REQUIRE(post_recv(r2, 2, {sge(buf, 64, 64)}) == 0);
+    REQUIRE(post_recv(r1, 1, {sge(rbuf, 0, 64)}) == 0);
+    REQUIRE(post_recv(r2, 2, {sge(rbuf, 64, 64)}) == 0);
     REQUIRE(ibv_req_notify_cq(cq1, 0) == 0);
     REQUIRE(ibv_req_notify_cq(cq2, 0) == 0);
-    connect_rc(s.qp, dev.lid, r1->qp_num);
+    connect_rc(s.qp, peer.lid, r1->qp_num);
     REQUIRE(post_send(s.qp, send_wr(1), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(readable(ch->fd, 2000));  // cq1's record is in the channel, unread
     REQUIRE(ibv_destroy_qp(r1) == 0);
@@ -730,7 +768,7 @@ TEST_CASE("an event of a CQ destroyed before it was read is skipped", "[events][
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RESET;
     REQUIRE(ibv_modify_qp(s.qp, &a, IBV_QP_STATE) == 0);
-    connect_rc(s.qp, dev.lid, r2->qp_num);
+    connect_rc(s.qp, peer.lid, r2->qp_num);
     REQUIRE(post_send(s.qp, send_wr(2), {sge(buf, 1024, 8)}) == 0);
     void* c = nullptr;
     CHECK(get_cq_event(ch, 2000, &c) == cq2);

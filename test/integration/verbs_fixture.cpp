@@ -17,14 +17,24 @@ namespace {
 }
 }  // namespace
 
-Device::Device() {
+std::string peer_device_name() {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    if (!list) die("no RDMA device (run under vrdma-run)");
+    bool second = false;
+    for (int i = 0; i < n; ++i) second |= std::string(ibv_get_device_name(list[i])) == "vrdma1";
+    ibv_free_device_list(list);
+    return second ? "vrdma1" : "vrdma0";
+}
+
+Device::Device(Role role) : name(role == kPeer ? peer_device_name() : "vrdma0") {
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);
     if (!list || n < 1) die("no RDMA device (run under vrdma-run)");
-    for (int i = 0; i < n; ++i)
-        if (std::string(ibv_get_device_name(list[i])) == "vrdma0") ctx = ibv_open_device(list[i]);
+    for (int i = 0; i < n && !ctx; ++i)
+        if (ibv_get_device_name(list[i]) == name) ctx = ibv_open_device(list[i]);
     ibv_free_device_list(list);
-    if (!ctx) die("cannot open vrdma0");
+    if (!ctx) die("cannot open " + name);
     pd = ibv_alloc_pd(ctx);
     if (!pd) die("ibv_alloc_pd");
     ibv_port_attr pa{};

@@ -1,18 +1,27 @@
-// Helpers for the verbs semantics tests: the real libibverbs on the vrdma0
-// device of the guest this program runs in (through vrdma-run).
+// Helpers for the verbs semantics tests: the real libibverbs on the vrdma
+// devices of the guests this program runs in (through vrdma-run).
+//
+// Tests that connect two QPs put the "local" end on Device (vrdma0) and the
+// "remote" end on a peer Device (vrdma1): under `vrdma-run --guest a --guest
+// b` those are two guests, possibly served by two shims on two hosts, so
+// every connection crosses between guests. With one guest (no vrdma1) the
+// peer is a second context of vrdma0, and the same tests run within a guest.
 #pragma once
 
 #include <infiniband/verbs.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace vt {
 
 // One opened device with a PD; everything else is created per test.
 struct Device {
-    Device();
+    enum Role { kLocal, kPeer };
+    // kLocal opens vrdma0; kPeer opens vrdma1 when it exists, else vrdma0.
+    explicit Device(Role role = kLocal);
     ~Device();
     Device(const Device&) = delete;
     Device& operator=(const Device&) = delete;
@@ -20,7 +29,11 @@ struct Device {
     ibv_context* ctx = nullptr;
     ibv_pd* pd = nullptr;
     uint16_t lid = 0;
+    std::string name;
 };
+
+// The name of the device a peer Device opens ("vrdma1" or "vrdma0").
+std::string peer_device_name();
 
 // A registered buffer.
 struct Buffer {
@@ -61,8 +74,12 @@ struct RcParams {
     int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
     uint8_t rnr_retry = 7;
     uint8_t min_rnr_timer = 1;  // 0.01 ms
-    uint8_t retry_cnt = 1;
-    uint8_t timeout = 8;        // 1 ms
+    // What ibv_rc_pingpong uses. Across hosts (TCP between shims, two
+    // cores shared by two shims and the test's threads) an ACK can take
+    // longer than a millisecond; only the test about a peer that never
+    // answers wants a short timeout, and sets it.
+    uint8_t retry_cnt = 7;
+    uint8_t timeout = 14;       // 67 ms
 };
 
 // RESET -> INIT -> RTR -> RTS towards (lid, remote_qpn).

@@ -1,6 +1,7 @@
-// RC semantics through the real libibverbs on vrdma0: two QPs of this process
-// connected to each other (the same data path as between guests: the shim
-// moves the data between registered buffers).
+// RC semantics through the real libibverbs: a QP on vrdma0 connected to a
+// QP on the peer device (vrdma1, another guest, when the program runs
+// attached to two guests; see verbs_fixture.h). Buffers the remote end
+// receives into or is targeted at are registered on the peer device.
 #include <arpa/inet.h>
 
 #include <catch2/catch.hpp>
@@ -16,10 +17,11 @@ namespace {
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                      IBV_ACCESS_REMOTE_ATOMIC;
 
+// a on the local device, b on the peer device.
 struct RcPair {
-    explicit RcPair(Device& d, RcParams pa = {}, RcParams pb = {}, QpOptions o = {})
-        : dev(d), a(d, o), b(d, o) {
-        connect_rc(a.qp, d.lid, b.qpn(), pa);
+    RcPair(Device& d, Device& peer, RcParams pa = {}, RcParams pb = {}, QpOptions o = {})
+        : dev(d), a(d, o), b(peer, o) {
+        connect_rc(a.qp, peer.lid, b.qpn(), pa);
         connect_rc(b.qp, d.lid, a.qpn(), pb);
     }
     Device& dev;
@@ -32,9 +34,9 @@ void fill(Buffer& b, uint8_t seed) {
 }  // namespace
 
 TEST_CASE("RC send with several SGEs and immediate data arrives intact", "[rc]") {
-    Device dev;
-    RcPair p(dev);
-    Buffer src(dev.pd, 8192, kAll), dst(dev.pd, 8192, kAll);
+    Device dev, peer(Device::kPeer);
+    RcPair p(dev, peer);
+    Buffer src(dev.pd, 8192, kAll), dst(peer.pd, 8192, kAll);
     fill(src, 3);
     REQUIRE(post_recv(p.b.qp, 77, {sge(dst, 0, 1000), sge(dst, 4096, 4096)}) == 0);
     ibv_send_wr wr{};
@@ -72,9 +74,9 @@ TEST_CASE("RC send with several SGEs and immediate data arrives intact", "[rc]")
 }
 
 TEST_CASE("RC inline and unsignaled sends: the buffer is reusable at once, only signaled WRs complete", "[rc]") {
-    Device dev;
-    RcPair p(dev);
-    Buffer dst(dev.pd, 4096, kAll);
+    Device dev, peer(Device::kPeer);
+    RcPair p(dev, peer);
+    Buffer dst(peer.pd, 4096, kAll);
     for (int i = 0; i < 4; ++i) REQUIRE(post_recv(p.b.qp, 100 + i, {sge(dst, i * 64, 64)}) == 0);
     for (int i = 0; i < 4; ++i) {
         char msg[32];
@@ -103,9 +105,9 @@ TEST_CASE("RC inline and unsignaled sends: the buffer is reusable at once, only 
 }
 
 TEST_CASE("RDMA write, write with immediate and read move the data", "[rc]") {
-    Device dev;
-    RcPair p(dev);
-    Buffer local(dev.pd, 1 << 20, kAll), remote(dev.pd, 1 << 20, kAll);
+    Device dev, peer(Device::kPeer);
+    RcPair p(dev, peer);
+    Buffer local(dev.pd, 1 << 20, kAll), remote(peer.pd, 1 << 20, kAll);
     fill(local, 1);
     fill(remote, 9);
 
@@ -153,12 +155,12 @@ TEST_CASE("RDMA write, write with immediate and read move the data", "[rc]") {
 }
 
 TEST_CASE("atomics fetch-and-add and compare-and-swap", "[rc][atomic]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     ibv_device_attr da{};
     REQUIRE(ibv_query_device(dev.ctx, &da) == 0);
     if (da.atomic_cap == IBV_ATOMIC_NONE) return;  // honestly reported: nothing to test
-    RcPair p(dev);
-    Buffer local(dev.pd, 64, kAll), remote(dev.pd, 64, kAll);
+    RcPair p(dev, peer);
+    Buffer local(dev.pd, 64, kAll), remote(peer.pd, 64, kAll);
     uint64_t v = 1000;
     std::memcpy(remote.data + 8, &v, 8);
 
@@ -194,14 +196,16 @@ TEST_CASE("atomics fetch-and-add and compare-and-swap", "[rc][atomic]") {
 }
 
 TEST_CASE("remote access is checked against rkey, range and access flags", "[rc][protection]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     Buffer local(dev.pd, 4096, kAll);
-    Buffer readonly(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    // The targets, on the responder's device.
+    Buffer target(peer.pd, 4096, kAll);
+    Buffer readonly(peer.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 
     auto expect_rem_access_err = [&](const char* what, uint64_t addr, uint32_t rkey, uint32_t len) {
         INFO(what);
-        RcPair p(dev);
-        REQUIRE(post_recv(p.b.qp, 9, {sge(local, 0, 64)}) == 0);
+        RcPair p(dev, peer);
+        REQUIRE(post_recv(p.b.qp, 9, {sge(target, 0, 64)}) == 0);
         ibv_send_wr wr{};
         wr.wr_id = 1;
         wr.opcode = IBV_WR_RDMA_WRITE;
@@ -227,16 +231,16 @@ TEST_CASE("remote access is checked against rkey, range and access flags", "[rc]
         CHECK(qp_state(p.b.qp) == IBV_QPS_ERR);
     };
     expect_rem_access_err("write to a read-only MR", readonly.addr(), readonly.mr->rkey, 16);
-    expect_rem_access_err("write past the end of the MR", local.addr(4090), local.mr->rkey, 16);
-    expect_rem_access_err("unknown rkey", local.addr(), local.mr->rkey ^ 0x5a5a00, 16);
-    expect_rem_access_err("address below the MR", local.addr() - 4096, local.mr->rkey, 16);
+    expect_rem_access_err("write past the end of the MR", target.addr(4090), target.mr->rkey, 16);
+    expect_rem_access_err("unknown rkey", target.addr(), target.mr->rkey ^ 0x5a5a00, 16);
+    expect_rem_access_err("address below the MR", target.addr() - 4096, target.mr->rkey, 16);
 }
 
 TEST_CASE("a local SGE with a bad lkey completes with LOC_PROT_ERR", "[rc][protection]") {
-    Device dev;
-    RcPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    REQUIRE(post_recv(p.b.qp, 1, {sge(buf, 0, 64)}) == 0);
+    Device dev, peer(Device::kPeer);
+    RcPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    REQUIRE(post_recv(p.b.qp, 1, {sge(rbuf, 0, 64)}) == 0);
     ibv_send_wr wr{};
     wr.wr_id = 3;
     wr.opcode = IBV_WR_SEND;
@@ -250,8 +254,8 @@ TEST_CASE("a local SGE with a bad lkey completes with LOC_PROT_ERR", "[rc][prote
     CHECK(c->status == IBV_WC_LOC_PROT_ERR);
     CHECK(qp_state(p.a.qp) == IBV_QPS_ERR);
     // Range outside the MR is also a protection error.
-    RcPair q(dev);
-    REQUIRE(post_recv(q.b.qp, 1, {sge(buf, 0, 64)}) == 0);
+    RcPair q(dev, peer);
+    REQUIRE(post_recv(q.b.qp, 1, {sge(rbuf, 0, 64)}) == 0);
     REQUIRE(post_send(q.a.qp, wr, {sge(buf, 4000, 200)}) == 0);
     c = poll_one(q.a.send_cq);
     REQUIRE(c);
@@ -259,8 +263,8 @@ TEST_CASE("a local SGE with a bad lkey completes with LOC_PROT_ERR", "[rc][prote
 }
 
 TEST_CASE("RNR: rnr_retry 0 fails with RNR_RETRY_EXC_ERR, rnr_retry 7 waits for the receive", "[rc][rnr]") {
-    Device dev;
-    Buffer buf(dev.pd, 4096, kAll);
+    Device dev, peer(Device::kPeer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
     ibv_send_wr wr{};
     wr.wr_id = 8;
     wr.opcode = IBV_WR_SEND;
@@ -268,7 +272,7 @@ TEST_CASE("RNR: rnr_retry 0 fails with RNR_RETRY_EXC_ERR, rnr_retry 7 waits for 
     {
         RcParams no_retry;
         no_retry.rnr_retry = 0;
-        RcPair p(dev, no_retry);
+        RcPair p(dev, peer, no_retry);
         REQUIRE(post_send(p.a.qp, wr, {sge(buf, 0, 32)}) == 0);
         auto c = poll_one(p.a.send_cq);
         REQUIRE(c);
@@ -276,10 +280,10 @@ TEST_CASE("RNR: rnr_retry 0 fails with RNR_RETRY_EXC_ERR, rnr_retry 7 waits for 
         CHECK(qp_state(p.a.qp) == IBV_QPS_ERR);
     }
     {
-        RcPair p(dev);  // rnr_retry 7: forever
+        RcPair p(dev, peer);  // rnr_retry 7: forever
         REQUIRE(post_send(p.a.qp, wr, {sge(buf, 0, 32)}) == 0);
         CHECK(cq_stays_empty(p.a.send_cq, 100));
-        REQUIRE(post_recv(p.b.qp, 1, {sge(buf, 1024, 64)}) == 0);
+        REQUIRE(post_recv(p.b.qp, 1, {sge(rbuf, 1024, 64)}) == 0);
         auto c = poll_one(p.a.send_cq);
         REQUIRE(c);
         CHECK(c->status == IBV_WC_SUCCESS);
@@ -290,10 +294,10 @@ TEST_CASE("RNR: rnr_retry 0 fails with RNR_RETRY_EXC_ERR, rnr_retry 7 waits for 
 }
 
 TEST_CASE("a receive buffer too small: LOC_LEN_ERR at the responder, REM_INV_REQ_ERR at the requester", "[rc]") {
-    Device dev;
-    RcPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    REQUIRE(post_recv(p.b.qp, 1, {sge(buf, 0, 16)}) == 0);
+    Device dev, peer(Device::kPeer);
+    RcPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    REQUIRE(post_recv(p.b.qp, 1, {sge(rbuf, 0, 16)}) == 0);
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
@@ -307,10 +311,10 @@ TEST_CASE("a receive buffer too small: LOC_LEN_ERR at the responder, REM_INV_REQ
 }
 
 TEST_CASE("a QP moved to ERR flushes its posted receives", "[rc][flush]") {
-    Device dev;
-    RcPair p(dev);
-    Buffer buf(dev.pd, 4096, kAll);
-    for (int i = 0; i < 3; ++i) REQUIRE(post_recv(p.b.qp, 50 + i, {sge(buf, i * 64, 64)}) == 0);
+    Device dev, peer(Device::kPeer);
+    RcPair p(dev, peer);
+    Buffer rbuf(peer.pd, 4096, kAll);
+    for (int i = 0; i < 3; ++i) REQUIRE(post_recv(p.b.qp, 50 + i, {sge(rbuf, i * 64, 64)}) == 0);
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_ERR;
     REQUIRE(ibv_modify_qp(p.b.qp, &a, IBV_QP_STATE) == 0);
@@ -324,12 +328,12 @@ TEST_CASE("a QP moved to ERR flushes its posted receives", "[rc][flush]") {
 }
 
 TEST_CASE("a peer that is not connected: RETRY_EXC_ERR, not a hang", "[rc]") {
-    Device dev;
-    Qp a(dev), b(dev);
+    Device dev, peer(Device::kPeer);
+    Qp a(dev), b(peer);
     RcParams pa;
     pa.retry_cnt = 1;
     pa.timeout = 4;
-    connect_rc(a.qp, dev.lid, b.qpn(), pa);  // b stays in RESET
+    connect_rc(a.qp, peer.lid, b.qpn(), pa);  // b stays in RESET
     Buffer buf(dev.pd, 4096, kAll);
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_SEND;
@@ -341,15 +345,15 @@ TEST_CASE("a peer that is not connected: RETRY_EXC_ERR, not a hang", "[rc]") {
 }
 
 TEST_CASE("SRQ: receives shared by several QPs", "[srq]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     ibv_srq_init_attr sia{};
     sia.attr.max_wr = 16;
     sia.attr.max_sge = 2;
-    ibv_srq* srq = ibv_create_srq(dev.pd, &sia);
+    ibv_srq* srq = ibv_create_srq(peer.pd, &sia);  // the receivers' device
     REQUIRE(srq);
-    Buffer buf(dev.pd, 8192, kAll);
+    Buffer buf(dev.pd, 8192, kAll), rbuf(peer.pd, 8192, kAll);
     for (int i = 0; i < 4; ++i) {
-        ibv_sge s = sge(buf, 4096 + i * 256, 256);
+        ibv_sge s = sge(rbuf, 4096 + i * 256, 256);
         ibv_recv_wr wr{};
         ibv_recv_wr* bad = nullptr;
         wr.wr_id = 200 + i;
@@ -360,10 +364,10 @@ TEST_CASE("SRQ: receives shared by several QPs", "[srq]") {
     QpOptions with_srq;
     with_srq.srq = srq;
     {
-        Qp s1(dev), s2(dev), r1(dev, with_srq), r2(dev, with_srq);
-        connect_rc(s1.qp, dev.lid, r1.qpn());
+        Qp s1(dev), s2(dev), r1(peer, with_srq), r2(peer, with_srq);
+        connect_rc(s1.qp, peer.lid, r1.qpn());
         connect_rc(r1.qp, dev.lid, s1.qpn());
-        connect_rc(s2.qp, dev.lid, r2.qpn());
+        connect_rc(s2.qp, peer.lid, r2.qpn());
         connect_rc(r2.qp, dev.lid, s2.qpn());
         std::memcpy(buf.data, "from s1", 8);
         std::memcpy(buf.data + 64, "from s2", 8);
@@ -381,8 +385,8 @@ TEST_CASE("SRQ: receives shared by several QPs", "[srq]") {
         CHECK(a->qp_num == r1.qpn());
         CHECK(b->wr_id == 201);
         CHECK(b->qp_num == r2.qpn());
-        CHECK(std::string(reinterpret_cast<char*>(buf.data + 4096)) == "from s1");
-        CHECK(std::string(reinterpret_cast<char*>(buf.data + 4096 + 256)) == "from s2");
+        CHECK(std::string(reinterpret_cast<char*>(rbuf.data + 4096)) == "from s1");
+        CHECK(std::string(reinterpret_cast<char*>(rbuf.data + 4096 + 256)) == "from s2");
     }
     ibv_srq_attr sa{};
     REQUIRE(ibv_query_srq(srq, &sa) == 0);
@@ -391,13 +395,14 @@ TEST_CASE("SRQ: receives shared by several QPs", "[srq]") {
 }
 
 TEST_CASE("verbs from several threads at once", "[rc][threads]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     constexpr int kThreads = 4, kMsgs = 500;
     std::vector<std::unique_ptr<RcPair>> pairs;
-    std::vector<std::unique_ptr<Buffer>> bufs;
+    std::vector<std::unique_ptr<Buffer>> bufs, rbufs;
     for (int t = 0; t < kThreads; ++t) {
-        pairs.push_back(std::make_unique<RcPair>(dev));
+        pairs.push_back(std::make_unique<RcPair>(dev, peer));
         bufs.push_back(std::make_unique<Buffer>(dev.pd, 8192, kAll));
+        rbufs.push_back(std::make_unique<Buffer>(peer.pd, 8192, kAll));
     }
     std::vector<int> ok(kThreads, 0);
     std::vector<std::thread> threads;
@@ -405,18 +410,19 @@ TEST_CASE("verbs from several threads at once", "[rc][threads]") {
         threads.emplace_back([&, t] {
             RcPair& p = *pairs[t];
             Buffer& b = *bufs[t];
+            Buffer& rb = *rbufs[t];
             int good = 0;
             for (int i = 0; i < kMsgs; ++i) {
                 uint32_t v = t * 100000 + i;
                 std::memcpy(b.data, &v, 4);
-                if (post_recv(p.b.qp, i, {sge(b, 4096, 64)})) break;
+                if (post_recv(p.b.qp, i, {sge(rb, 4096, 64)})) break;
                 ibv_send_wr wr{};
                 wr.opcode = IBV_WR_SEND;
                 wr.send_flags = IBV_SEND_SIGNALED;
                 if (post_send(p.a.qp, wr, {sge(b, 0, 4)})) break;
                 auto s = poll_one(p.a.send_cq), r = poll_one(p.b.recv_cq);
                 uint32_t got;
-                std::memcpy(&got, b.data + 4096, 4);
+                std::memcpy(&got, rb.data + 4096, 4);
                 if (s && r && s->status == IBV_WC_SUCCESS && r->status == IBV_WC_SUCCESS && got == v) ++good;
             }
             ok[t] = good;

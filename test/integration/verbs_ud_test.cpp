@@ -1,4 +1,6 @@
-// UD semantics through the real libibverbs on vrdma0.
+// UD semantics through the real libibverbs: a UD QP on vrdma0 sends to one
+// on the peer device (vrdma1, another guest, when there is one; see
+// verbs_fixture.h).
 #include <arpa/inet.h>
 
 #include <catch2/catch.hpp>
@@ -12,13 +14,14 @@ namespace {
 constexpr uint32_t kQkey = 0x11111111;
 constexpr int kLocal = IBV_ACCESS_LOCAL_WRITE;
 
-ibv_ah* make_ah(Device& dev, bool global) {
+// An address handle on dev's PD towards the port of `to`.
+ibv_ah* make_ah(Device& dev, Device& to, bool global) {
     ibv_ah_attr aa{};
-    aa.dlid = dev.lid;
+    aa.dlid = to.lid;
     aa.port_num = 1;
     if (global) {
         aa.is_global = 1;
-        REQUIRE(ibv_query_gid(dev.ctx, 1, 0, &aa.grh.dgid) == 0);
+        REQUIRE(ibv_query_gid(to.ctx, 1, 0, &aa.grh.dgid) == 0);
         aa.grh.hop_limit = 1;
     }
     ibv_ah* ah = ibv_create_ah(dev.pd, &aa);
@@ -28,18 +31,18 @@ ibv_ah* make_ah(Device& dev, bool global) {
 }  // namespace
 
 TEST_CASE("UD datagrams: 40 bytes of GRH space, source QP and LID in the completion", "[ud]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     QpOptions ud;
     ud.type = IBV_QPT_UD;
-    Qp a(dev, ud), b(dev, ud);
+    Qp a(dev, ud), b(peer, ud);
     bring_up_ud(a.qp, kQkey);
     bring_up_ud(b.qp, kQkey);
-    Buffer src(dev.pd, 8192, kLocal), dst(dev.pd, 8192, kLocal);
+    Buffer src(dev.pd, 8192, kLocal), dst(peer.pd, 8192, kLocal);
     for (int i = 0; i < 4096; ++i) src.data[i] = uint8_t(i * 13);
 
     for (bool global : {false, true}) {
         INFO("global AH: " << global);
-        ibv_ah* ah = make_ah(dev, global);
+        ibv_ah* ah = make_ah(dev, peer, global);
         std::memset(dst.data, 0, dst.size);
         REQUIRE(post_recv(b.qp, 5, {sge(dst, 0, 40 + 4096)}) == 0);
         ibv_send_wr wr{};
@@ -72,15 +75,15 @@ TEST_CASE("UD datagrams: 40 bytes of GRH space, source QP and LID in the complet
 }
 
 TEST_CASE("UD: a wrong qkey or a missing QP drops the datagram; the sender still succeeds", "[ud]") {
-    Device dev;
+    Device dev, peer(Device::kPeer);
     QpOptions ud;
     ud.type = IBV_QPT_UD;
-    Qp a(dev, ud), b(dev, ud);
+    Qp a(dev, ud), b(peer, ud);
     bring_up_ud(a.qp, kQkey);
     bring_up_ud(b.qp, kQkey);
-    Buffer buf(dev.pd, 4096, kLocal);
-    ibv_ah* ah = make_ah(dev, false);
-    REQUIRE(post_recv(b.qp, 1, {sge(buf, 0, 1024)}) == 0);
+    Buffer buf(dev.pd, 4096, kLocal), rbuf(peer.pd, 4096, kLocal);
+    ibv_ah* ah = make_ah(dev, peer, false);
+    REQUIRE(post_recv(b.qp, 1, {sge(rbuf, 0, 1024)}) == 0);
     ibv_send_wr wr{};
     wr.opcode = IBV_WR_SEND;
     wr.send_flags = IBV_SEND_SIGNALED;
