@@ -714,7 +714,7 @@ void Link::build_batch() {
         h.psn = m.psn;
         h.offset = m.sent;
         iov_.push_back(iovec{&h, sizeof(h)});
-        if (!m.header_sent) iov_.push_back(iovec{m.fixed, m.fixed_len});
+        if (!m.header_sent && m.fixed_len) iov_.push_back(iovec{m.fixed, m.fixed_len});
         iovec pieces[abi::kMaxSge];
         size_t k = spans_to_iov(m.spans, m.nspans, m.sent, n, pieces, abi::kMaxSge);
         iov_.insert(iov_.end(), pieces, pieces + k);
@@ -776,8 +776,9 @@ bool Link::flush() {
             }
             stats.tx_bytes += uint64_t(n);
             size_t left = size_t(n);
-            while (left > 0 && iov_pos_ < iov_.size()) {
+            while (iov_pos_ < iov_.size()) {
                 iovec& v = iov_[iov_pos_];
+                if (left == 0 && v.iov_len != 0) break;
                 if (left >= v.iov_len) {
                     left -= v.iov_len;
                     ++iov_pos_;
