@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12's archive, what vrdma needs to build, test (clang
-# and its libFuzzer runtime: scripts/fuzz.sh) and run its demo. Only what is
+# and its libFuzzer runtime: scripts/fuzz.sh; iptables: the packet loss of
+# the fabric tests where the kernel has no tc netem) and run its demo. Only what is
 # missing is installed. Needs root.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ packages=(
     openmpi-bin libopenmpi-dev
     libfmt-dev catch2
     iproute2 procps
+    iptables
     clang libclang-rt-14-dev
 )
 

@@ -410,3 +410,67 @@ fabric_stop() {
     fi
     exit "$rc"
 }
+
+# ---------------------------------------------------------------------------
+# RC streams for the fabric tests (test/integration/fabric_stream.cpp).
+STREAM="$VRDMA_BUILD_DIR/test/integration/vrdma-fabric-stream"
+declare -A STREAM_SPID=() STREAM_CPID=()
+
+# stream_start NAME SERVER_GUEST CLIENT_GUEST PORT ARGS...: a stream server
+# in SERVER_GUEST and its client in CLIENT_GUEST, in the background, both
+# with ARGS; output in RUN_DIR.NAME.server and RUN_DIR.NAME.client.
+stream_start() {
+    local name="$1" sg="$2" cg="$3" port="$4"
+    shift 4
+    local out="$RUN_DIR.$name"
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$sg" -- "$STREAM" -p "$port" "$@" >"$out.server" 2>&1 &
+    STREAM_SPID[$name]=$!
+    wait_port "$port"
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$cg" -- "$STREAM" -p "$port" "$@" 127.0.0.1 \
+        >"$out.client" 2>&1 &
+    STREAM_CPID[$name]=$!
+}
+
+# stream_show NAME: both outputs, prefixed (progress lines left out).
+stream_show() {
+    local out="$RUN_DIR.$1"
+    grep -v '^progress ' "$out.server" | sed "s/^/  $1 server| /" || true
+    grep -v '^progress ' "$out.client" | sed "s/^/  $1 client| /" || true
+}
+
+# stream_wait NAME: both ends exit 0 (within their 300 s), the server checked
+# every byte and the client got the end of the stream.
+stream_wait() {
+    local name="$1" src=0 crc=0
+    local out="$RUN_DIR.$name"
+    wait "${STREAM_CPID[$name]}" || crc=$?
+    wait "${STREAM_SPID[$name]}" || src=$?
+    stream_show "$name"
+    [ "$crc" -eq 0 ] || fail "stream $name: the client exited with $crc"
+    [ "$src" -eq 0 ] || fail "stream $name: the server exited with $src"
+    grep -q '^server: verified [0-9]* messages' "$out.server" || fail "stream $name: the server did not verify the data"
+    grep -q '^client: done ' "$out.client" || fail "stream $name: the client did not finish"
+}
+
+# stream_run NAME SERVER_GUEST CLIENT_GUEST PORT ARGS...: start and wait.
+stream_run() {
+    stream_start "$@"
+    stream_wait "$1"
+}
+
+# wait_line FILE REGEX [SECONDS]: until FILE has a line matching the
+# extended REGEX (default 10 s).
+wait_line() {
+    local deadline=$(( $(date +%s) + ${3:-10} ))
+    until grep -Eq "$2" "$1" 2>/dev/null; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            echo "--- $1:" >&2
+            cat "$1" >&2 || true
+            fail "no line /$2/ in $(basename "$1") after ${3:-10} s"
+        fi
+        sleep 0.05
+    done
+}
+
+# now_ms: wall clock in milliseconds.
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
