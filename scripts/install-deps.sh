@@ -10,9 +10,8 @@ packages=(
     build-essential cmake pkg-config git
     libibverbs-dev ibverbs-utils rdma-core perftest
     openmpi-bin libopenmpi-dev
-    libfmt-dev catch2
-    iproute2 procps
-    iptables iperf3
+    libfmt-dev catch2 libssl-dev
+    iproute2 procps iptables iperf3
     clang libclang-rt-14-dev
 )
 

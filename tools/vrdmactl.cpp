@@ -26,6 +26,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] list\n"
     "    vrdmactl [--run-dir DIR] status\n"
     "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
+    "    vrdmactl [--run-dir DIR] peers\n"
     "\n"
     "COMMANDS\n"
     "    list    One line per guest: name, LID, port GID, whether its shim\n"
@@ -39,6 +40,14 @@ constexpr const char* kHelp =
     "            through the shim's control socket DIR/control.sock. Exit\n"
     "            status 0 on success, 1 if the shim refused, 3 if no shim\n"
     "            answers.\n"
+    "    peers   The peer shims of the fabric, one line each:\n"
+    "              peer ADDR:PORT state STATE lids FIRST-LAST tx_bytes N rx_bytes N\n"
+    "              tx_msgs N rx_msgs N retries N errors N [last_error \"TEXT\"]\n"
+    "            STATE is up, connecting (being dialed, or waiting to be\n"
+    "            dialed again), down (it had connected to this shim and went\n"
+    "            away) or refused (wrong key, or its LIDs overlap). Counters\n"
+    "            add up over the peer's connections. \"no fabric\" when the\n"
+    "            shim runs alone. Exit status 3 if no shim answers.\n"
     "\n"
     "OPTIONS\n"
     "    --run-dir DIR  The shim's run directory. Default: VRDMA_RUN_DIR, else\n"
@@ -84,8 +93,9 @@ int list(const std::string& run_dir) {
     return 0;
 }
 
-// One request to the shim's control socket (src/shim/control_socket.h).
-int control(const std::string& run_dir, const std::string& request) {
+// One request to the shim's control socket (src/shim/daemon/control_socket.h).
+// `print_reply`: the reply is the answer (peers), printed as it is.
+int control(const std::string& run_dir, const std::string& request, bool print_reply = false) {
     std::string path = run_dir + "/control.sock";
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
@@ -100,7 +110,7 @@ int control(const std::string& run_dir, const std::string& request) {
         if (fd >= 0) close(fd);
         return 3;
     }
-    char buf[512];
+    static char buf[1 << 16];
     ssize_t n = -1;
     if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size())) {
         pollfd p{fd, POLLIN, 0};
@@ -113,6 +123,10 @@ int control(const std::string& run_dir, const std::string& request) {
     }
     std::string reply(buf, size_t(n));
     if (reply == "ok") return 0;
+    if (print_reply && reply.rfind("error: ", 0) != 0) {
+        fputs(reply.c_str(), stdout);
+        return 0;
+    }
     fprintf(stderr, "vrdmactl: %s\n", reply.c_str());
     return 1;
 }
@@ -148,6 +162,7 @@ int main(int argc, char** argv) {
         }
         return control(run_dir, "port " + args[0] + " " + args[1]);
     }
+    if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "status") {
         std::string pid = read_line(run_dir + "/ready");
         if (pid.empty()) {

@@ -7,9 +7,9 @@
 
 namespace vrdma {
 
-int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds) {
-    if (fds.size() > kMaxPassedFds) return EINVAL;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
+int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds, int flags) {
+    if (fds.size() > kMaxSentFds) return EINVAL;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxSentFds)] = {};
     iovec iov{const_cast<void*>(buf), len};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -24,7 +24,7 @@ int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fd
         std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
     for (;;) {
-        ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+        ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | flags);
         if (n >= 0) return size_t(n) == len ? 0 : EMSGSIZE;
         if (errno != EINTR) return errno;
     }

@@ -11,7 +11,6 @@
 
 #include "attach.h"
 #include "fuzz_common.h"
-#include "vrdma_common/fd_passing.h"
 
 using namespace vrdma::fuzz;
 
@@ -25,15 +24,8 @@ enum Kind : uint8_t {
 bool acceptable_memory(Kind k) { return k == kMemfd1M || k == kSmall || k == kSparse1G || k == kArenaAgain; }
 
 int make_memfd(uint64_t size, bool allow, bool seal_shrink, bool seal_write) {
-    int fd = memfd_create("fuzz-seg", MFD_CLOEXEC | (allow ? MFD_ALLOW_SEALING : 0));
-    if (fd < 0) return -1;
-    if (ftruncate(fd, off_t(size)) != 0) {
-        close(fd);
-        return -1;
-    }
-    if (seal_shrink) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
-    if (seal_write) fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE);
-    return fd;
+    return abi_client::make_memfd(size, (seal_shrink ? F_SEAL_SHRINK : 0) | (seal_write ? F_SEAL_WRITE : 0), allow,
+                                  "fuzz-seg");
 }
 
 struct Conn {
@@ -172,24 +164,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 if (fd < 0) fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
                 fds[i] = fd;
             }
-            // Send (raw sendmsg: up to 6 fds, any length).
-            {
-                alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
-                iovec iov{msg, len};
-                msghdr mh{};
-                mh.msg_iov = &iov;
-                mh.msg_iovlen = 1;
-                if (nfds) {
-                    mh.msg_control = control;
-                    mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-                    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-                    c->cmsg_level = SOL_SOCKET;
-                    c->cmsg_type = SCM_RIGHTS;
-                    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-                    std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-                }
-                if (sendmsg(cn.peer, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {}
-            }
+            // Send (up to 6 fds, any length).
+            abi_client::send_msg(cn.peer, msg, len, std::span<const int>(fds, nfds), MSG_DONTWAIT);
             const uint64_t before = cn.c().ctx_id;
             bool keep = handle_connection_message(eng, cn.c());
             // The reply (if any) says whether the shim accepted the memory.

@@ -14,8 +14,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <infiniband/verbs.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +21,7 @@
 #include <cstring>
 #include <vector>
 
+#include "abi_client.h"
 #include "commands.h"
 #include "engine.h"
 #include "vrdma/abi.h"
@@ -35,6 +34,11 @@ using namespace vrdma::shim;
 // The harnesses' bodies live at global scope under `using namespace
 // vrdma::fuzz`, which does not make vrdma::abi visible there.
 namespace abi = vrdma::abi;
+namespace abi_client = vrdma::abi_client;
+using abi_client::CqView;
+using abi_client::MrInfo;
+using abi_client::QpView;
+using abi_client::WqView;
 
 // Reads the input front to back; past its end every value is 0.
 class Input {
@@ -81,34 +85,20 @@ inline uint64_t fnv(const uint8_t* p, size_t n) {
     return h;
 }
 
-// One attached process, as the provider sees its memory.
-class Guest {
+// One attached process, as the provider sees its memory: the shared ABI
+// client (test/common/abi_client.h) run in-process. Setup that the shim
+// refuses aborts: the harness is wrong then.
+class Guest : public abi_client::Client {
 public:
     static constexpr uint64_t kArena = 1 << 20;
 
-    Guest(Engine& eng, const GuestIdentity& g) : eng_(eng) {
-        fd_ = memfd_create("fuzz-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-        if (fd_ < 0 || ftruncate(fd_, kArena) != 0 || fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK) != 0) std::abort();
-        void* p = mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
-        if (p == MAP_FAILED) std::abort();
-        base_ = static_cast<uint8_t*>(p);
-        int err = 0;
-        Context* c = eng.attach(g, UniqueFd(dup(fd_)), gva(), kArena, UniqueFd(), UniqueFd(), UniqueFd(), err);
+    Guest(Engine& eng, const GuestIdentity& g) : Client(abi_client::in_process(eng)), eng_(eng) {
+        if (!arena().open(kArena, F_SEAL_SHRINK, "fuzz-arena")) std::abort();
+        Context* c = abi_client::attach_in_process(eng, g, *this);
         if (!c) std::abort();
         ctx_id_ = c->id();
-        next_ = abi::kControlBlockBytes;
     }
-    ~Guest() {
-        munmap(base_, kArena);
-        close(fd_);
-    }
-    Guest(const Guest&) = delete;
-    Guest& operator=(const Guest&) = delete;
 
-    uint64_t gva() const { return reinterpret_cast<uint64_t>(base_); }
-    uint8_t* at(uint64_t g) { return reinterpret_cast<uint8_t*>(g); }
-    uint8_t* base() { return base_; }
-    abi::ControlBlock* cb() { return reinterpret_cast<abi::ControlBlock*>(base_); }
     Context* ctx() { return eng_.find_context(ctx_id_); }
     bool alive() {
         Context* c = ctx();
@@ -117,239 +107,74 @@ public:
     uint64_t ctx_id() const { return ctx_id_; }
 
     uint64_t alloc(uint64_t bytes, uint64_t align = 64) {
-        next_ = (next_ + align - 1) & ~(align - 1);
-        if (next_ + bytes > kArena) std::abort();  // the harness's own layout
-        uint64_t g = gva() + next_;
-        next_ += bytes;
+        uint64_t g = Client::alloc(bytes, align);
+        if (!g) std::abort();  // the harness's own layout
         return g;
     }
-
-    struct Result {
-        int status = -1;
-        alignas(8) uint8_t resp[abi::kCmdRespBytes] = {};
-        template <typename T>
-        T as() const {
-            T t;
-            std::memcpy(&t, resp, sizeof(T));
-            return t;
-        }
-    };
-
-    // Writes up to kCmdSlots command records, advances the producer by
-    // `advance` (normally n), rings the doorbell and runs one engine pass.
-    // Returns the results of the records the shim completed.
-    std::vector<Result> cmds(const std::vector<std::pair<uint32_t, std::vector<uint8_t>>>& recs, uint32_t advance) {
-        std::vector<Result> out;
-        std::vector<uint32_t> seqs, slots;
-        for (size_t i = 0; i < recs.size(); ++i) {
-            uint32_t slot = ring_slot(ring_advance(prod_, uint32_t(i), abi::kCmdSlots), abi::kCmdSlots);
-            abi::CmdSlot& s = cb()->cmd[slot];
-            uint32_t op = recs[i].first;
-            std::memcpy(&s.op, &op, 4);
-            std::memset(s.req, 0, sizeof(s.req));
-            if (!recs[i].second.empty())  // data() of an empty vector may be null
-                std::memcpy(s.req, recs[i].second.data(), std::min(recs[i].second.size(), sizeof(s.req)));
-            s.seq.store(++seq_);
-            seqs.push_back(seq_);
-            slots.push_back(slot);
-        }
-        prod_ = ring_advance(prod_, advance, abi::kCmdSlots);
-        cb()->cmd_producer.store(prod_);
-        cb()->doorbell.fetch_add(1);
-        eng_.poll_once();
-        for (size_t i = 0; i < recs.size(); ++i) {
-            abi::CmdSlot& s = cb()->cmd[slots[i]];
-            Result r;
-            if (s.done_seq.load() == seqs[i]) {
-                r.status = s.status;
-                std::memcpy(r.resp, s.resp, sizeof(r.resp));
-            }
-            out.push_back(r);
-        }
-        return out;
-    }
-    template <typename Req>
-    Result cmd(abi::CmdOp op, const Req& req) {
-        std::vector<uint8_t> raw(sizeof(Req));
-        std::memcpy(raw.data(), &req, sizeof(Req));
-        return cmds({{uint32_t(op), raw}}, 1)[0];
-    }
-    Result cmd(abi::CmdOp op) { return cmds({{uint32_t(op), {}}}, 1)[0]; }
-    void set_cmd_producer(uint32_t v) { prod_ = v; }
-    uint32_t cmd_producer() const { return prod_; }
+    void set_cmd_producer(uint32_t v) { cmd_producer() = v; }
 
     // --- resources (setup; abort on failure: the harness is wrong then) ---
-    uint32_t pd() { return must(cmd(abi::CmdOp::AllocPd)).as<abi::CmdAllocPdResp>().pd_handle; }
-    struct MrInfo {
-        uint32_t handle = 0, key = 0;
-        uint64_t addr = 0, len = 0;
-    };
+    uint32_t pd() {
+        uint32_t h = 0;
+        must(alloc_pd(h));
+        return h;
+    }
     MrInfo mr(uint32_t pd, uint64_t len, uint32_t access, uint8_t fill) {
         uint64_t addr = alloc(len, 4096);
         std::memset(at(addr), fill, len);
-        auto r = must(cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, access, addr, len})).as<abi::CmdRegMrResp>();
-        return MrInfo{r.mr_handle, r.lkey, addr, len};
+        MrInfo m;
+        must(reg_mr(pd, addr, len, access, m));
+        return m;
     }
-    struct CqView {
-        uint32_t handle = 0, entries = 0, cons = 0;
-        uint64_t ring = 0;
-    };
     CqView cq(uint32_t entries) {
         CqView v;
-        v.entries = entries;
-        v.ring = alloc(abi::cq_ring_bytes(entries));
-        abi::CmdCreateCqReq req{};
-        req.ring_gva = v.ring;
-        req.entries = entries;
-        v.handle = must(cmd(abi::CmdOp::CreateCq, req)).as<abi::CmdCreateCqResp>().cq_handle;
+        must(create_cq(entries, v));
         return v;
     }
-    // Consumes up to `max` CQEs as the provider does.
-    uint32_t poll(CqView& cq, uint32_t max) {
-        auto* hdr = reinterpret_cast<abi::RingHeader*>(at(cq.ring));
-        uint32_t n = 0;
-        while (n < max && hdr->producer.load() != cq.cons) {
-            cq.cons = ring_next(cq.cons, cq.entries);
-            hdr->consumer.store(cq.cons);
-            ++n;
-        }
-        return n;
-    }
-    struct WqView {
-        uint64_t ring = 0;
-        uint32_t entries = 0, stride = 0, prod = 0;
-        abi::RingHeader* hdr(Guest& g) const { return reinterpret_cast<abi::RingHeader*>(g.at(ring)); }
-        uint8_t* slot(Guest& g, uint32_t idx) const {
-            return g.at(ring + abi::wq_slots_offset() + uint64_t(ring_slot(idx, entries)) * stride);
-        }
-    };
-    struct QpView {
-        uint32_t handle = 0, qpn = 0, type = IBV_QPT_RC;
-        WqView sq, rq;
-        bool srq = false;
-    };
     QpView qp(uint32_t pd, const CqView& scq, const CqView& rcq, uint32_t type, uint32_t srq_handle = 0) {
+        abi_client::QpSpec s;
+        s.type = type;
+        s.entries = 8;
+        s.stride = 512;
+        s.rq_stride = 128;
+        s.srq = srq_handle;
+        s.user_handle = 0;
         QpView v;
-        v.type = type;
-        v.srq = srq_handle != 0;
-        abi::CmdCreateQpReq req{};
-        v.sq = WqView{alloc(abi::wq_ring_bytes(8, 512)), 8, 512, 0};
-        if (!srq_handle) v.rq = WqView{alloc(abi::wq_ring_bytes(8, 128)), 8, 128, 0};
-        req.sq_gva = v.sq.ring;
-        req.rq_gva = srq_handle ? 0 : v.rq.ring;
-        req.pd_handle = pd;
-        req.qp_type = type;
-        req.send_cq_handle = scq.handle;
-        req.recv_cq_handle = rcq.handle;
-        req.srq_handle = srq_handle;
-        req.sq_entries = 8;
-        req.sq_stride = 512;
-        req.rq_entries = srq_handle ? 0 : 8;
-        req.rq_stride = srq_handle ? 0 : 128;
-        req.max_send_sge = 4;
-        req.max_recv_sge = srq_handle ? 0 : 4;
-        req.max_inline_data = 256;
-        auto r = must(cmd(abi::CmdOp::CreateQp, req)).as<abi::CmdCreateQpResp>();
-        v.handle = r.qp_handle;
-        v.qpn = r.qpn;
+        must(create_qp(pd, scq.handle, rcq.handle, s, v));
         return v;
     }
     WqView srq_ring;
     uint32_t srq(uint32_t pd) {
-        srq_ring = WqView{alloc(abi::wq_ring_bytes(8, 128)), 8, 128, 0};
-        abi::CmdCreateSrqReq req{};
-        req.ring_gva = srq_ring.ring;
-        req.pd_handle = pd;
-        req.entries = 8;
-        req.stride = 128;
-        req.max_sge = 4;
-        return must(cmd(abi::CmdOp::CreateSrq, req)).as<abi::CmdCreateSrqResp>().srq_handle;
+        uint32_t h = 0;
+        must(create_srq(pd, 8, 128, 4, srq_ring, h));
+        return h;
     }
-    int modify(uint32_t qp, uint32_t mask, const abi::QpAttr& a) {
-        abi::CmdModifyQpReq req{};
-        req.qp_handle = qp;
-        req.attr_mask = mask;
-        req.attr = a;
-        return cmd(abi::CmdOp::ModifyQp, req).status;
-    }
+    int modify(uint32_t qp, uint32_t mask, const abi::QpAttr& a) { return modify_qp(qp, mask, a); }
     // RESET -> INIT -> RTR -> RTS (RC to (dlid, dqpn); UD with qkey).
     int connect(const QpView& q, uint16_t dlid, uint32_t dqpn, uint32_t qkey, uint8_t retry = 2) {
-        abi::QpAttr a{};
-        a.qp_state = IBV_QPS_INIT;
-        a.port_num = 1;
-        int rc;
-        if (q.type == IBV_QPT_UD) {
-            a.qkey = qkey;
-            if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, a))) return rc;
-            a = {};
-            a.qp_state = IBV_QPS_RTR;
-            if ((rc = modify(q.handle, IBV_QP_STATE, a))) return rc;
-            a.qp_state = IBV_QPS_RTS;
-            return modify(q.handle, IBV_QP_STATE | IBV_QP_SQ_PSN, a);
-        }
-        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                            IBV_ACCESS_REMOTE_ATOMIC;
-        if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, a)))
-            return rc;
-        a = {};
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = IBV_MTU_4096;
-        a.dest_qp_num = dqpn;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 1;
-        a.ah.dlid = dlid;
-        a.ah.port_num = 1;
-        if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-                         a)))
-            return rc;
-        a = {};
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = 1;
-        a.retry_cnt = retry;
-        a.rnr_retry = retry;
-        a.max_rd_atomic = 1;
-        return modify(q.handle, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                    IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC,
-                      a);
+        if (q.type == IBV_QPT_UD) return connect_ud(q.handle, qkey);
+        abi_client::RcPath p;
+        p.dlid = dlid;
+        p.dqpn = dqpn;
+        p.retry_cnt = p.rnr_retry = retry;
+        return connect_rc(q.handle, p);
     }
     uint32_t ah(uint32_t pd, uint16_t dlid) {
-        abi::CmdCreateAhReq req{};
-        req.pd_handle = pd;
-        req.attr.dlid = dlid;
-        req.attr.port_num = 1;
-        return must(cmd(abi::CmdOp::CreateAh, req)).as<abi::CmdCreateAhResp>().ah_handle;
-    }
-    // Publishes a WQE already written at the producer slot.
-    void advance(WqView& wq, uint32_t n = 1) {
-        wq.prod = ring_advance(wq.prod, n, wq.entries);
-        wq.hdr(*this)->producer.store(wq.prod);
-        cb()->doorbell.fetch_add(1);
-    }
-    void post_recv(WqView& wq, uint64_t wr_id, const std::vector<abi::Sge>& sges) {
-        uint8_t* slot = wq.slot(*this, wq.prod);
-        abi::RecvWqe h{wr_id, uint32_t(sges.size()), 0};
-        std::memcpy(slot, &h, sizeof(h));
-        if (!sges.empty()) std::memcpy(slot + sizeof(h), sges.data(), sges.size() * sizeof(abi::Sge));
-        advance(wq);
+        uint32_t h = 0;
+        must(create_ah(pd, dlid, h));
+        return h;
     }
 
-    static Result must(Result r) {
-        if (r.status != 0) {
-            std::fprintf(stderr, "fuzz setup: command failed with %d\n", r.status);
+    static void must(int status) {
+        if (status != 0) {
+            std::fprintf(stderr, "fuzz setup: command failed with %d\n", status);
             std::abort();
         }
-        return r;
     }
 
 private:
     Engine& eng_;
-    int fd_ = -1;
-    uint8_t* base_ = nullptr;
     uint64_t ctx_id_ = 0;
-    uint64_t next_ = 0;
-    uint32_t prod_ = 0;
-    uint32_t seq_ = 0;
 };
 
 // Three guests with connected QPs and registered memory (see the top).
@@ -361,9 +186,9 @@ struct World {
     Guest a, b, c;
 
     uint32_t a_pd = 0, b_pd = 0, c_pd = 0;
-    Guest::MrInfo a_local, a_remote, b_granted, b_private, c_mr;
-    Guest::CqView a_cq, a_cq2, b_cq, c_cq;
-    Guest::QpView a_rc, a_loop, a_ud, a_srq_qp, b_rc, b_rc2, b_ud, c_rc;
+    MrInfo a_local, a_remote, b_granted, b_private, c_mr;
+    CqView a_cq, a_cq2, b_cq, c_cq;
+    QpView a_rc, a_loop, a_ud, a_srq_qp, b_rc, b_rc2, b_ud, c_rc;
     uint32_t a_srq = 0, a_ah_b = 0, a_ah_c = 0;
     uint64_t c_hash = 0, b_private_hash = 0;
     bool b_gone = false;
@@ -409,8 +234,8 @@ struct World {
         // b posts receives into the MR it granted (its private one stays
         // untouched by anyone but b).
         for (int i = 0; i < 4; ++i) {
-            b.post_recv(b_rc.rq, 100 + i, {abi::Sge{b_granted.addr, 4096, b_granted.key}});
-            b.post_recv(b_ud.rq, 200 + i, {abi::Sge{b_granted.addr + 4096, 4096, b_granted.key}});
+            b.post_recv(b_rc.rq, 100 + i, {abi::Sge{b_granted.addr, 4096, b_granted.lkey}});
+            b.post_recv(b_ud.rq, 200 + i, {abi::Sge{b_granted.addr + 4096, 4096, b_granted.lkey}});
         }
         eng.poll_once();
         snapshot();
@@ -437,12 +262,12 @@ struct World {
     // Key, address and QPN choices the fuzzer picks among.
     uint32_t key(Input& in) {
         switch (in.pick(9)) {
-        case 0: return a_local.key;
-        case 1: return a_remote.key;
-        case 2: return b_granted.key;
-        case 3: return b_private.key;
-        case 4: return c_mr.key;
-        case 5: return a_local.key + in.u8();
+        case 0: return a_local.lkey;
+        case 1: return a_remote.lkey;
+        case 2: return b_granted.lkey;
+        case 3: return b_private.lkey;
+        case 4: return c_mr.lkey;
+        case 5: return a_local.lkey + in.u8();
         case 6: return make_handle(HandleType::Mr, in.u8(), in.u8());
         case 7: return 0;
         default: return in.u32();
@@ -485,7 +310,7 @@ struct World {
         default: return in.u32();
         }
     }
-    Guest::QpView* a_qp(Input& in) {
+    QpView* a_qp(Input& in) {
         switch (in.pick(4)) {
         case 0: return &a_rc;
         case 1: return &a_loop;
@@ -503,8 +328,7 @@ struct World {
 
     // Writes a send WQE built from the input at the producer slot of q and
     // publishes it.
-    void post_send(Input& in, Guest::QpView& q) {
-        uint8_t* slot = q.sq.slot(a, q.sq.prod);
+    void post_send(Input& in, QpView& q) {
         abi::SendWqe w{};
         w.wr_id = in.u32();
         w.opcode = opcode(in);
@@ -526,26 +350,23 @@ struct World {
         w.remote_qpn = qpn(in);
         uint8_t qk = in.u8();
         w.remote_qkey = qk % 3 == 0 ? 0x2222 : qk % 3 == 1 ? 0x80000000u : in.u32();
-        std::memcpy(slot, &w, sizeof(w));
-        uint8_t* after = slot + sizeof(w);
         const uint32_t room = q.sq.stride - uint32_t(sizeof(w));
+        std::vector<uint8_t> inline_data;
+        std::vector<abi::Sge> sges;
         if (w.send_flags & IBV_SEND_INLINE) {
-            uint32_t n = std::min<uint32_t>(in.u8(), room);
-            in.bytes(after, n);
+            inline_data.resize(std::min<uint32_t>(in.u8(), room));
+            in.bytes(inline_data.data(), inline_data.size());
         } else {
             uint32_t n = std::min<uint32_t>(w.num_sge, room / sizeof(abi::Sge));
-            for (uint32_t i = 0; i < n; ++i) {
-                abi::Sge s{addr(in), length(in), key(in)};
-                std::memcpy(after + i * sizeof(s), &s, sizeof(s));
-            }
+            for (uint32_t i = 0; i < n; ++i) sges.push_back(abi::Sge{addr(in), length(in), key(in)});
         }
-        a.advance(q.sq);
+        a.post_send(q.sq, w, sges, inline_data);
     }
     // A receive WQE into a's own receive queues (its RC loopback QP, its
     // UD QP, its SRQ) or b's (b is allowed to hurt itself only).
     void post_recv(Input& in) {
         Guest* g = &a;
-        Guest::WqView* wq;
+        WqView* wq;
         switch (in.pick(4)) {
         case 0: wq = &a_loop.rq; break;
         case 1: wq = &a_ud.rq; break;
@@ -556,28 +377,25 @@ struct World {
             wq = &b_rc.rq;
             break;
         }
-        uint8_t* slot = wq->slot(*g, wq->prod);
         abi::RecvWqe h{in.u32(), 0, 0};
         uint8_t ns = in.u8();
         h.num_sge = ns < 240 ? ns % 5 : in.u32();
-        std::memcpy(slot, &h, sizeof(h));
         uint32_t n = std::min<uint32_t>(h.num_sge, (wq->stride - sizeof(h)) / sizeof(abi::Sge));
+        std::vector<abi::Sge> sges;
         for (uint32_t i = 0; i < n; ++i) {
-            abi::Sge s;
             if (g == &b) {
-                s = abi::Sge{b_granted.addr + in.u8(), uint32_t(in.u8()) * 16, b_granted.key};
+                sges.push_back(abi::Sge{b_granted.addr + in.u8(), uint32_t(in.u8()) * 16, b_granted.lkey});
             } else {
-                s = abi::Sge{addr(in), length(in), key(in)};
+                sges.push_back(abi::Sge{addr(in), length(in), key(in)});
             }
-            std::memcpy(slot + sizeof(h) + i * sizeof(s), &s, sizeof(s));
         }
-        g->advance(*wq);
+        g->post_recv(*wq, h, sges);
     }
     void poll_all(Input& in) {
         uint32_t m = in.u8();
-        a.poll(a_cq, m);
-        a.poll(a_cq2, m);
-        if (!b_gone) b.poll(b_cq, 64);
+        a.poll_cq(a_cq, m);
+        a.poll_cq(a_cq2, m);
+        if (!b_gone) b.poll_cq(b_cq, 64);
     }
 };
 

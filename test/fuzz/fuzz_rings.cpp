@@ -34,17 +34,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!w.a.alive()) break;
         switch (in.pick(10)) {
         case 0: {  // a producer index of one of a's work queues
-            Guest::QpView* q = w.a_qp(in);
-            Guest::WqView* wq = in.u8() & 1 && !q->srq ? &q->rq : &q->sq;
+            QpView* q = w.a_qp(in);
+            WqView* wq = in.u8() & 1 && !q->srq ? &q->rq : &q->sq;
             if (in.u8() & 1) wq = &w.a.srq_ring;
             uint32_t v = index_value(in, wq->prod, wq->entries);
-            wq->hdr(w.a)->producer.store(v);
+            w.a.ring_header(wq->ring)->producer.store(v);
             if (in.u8() & 1) wq->prod = v;  // the provider believes it too
             w.a.cb()->doorbell.fetch_add(1);
             break;
         }
         case 1: {  // a CQ consumer index
-            Guest::CqView& cq = in.u8() & 1 ? w.a_cq : w.a_cq2;
+            CqView& cq = in.u8() & 1 ? w.a_cq : w.a_cq2;
             uint32_t v = index_value(in, cq.cons, cq.entries);
             reinterpret_cast<abi::RingHeader*>(w.a.at(cq.ring))->consumer.store(v);
             if (in.u8() & 1) cq.cons = v;
@@ -72,19 +72,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             w.a.cb()->doorbell.store(in.u32());
             break;
         case 4: {  // a well-formed SEND or WRITE to b
-            Guest::QpView* q = in.u8() & 1 ? &w.a_rc : &w.a_loop;
-            uint8_t* slot = q->sq.slot(w.a, q->sq.prod);
+            QpView* q = in.u8() & 1 ? &w.a_rc : &w.a_loop;
             abi::SendWqe wq{};
             wq.wr_id = in.u32();
             wq.opcode = in.u8() & 1 ? IBV_WR_SEND : IBV_WR_RDMA_WRITE;
             wq.send_flags = in.u8() & 1 ? IBV_SEND_SIGNALED : 0;
             wq.num_sge = 1;
             wq.remote_addr = (q == &w.a_rc ? w.b_granted.addr : w.a_remote.addr) + in.u8();
-            wq.rkey = q == &w.a_rc ? w.b_granted.key : w.a_remote.key;
-            abi::Sge s{w.a_local.addr + in.u8(), uint32_t(in.u8()) * 8, w.a_local.key};
-            std::memcpy(slot, &wq, sizeof(wq));
-            std::memcpy(slot + sizeof(wq), &s, sizeof(s));
-            w.a.advance(q->sq);
+            wq.rkey = q == &w.a_rc ? w.b_granted.rkey : w.a_remote.rkey;
+            abi::Sge s{w.a_local.addr + in.u8(), uint32_t(in.u8()) * 8, w.a_local.lkey};
+            w.a.post_send(q->sq, wq, {&s, 1});
             break;
         }
         case 5:
@@ -98,8 +95,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             else g_now += uint64_t(in.u16()) * 100'000;
             break;
         case 8: {  // the ring header's other words (the shim's own index, padding)
-            Guest::QpView* q = w.a_qp(in);
-            q->sq.hdr(w.a)->consumer.store(in.u32());
+            QpView* q = w.a_qp(in);
+            w.a.ring_header(q->sq.ring)->consumer.store(in.u32());
             break;
         }
         default:

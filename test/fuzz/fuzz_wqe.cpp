@@ -32,7 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             w.run(1);
             break;
         case 6: {  // state change of one of a's QPs
-            Guest::QpView* q = w.a_qp(in);
+            QpView* q = w.a_qp(in);
             abi::QpAttr at{};
             uint8_t k = in.u8();
             if (k % 4 == 0) {
@@ -55,16 +55,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             break;
         }
         case 7: {  // deregister an MR of a with WQEs in flight, register it again
-            Guest::MrInfo& m = in.u8() & 1 ? w.a_local : w.a_remote;
+            MrInfo& m = in.u8() & 1 ? w.a_local : w.a_remote;
             w.a.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{m.handle});
             if (in.u8() & 1) {
                 auto r = w.a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{w.a_pd, uint32_t(in.u8() & 0xf), m.addr, m.len});
-                if (r.status == 0) m.handle = m.key = r.as<abi::CmdRegMrResp>().lkey;
+                if (r.status == 0) m.handle = m.lkey = m.rkey = r.as<abi::CmdRegMrResp>().lkey;
             }
             break;
         }
         case 8: {  // destroy a QP with WQEs in flight
-            Guest::QpView* q = w.a_qp(in);
+            QpView* q = w.a_qp(in);
             w.a.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{q->handle});
             break;
         }
@@ -78,11 +78,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             }
             break;
         default: {  // raw bytes over a send WQE slot, then publish it
-            Guest::QpView* q = w.a_qp(in);
-            uint8_t* slot = q->sq.slot(w.a, q->sq.prod);
+            QpView* q = w.a_qp(in);
+            uint8_t* slot = w.a.wqe_slot(q->sq, q->sq.prod);
             uint32_t n = std::min<uint32_t>(in.u8() * 2, q->sq.stride);
             in.bytes(slot, n);
-            w.a.advance(q->sq);
+            w.a.publish(q->sq);
             break;
         }
         }

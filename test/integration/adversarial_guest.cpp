@@ -41,24 +41,19 @@
 #include <thread>
 #include <vector>
 
+#include "abi_client.h"
 #include "vrdma/abi.h"
-#include "vrdma/ring.h"
 
 namespace abi = vrdma::abi;
-using vrdma::ring_advance;
-using vrdma::ring_slot;
+namespace abi_client = vrdma::abi_client;
+using abi_client::await_reply;
+using abi_client::now_ms;
 
 namespace {
 
 std::mt19937_64 rng;
 std::string g_socket;
 int g_failures = 0;
-
-uint64_t now_ms() {
-    return uint64_t(std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::steady_clock::now().time_since_epoch())
-                        .count());
-}
 
 [[gnu::format(printf, 1, 2)]] void say(const char* fmt, ...) {
     va_list ap;
@@ -99,272 +94,75 @@ uint64_t nasty64() {
 }
 uint32_t nasty32() { return uint32_t(nasty64() >> (pick(2) ? 0 : 32)); }
 
-int make_memfd(uint64_t size, bool seal) {
-    int fd = memfd_create("adversary", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (fd < 0 || ftruncate(fd, off_t(size)) != 0) return -1;
-    if (seal) fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK);
-    return fd;
-}
-
+int make_memfd(uint64_t size, bool seal) { return abi_client::make_memfd(size, seal ? F_SEAL_SHRINK : 0, true, "adversary"); }
+int connect_socket() { return abi_client::connect_socket(g_socket); }
 int send_msg(int sock, const void* buf, size_t len, const std::vector<int>& fds) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 16)] = {};
-    iovec iov{const_cast<void*>(buf), len};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (!fds.empty()) {
-        msg.msg_control = control;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-        cmsghdr* c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
-    }
-    return ::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 ? errno : 0;
+    return abi_client::send_msg(sock, buf, len, std::span<const int>(fds));
 }
 
-int connect_socket() {
-    int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", g_socket.c_str());
-    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-        ::close(s);
-        return -1;
-    }
-    return s;
-}
-
-// Waits up to ms for a reply. Returns its status, -1 for EOF (the shim hung
-// up: a legitimate answer to a violation), -2 for no answer in time.
-int await_reply(int sock, int ms, abi::SockReply* out = nullptr) {
-    pollfd p{sock, POLLIN, 0};
-    if (::poll(&p, 1, ms) <= 0) return -2;
-    abi::SockReply r{};
-    ssize_t n = ::recv(sock, &r, sizeof(r), MSG_DONTWAIT);
-    if (n <= 0) return -1;
-    if (out) *out = r;
-    return n == ssize_t(sizeof(r)) ? r.status : -3;
-}
-
-// One connection as the provider makes it.
-class Guest {
+// One connection as the provider makes it (the shared ABI client), with
+// results a case can count: handles are 0 when the shim refused.
+class Guest : public abi_client::ShimConnection {
 public:
     static constexpr uint64_t kArena = 4 << 20;
+    using Cq = abi_client::CqView;
+    using Qp = abi_client::QpView;
 
-    ~Guest() { close_all(); }
+    Guest() { arena().wrap_when_full = true; }  // the adversary does not care
 
     // 0 on success, else the shim's status (or -1/-2 as await_reply).
-    int attach(bool seal = true) {
-        sock_ = connect_socket();
-        if (sock_ < 0) return -4;
-        arena_fd_ = make_memfd(kArena, seal);
-        void* p = mmap(nullptr, kArena, PROT_READ | PROT_WRITE, MAP_SHARED, arena_fd_, 0);
-        if (p == MAP_FAILED) return -5;
-        base_ = static_cast<uint8_t*>(p);
-        kick_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        done_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-        int ap[2];
-        if (pipe2(ap, O_CLOEXEC | O_NONBLOCK) != 0) return -6;
-        async_r_ = ap[0];
-        async_w_ = ap[1];
-        abi::SockAttach a{};
-        a.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
-        a.arena_gva = gva();
-        a.arena_len = kArena;
-        if (send_msg(sock_, &a, sizeof(a), {arena_fd_, kick_, done_, async_w_})) return -7;
-        abi::SockReply r{};
-        int st = await_reply(sock_, 5000, &r);
-        if (st == 0) lid_ = r.guest_lid;
-        next_ = abi::kControlBlockBytes;
-        return st;
-    }
-    void close_all() {
-        for (int* fd : {&sock_, &arena_fd_, &kick_, &done_, &async_r_, &async_w_})
-            if (*fd >= 0) ::close(*fd), *fd = -1;
-        if (base_) munmap(base_, kArena), base_ = nullptr;
-    }
-
-    uint64_t gva() const { return reinterpret_cast<uint64_t>(base_); }
-    uint8_t* at(uint64_t g) { return reinterpret_cast<uint8_t*>(g); }
-    abi::ControlBlock* cb() { return reinterpret_cast<abi::ControlBlock*>(base_); }
-    int sock() const { return sock_; }
-    int arena_fd() const { return arena_fd_; }
-    int done_fd() const { return done_; }
-    int kick_fd() const { return kick_; }
-    int async_w() const { return async_w_; }
-    uint32_t lid() const { return lid_; }
-    uint64_t alloc(uint64_t bytes, uint64_t align = 4096) {
-        next_ = (next_ + align - 1) & ~(align - 1);
-        if (next_ + bytes > kArena) next_ = abi::kControlBlockBytes;  // reuse: the adversary does not care
-        uint64_t g = gva() + next_;
-        next_ += bytes;
-        return g;
-    }
-    // The shim hung up on us (or is gone).
-    bool hung_up() {
-        pollfd p{sock_, POLLIN | POLLRDHUP, 0};
-        if (::poll(&p, 1, 0) <= 0) return false;
-        return p.revents & (POLLHUP | POLLRDHUP | POLLERR);
-    }
-    void ring() {
-        cb()->doorbell.fetch_add(1);
-        if (cb()->shim_sleeping.load()) {
-            uint64_t one = 1;
-            (void)!::write(kick_, &one, sizeof(one));
-        }
-    }
+    int attach(bool seal = true) { return ShimConnection::attach(g_socket, kArena, seal); }
+    int arena_fd() { return arena().fd(); }
+    uint64_t alloc(uint64_t bytes, uint64_t align = 4096) { return Client::alloc(bytes, align); }
 
     // Issues one command. Returns its status, -1 when the shim hung up, -2
-    // when it did not answer within ms.
-    int cmd(abi::CmdOp op, const void* req, size_t len, void* resp = nullptr, size_t resp_len = 0,
-            int ms = 3000) {
-        uint32_t slot = ring_slot(prod_, abi::kCmdSlots);
-        abi::CmdSlot& s = cb()->cmd[slot];
-        std::memcpy(&s.op, &op, sizeof(op));
-        std::memset(s.req, 0, sizeof(s.req));
-        if (len) std::memcpy(s.req, req, std::min(len, sizeof(s.req)));
-        uint32_t seq = ++seq_;
-        s.seq.store(seq);
-        prod_ = ring_advance(prod_, 1, abi::kCmdSlots);
-        cb()->cmd_producer.store(prod_);
-        ring();
-        uint64_t deadline = now_ms() + uint64_t(ms);
-        for (;;) {
-            if (s.done_seq.load() == seq) {
-                if (resp) std::memcpy(resp, s.resp, std::min(resp_len, sizeof(s.resp)));
-                return s.status;
-            }
-            if (hung_up()) return -1;
-            if (now_ms() > deadline) return -2;
-            pollfd p[2] = {{done_, POLLIN, 0}, {sock_, POLLIN | POLLRDHUP, 0}};
-            ::poll(p, 2, drain_done ? 1 : 0);
-            uint64_t v;
-            if (drain_done) (void)!::read(done_, &v, sizeof(v));
-            else usleep(50);
-        }
+    // when it did not answer within 3 s.
+    int cmd(abi::CmdOp op, const void* req, size_t len, void* resp = nullptr, size_t resp_len = 0) {
+        auto r = cmd_raw(uint32_t(op), req, len);
+        if (resp && r.done()) std::memcpy(resp, r.resp, std::min(resp_len, sizeof(r.resp)));
+        return r.status;
     }
     template <typename Req>
     int cmd(abi::CmdOp op, const Req& req, void* resp = nullptr, size_t resp_len = 0) {
         return cmd(op, &req, sizeof(req), resp, resp_len);
     }
-    // false: never read the cmd-done eventfd (so a saturated counter stays so).
-    bool drain_done = true;
-    // The command producer index as this guest last published it.
-    uint32_t& prod() { return prod_; }
 
     // --- resources ---
     uint32_t pd() {
-        abi::CmdAllocPdResp r{};
-        return cmd(abi::CmdOp::AllocPd, nullptr, 0, &r, sizeof(r)) == 0 ? r.pd_handle : 0;
+        uint32_t h = 0;
+        return alloc_pd(h) == 0 ? h : 0;
     }
     abi::CmdRegMrResp mr(uint32_t pd, uint64_t addr, uint64_t len, uint32_t access) {
-        abi::CmdRegMrResp r{};
-        if (cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, access, addr, len}, &r, sizeof(r)) != 0) r = {};
-        return r;
+        abi_client::MrInfo m;
+        if (reg_mr(pd, addr, len, access, m) != 0) return {};
+        return abi::CmdRegMrResp{m.handle, m.lkey, m.rkey};
     }
-    struct Cq {
-        uint32_t handle = 0, entries = 0;
-        uint64_t ring = 0;
-    };
     Cq cq(uint32_t entries) {
         Cq c;
-        c.entries = entries;
-        c.ring = alloc(abi::cq_ring_bytes(entries));
-        abi::CmdCreateCqReq req{};
-        req.ring_gva = c.ring;
-        req.entries = entries;
-        abi::CmdCreateCqResp r{};
-        if (cmd(abi::CmdOp::CreateCq, req, &r, sizeof(r)) == 0) c.handle = r.cq_handle;
+        create_cq(entries, c);
         return c;
     }
-    struct Qp {
-        uint32_t handle = 0, qpn = 0, type = 0, entries = 8, stride = 512, prod = 0, rprod = 0;
-        uint64_t sq = 0, rq = 0;
-    };
+    // 8 entries of 512 bytes in each queue, all signaled.
     Qp qp(uint32_t pd, uint32_t cq, uint32_t type) {
+        abi_client::QpSpec s;
+        s.type = type;
+        s.entries = 8;
+        s.stride = s.rq_stride = 512;
+        s.sig_all = 1;
+        s.user_handle = 0;
         Qp q;
-        q.type = type;
-        q.sq = alloc(abi::wq_ring_bytes(q.entries, q.stride));
-        q.rq = alloc(abi::wq_ring_bytes(q.entries, q.stride));
-        abi::CmdCreateQpReq req{};
-        req.sq_gva = q.sq;
-        req.rq_gva = q.rq;
-        req.pd_handle = pd;
-        req.qp_type = type;
-        req.send_cq_handle = req.recv_cq_handle = cq;
-        req.sq_entries = req.rq_entries = q.entries;
-        req.sq_stride = req.rq_stride = q.stride;
-        req.max_send_sge = req.max_recv_sge = 4;
-        req.max_inline_data = 256;
-        req.sq_sig_all = 1;
-        abi::CmdCreateQpResp r{};
-        if (cmd(abi::CmdOp::CreateQp, req, &r, sizeof(r)) == 0) q.handle = r.qp_handle, q.qpn = r.qpn;
+        create_qp(pd, cq, cq, s, q);
         return q;
     }
-    int modify(uint32_t qp, uint32_t mask, const abi::QpAttr& a) {
-        abi::CmdModifyQpReq req{};
-        req.qp_handle = qp;
-        req.attr_mask = mask;
-        req.attr = a;
-        return cmd(abi::CmdOp::ModifyQp, req);
-    }
+    int modify(uint32_t qp, uint32_t mask, const abi::QpAttr& a) { return modify_qp(qp, mask, a); }
     // RESET -> RTS, RC to (dlid, dqpn) or UD.
     int connect(const Qp& q, uint16_t dlid, uint32_t dqpn) {
-        abi::QpAttr a{};
-        a.qp_state = IBV_QPS_INIT;
-        a.port_num = 1;
-        a.qkey = 0x11111111;
-        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                            IBV_ACCESS_REMOTE_ATOMIC;
-        int rc;
-        if (q.type == IBV_QPT_UD) {
-            if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, a))) return rc;
-            a.qp_state = IBV_QPS_RTR;
-            if ((rc = modify(q.handle, IBV_QP_STATE, a))) return rc;
-            a.qp_state = IBV_QPS_RTS;
-            return modify(q.handle, IBV_QP_STATE | IBV_QP_SQ_PSN, a);
-        }
-        if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, a)))
-            return rc;
-        a = {};
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = IBV_MTU_4096;
-        a.dest_qp_num = dqpn;
-        a.max_dest_rd_atomic = 1;
-        a.min_rnr_timer = 1;
-        a.ah.dlid = dlid;
-        a.ah.port_num = 1;
-        if ((rc = modify(q.handle, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
-                         a)))
-            return rc;
-        a = {};
-        a.qp_state = IBV_QPS_RTS;
-        a.timeout = 1;
-        a.retry_cnt = 1;
-        a.rnr_retry = 1;
-        a.max_rd_atomic = 1;
-        return modify(q.handle, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                    IBV_QP_MAX_QP_RD_ATOMIC,
-                      a);
+        if (q.type == IBV_QPT_UD) return connect_ud(q.handle, 0x11111111);
+        abi_client::RcPath p;
+        p.dlid = dlid;
+        p.dqpn = dqpn;
+        return connect_rc(q.handle, p);
     }
-    abi::RingHeader* hdr(uint64_t ring) { return reinterpret_cast<abi::RingHeader*>(at(ring)); }
-    uint8_t* sq_slot(const Qp& q, uint32_t idx) {
-        return at(q.sq + abi::wq_slots_offset() + uint64_t(ring_slot(idx, q.entries)) * q.stride);
-    }
-    void publish_sq(Qp& q, uint32_t n = 1) {
-        q.prod = ring_advance(q.prod, n, q.entries);
-        hdr(q.sq)->producer.store(q.prod);
-        ring();
-    }
-
-private:
-    int sock_ = -1, arena_fd_ = -1, kick_ = -1, done_ = -1, async_r_ = -1, async_w_ = -1;
-    uint8_t* base_ = nullptr;
-    uint64_t next_ = 0;
-    uint32_t prod_ = 0, seq_ = 0, lid_ = 0;
 };
 
 // The end-of-case check: a fresh, well-formed guest attaches and gets an
@@ -403,7 +201,6 @@ struct Armed {
     }
     // A random but plausible send WQE (any opcode, SGEs/inline, keys).
     void random_send(Guest::Qp& q) {
-        uint8_t* slot = g.sq_slot(q, q.prod);
         abi::SendWqe w{};
         w.wr_id = r64();
         static constexpr uint32_t kOps[] = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
@@ -418,14 +215,14 @@ struct Armed {
         w.ah_handle = pick(2) ? nasty32() : 0x60000000u | pick(64);
         w.remote_qpn = pick(2) ? pick(400) : nasty32();
         w.remote_qkey = pick(2) ? 0x11111111 : nasty32();
-        std::memcpy(slot, &w, sizeof(w));
-        auto* sge = reinterpret_cast<abi::Sge*>(slot + sizeof(w));
-        for (uint32_t i = 0; i < (q.stride - sizeof(w)) / sizeof(abi::Sge); ++i) {
-            sge[i].addr = pick(2) ? buf + pick(70000) - 2000 : nasty64();
-            sge[i].length = pick(2) ? pick(8192) : nasty32();
-            sge[i].lkey = pick(2) ? mr.lkey : guess_key();
+        // SGEs fill the slot, whatever num_sge says.
+        std::vector<abi::Sge> sges((q.sq.stride - sizeof(w)) / sizeof(abi::Sge));
+        for (abi::Sge& sge : sges) {
+            sge.addr = pick(2) ? buf + pick(70000) - 2000 : nasty64();
+            sge.length = pick(2) ? pick(8192) : nasty32();
+            sge.lkey = pick(2) ? mr.lkey : guess_key();
         }
-        g.publish_sq(q);
+        g.post_send(q.sq, w, sges);
     }
     // Keys of other guests: lkey = rkey = the MR's handle in this shim, so a
     // guess is an MR handle with a small slot and generation.
@@ -495,10 +292,7 @@ void case_attach_refusals() {
             tmp = mkstemp(path);
             unlink(path);
         }
-        abi::SockAttach a{};
-        a.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
-        a.arena_gva = gva;
-        a.arena_len = len;
+        abi::SockAttach a = abi_client::attach_msg(gva, len);
         std::vector<int> fds = {mem, ev1, ev2, async_kind == 1 ? tmp : p[1], ev2, ev2};
         fds.resize(size_t(nfds));
         send_msg(s, &a, sizeof(a), fds);
@@ -523,15 +317,12 @@ void case_attach_refusals() {
     // Attach twice on one connection; segment operations before attach.
     Guest g;
     if (g.attach() != 0) return bad("a well-formed attach failed");
-    abi::SockAttach a{};
-    a.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::Attach, 0};
+    abi::SockAttach a = abi_client::attach_msg(0, 0);
     send_msg(g.sock(), &a, sizeof(a), {});
     if (await_reply(g.sock(), 3000) != EBUSY) bad("a second Attach on one connection was not refused with EBUSY");
     int s = connect_socket();
-    abi::SockAddSegment seg{};
-    seg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::AddSegment, 0};
+    abi::SockAddSegment seg = abi_client::add_segment_msg(0x20000000, 1 << 20, 0, 1);
     int mem = make_memfd(1 << 20, true);
-    seg.gva = 0x20000000, seg.len = 1 << 20, seg.seg_id = 1;
     send_msg(s, &seg, sizeof(seg), {mem});
     if (int st = await_reply(s, 3000); st == 0 || st == -2) bad("AddSegment before Attach: %d", st);
     ::close(s);
@@ -545,8 +336,7 @@ void case_segments() {
     if (g.attach() != 0) return bad("attach failed");
     int refused = 0, accepted = 0;
     for (int i = 0; i < 300; ++i) {
-        abi::SockAddSegment s{};
-        s.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::AddSegment, 0};
+        abi::SockAddSegment s = abi_client::add_segment_msg(0, 0, 0, 0);
         uint64_t file = 4096 * (1 + pick(64));
         int fd = make_memfd(file, pick(8) != 0);
         s.gva = pick(2) ? (0x30000000ull + pick(256) * 4096) : nasty64();  // overlapping each other, or nasty
@@ -560,9 +350,7 @@ void case_segments() {
         if (st == -2 || st == -1) return bad("AddSegment %d: shim %s", i, st == -1 ? "hung up" : "silent");
         (st == 0 ? accepted : refused)++;
         if (pick(3) == 0) {
-            abi::SockRemoveSegment rm{};
-            rm.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::RemoveSegment, 0};
-            rm.seg_id = pick(2) ? pick(42) : r32();
+            abi::SockRemoveSegment rm = abi_client::remove_segment_msg(pick(2) ? pick(42) : r32());
             send_msg(g.sock(), &rm, sizeof(rm), {});
             if (await_reply(g.sock(), 3000) < -1) return bad("RemoveSegment: no answer");
         }
@@ -574,9 +362,7 @@ void case_segments() {
     // Channels: an eventfd, the read end, a duplicate id, then too many.
     int chan_ok = 0;
     for (int i = 0; i < 1100; ++i) {
-        abi::SockChannel m{};
-        m.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::CreateChannel, 0};
-        m.channel_id = i < 3 ? 7 : uint32_t(i);
+        abi::SockChannel m = abi_client::create_channel_msg(i < 3 ? 7 : uint32_t(i));
         int p[2] = {-1, -1};
         (void)!pipe2(p, O_CLOEXEC);
         int fd = i == 0 ? eventfd(0, EFD_CLOEXEC) : i == 1 ? p[0] : p[1];
@@ -765,11 +551,11 @@ void case_wq_indices() {
     int st = 0;
     // SQ producer past the ring, then stale; CQ consumer past the ring.
     for (uint32_t p : {9u, 16u, 17u, 0xffffffffu, 0x80000000u}) {
-        a.g.hdr(a.rc.sq)->producer.store(p);
+        a.g.ring_header(a.rc.sq.ring)->producer.store(p);
         a.g.ring();
         usleep(2000);
     }
-    a.g.hdr(a.cq.ring)->consumer.store(0xdeadbeef);
+    a.g.ring_header(a.cq.ring)->consumer.store(0xdeadbeef);
     a.g.ring();
     usleep(5000);
     abi::QpAttr q{};
@@ -800,13 +586,13 @@ void case_wqe_storm(int seconds) {
             ++posted;
         }
         // Consume every CQE (with a random consumer now and then).
-        auto* h = a.g.hdr(a.cq.ring);
+        auto* h = a.g.ring_header(a.cq.ring);
         h->consumer.store(pick(50) ? h->producer.load() : r32());
         // Random bytes over a whole slot, random producer jumps.
         if (pick(8) == 0) {
-            uint8_t* s = a.g.sq_slot(a.rc, a.rc.prod);
-            for (uint32_t k = 0; k < a.rc.stride; ++k) s[k] = uint8_t(r32());
-            a.g.publish_sq(a.rc, pick(4) ? 1 : pick(40));
+            uint8_t* s = a.g.wqe_slot(a.rc.sq, a.rc.sq.prod);
+            for (uint32_t k = 0; k < a.rc.sq.stride; ++k) s[k] = uint8_t(r32());
+            a.g.publish(a.rc.sq, pick(4) ? 1 : pick(40));
         }
         usleep(200);
         if (pick(16) == 0) {  // back to RTS (the QP is in error after most of this)
@@ -814,9 +600,9 @@ void case_wqe_storm(int seconds) {
             at.qp_state = IBV_QPS_RESET;
             a.g.modify(a.rc.handle, IBV_QP_STATE, at);
             a.g.modify(a.ud.handle, IBV_QP_STATE, at);
-            a.rc.prod = a.ud.prod = 0;
-            a.g.hdr(a.rc.sq)->producer.store(0);
-            a.g.hdr(a.ud.sq)->producer.store(0);
+            a.rc.sq.prod = a.ud.sq.prod = 0;
+            a.g.ring_header(a.rc.sq.ring)->producer.store(0);
+            a.g.ring_header(a.ud.sq.ring)->producer.store(0);
             // A reset QP's ring restarts at 0; a CQ in error stays so: new one.
             if (a.g.connect(a.rc, uint16_t(a.g.lid()), a.rc.qpn) == 0 && a.g.connect(a.ud, 0, 0) == 0) ++reconnects;
         }
@@ -842,20 +628,17 @@ void case_foreign_qps() {
             abi::QpAttr at{};
             at.qp_state = IBV_QPS_RESET;
             a.g.modify(a.rc.handle, IBV_QP_STATE, at);
-            a.rc.prod = 0;
-            a.g.hdr(a.rc.sq)->producer.store(0);
+            a.rc.sq.prod = 0;
+            a.g.ring_header(a.rc.sq.ring)->producer.store(0);
             if (a.g.connect(a.rc, lid, qpn) != 0) continue;
-            uint8_t* slot = a.g.sq_slot(a.rc, a.rc.prod);
             abi::SendWqe w{};
             w.opcode = pick(2) ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
             w.send_flags = IBV_SEND_SIGNALED;
             w.num_sge = 1;
             w.remote_addr = pick(2) ? a.buf : 0x7f0000000000ull + uint64_t(pick(1 << 20)) * 4096;
             w.rkey = Armed::guess_key();
-            std::memcpy(slot, &w, sizeof(w));
             abi::Sge s{a.buf, 64, a.mr.lkey};
-            std::memcpy(slot + sizeof(w), &s, sizeof(s));
-            a.g.publish_sq(a.rc);
+            a.g.post_send(a.rc.sq, w, {&s, 1});
             ++tried;
         }
     }

@@ -10,10 +10,15 @@
 
 namespace vrdma {
 
+// The most fds recv_with_fds accepts in one message.
 constexpr size_t kMaxPassedFds = 8;
+// The most fds send_with_fds sends in one message (more than a receiver
+// accepts, so that test clients can send such messages).
+constexpr size_t kMaxSentFds = 16;
 
-// Returns 0 or a positive errno. Retries on EINTR.
-int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds);
+// Returns 0 or a positive errno. Retries on EINTR. `flags` are added to
+// MSG_NOSIGNAL (for example MSG_DONTWAIT).
+int send_with_fds(int sock, const void* buf, size_t len, std::span<const int> fds, int flags = 0);
 
 // Receives one message into buf (at most len bytes). On success returns the
 // message length (0 means the peer closed) and appends the received fds to

@@ -7,6 +7,7 @@
 #include "async_events.h"
 #include "commands.h"
 #include "qp_state.h"
+#include "requester.h"
 #include "vrdma/ring.h"
 #include "work_queue.h"
 
@@ -105,26 +106,31 @@ int cmd_modify_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     if (int err = qp_check_attr_values(r.attr, mask, ctx.quotas())) return err;
 
     qp_apply_attrs(*qp, r.attr, mask);
+    if (mask & IBV_QP_AV) qp->route_gen = 0;  // bind the transport of the new destination
     if (next == IBV_QPS_RESET) {
         // Back to a fresh QP: posted WQEs are dropped without completions.
         wq_discard_all(qp->sq);
         if (!qp->srq) wq_discard_all(qp->rq);
         qp->attr = abi::QpAttr{};
-        qp->wait = SqWait::None;
+        requester_reset(*qp);
         qp->state = IBV_QPS_RESET;
         qp->comm_est_sent = false;
         qp->sq_draining = false;
     } else if (next == IBV_QPS_ERR) {
         qp->state = IBV_QPS_ERR;
         qp->wait = SqWait::None;
+        qp->ack_deadline_ns = 0;
         qp->sq_draining = false;
         ctx.rescan = true;
         if (cur != IBV_QPS_ERR) qp_entered_error(ctx, *qp);
     } else {
         if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
+        if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) qp->epsn = qp->attr.rq_psn;
+        if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) requester_start(*qp);
         if (next == IBV_QPS_SQD && cur == IBV_QPS_RTS) {
-            // The engine finishes the WQE in flight (if any), then raises
-            // SQ_DRAINED when asked to (Engine::process_qp).
+            // The requester finishes the WQEs in flight (if any), then
+            // raises SQ_DRAINED when asked to (requester_process).
+            requester_begin_drain(*qp);
             qp->sq_draining = true;
             qp->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && r.attr.en_sqd_async_notify;
         } else if (next != IBV_QPS_SQD) {

@@ -3,8 +3,10 @@
 // response. Returns 0 or a positive errno for the slot's status.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 
 #include "context.h"
 #include "engine.h"
@@ -15,6 +17,25 @@ namespace vrdma::shim {
 
 using CmdHandler = int (*)(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp);
 
+// One entry of the command table (command_dispatch.cpp): the op, its name
+// in logs, its handler and the sizes of its request and response records
+// (0: none). The table names every CmdOp in [1, kMax) exactly once; that
+// and the record sizes are checked at compile time.
+struct CommandSpec {
+    abi::CmdOp op;
+    const char* name;
+    CmdHandler handler;
+    size_t req_size;
+    size_t resp_size;
+};
+
+// The whole table, and the entry of one op (nullptr for an unknown op).
+std::span<const CommandSpec> command_table();
+const CommandSpec* find_command(uint32_t op);
+// The op's name ("QueryDevice", ...), "unknown" for an unknown op.
+const char* command_name(uint32_t op);
+
+// Runs the handler of `op`; EOPNOTSUPP for an unknown op.
 int dispatch_command(Engine& eng, Context& ctx, uint32_t op, const uint8_t* req, uint8_t* resp);
 
 int cmd_query_device(Engine&, Context&, const uint8_t*, uint8_t*);

@@ -29,7 +29,8 @@ std::string execute(const std::string& request, const ControlActions& actions) {
         if (!actions.set_port || !actions.set_port(words[1], words[2] == "up", error)) return "error: " + error;
         return "ok";
     }
-    return "error: unknown request (expected: port NAME up|down)";
+    if (words.size() == 1 && words[0] == "peers" && actions.peers) return actions.peers();
+    return "error: unknown request (expected: port NAME up|down, or peers)";
 }
 
 }  // namespace
@@ -75,7 +76,7 @@ bool handle_control_connection(int fd, const ControlActions& actions) {
     buf[n] = 0;
     std::string request(buf, size_t(n));
     std::string reply = execute(request, actions);
-    LOG_INFO("control (pid %d): %s -> %s", int(cred.pid), request.c_str(), reply.c_str());
+    if (request != "peers") LOG_INFO("control (pid %d): %s -> %s", int(cred.pid), request.c_str(), reply.c_str());
     send_reply(fd, reply);
     return true;
 }

@@ -5,8 +5,9 @@
 //
 //   port NAME down   port 1 of guest NAME goes DOWN: PORT_ERR to its contexts
 //   port NAME up     back to ACTIVE: PORT_ACTIVE
+//   peers            one line per peer shim of the fabric (fabric.h)
 //
-// Replies: "ok" or "error: REASON".
+// Replies: "ok", the text asked for, or "error: REASON".
 #pragma once
 
 #include <functional>
@@ -24,6 +25,8 @@ bool open_control_socket(const std::string& path, UniqueFd& out, std::string& er
 struct ControlActions {
     // Sets port 1 of `guest` up or down. False with `error` set on failure.
     std::function<bool(const std::string& guest, bool up, std::string& error)> set_port;
+    // The fabric's peers, one line each.
+    std::function<std::string()> peers;
 };
 
 // Checks the peer, reads one request from the accepted connection `fd`,

@@ -72,6 +72,21 @@ bool Daemon::start(std::string& error) {
         error = std::string("epoll: ") + strerror(errno);
         return false;
     }
+    if (!opts_.fabric_listen.empty() || !opts_.fabric_peers.empty()) {
+        fabric::FabricConfig fc;
+        fc.listen = opts_.fabric_listen;
+        fc.peers = opts_.fabric_peers;
+        fc.key_file = opts_.fabric_key;
+        fc.lid_first = uint16_t(opts_.lid_base);
+        uint32_t count = opts_.lid_count ? opts_.lid_count : uint32_t(opts_.guests.size());
+        fc.lid_last = uint16_t(opts_.lid_base + count - 1);
+        if (!fabric_.start(fc, error)) return false;
+        if (!epoll_add(fabric_.epoll_fd(), EPOLLIN, tag(kFabric, 0))) {
+            error = std::string("epoll: ") + strerror(errno);
+            return false;
+        }
+        line += " fabric lids " + std::to_string(fc.lid_first) + "-" + std::to_string(fc.lid_last);
+    }
     if (!run_dir_.mark_ready(error)) return false;
     line += " run-dir " + run_dir_.path();
     std::printf("%s\n", line.c_str());
@@ -82,8 +97,13 @@ bool Daemon::start(std::string& error) {
 void Daemon::run() {
     uint64_t idle_since = monotonic_ns();
     unsigned busy_passes = 0;
+    const bool fabric = fabric_.enabled();
     while (!stop_) {
         bool progress = engine_.poll_once();
+        if (fabric) {
+            fabric_.flush();   // what the requesters queued
+            fabric_.poll();    // what the peers sent
+        }
         reap_dead_contexts();
         if (progress) {
             idle_since = monotonic_ns();
@@ -105,7 +125,9 @@ void Daemon::run() {
             continue;
         }
         int timeout_ms = -1;
-        if (uint64_t dl = engine_.next_deadline_ns()) {
+        uint64_t dl = engine_.next_deadline_ns();
+        if (uint64_t fdl = fabric_.next_deadline_ns(); fdl && (!dl || fdl < dl)) dl = fdl;
+        if (dl) {
             t = monotonic_ns();
             if (dl <= t + 1'000'000) {  // too close to sleep on a millisecond timer
                 engine_.set_sleeping(false);
@@ -148,6 +170,9 @@ void Daemon::poll_events(int timeout_ms) {
         case kControlConn:
             on_control(id);
             break;
+        case kFabric:
+            fabric_.poll();
+            break;
         case kKick: {
             auto it = conns_.find(id);
             if (it == conns_.end()) break;
@@ -167,7 +192,6 @@ void Daemon::accept_all(size_t guest_index) {
     // At the fd limit the kernel keeps the connection queued and the
     // listener stays readable: the loop would spin. A spare fd is given up
     // to accept the connection and close it (the guest sees it refused).
-    static uint64_t last_warn_ns = 0;
     for (;;) {
         int fd = ::accept4(listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
@@ -176,8 +200,8 @@ void Daemon::accept_all(size_t guest_index) {
                 int refused = ::accept4(listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC);
                 if (refused >= 0) ::close(refused);
                 spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
-                if (monotonic_ns() - last_warn_ns > 1'000'000'000) {
-                    last_warn_ns = monotonic_ns();
+                if (monotonic_ns() - last_fd_warning_ns_ > 1'000'000'000) {
+                    last_fd_warning_ns_ = monotonic_ns();
                     LOG_WARN("guest %s: connection refused: the shim is out of file descriptors",
                              engine_.guests()[guest_index]->name.c_str());
                 }
@@ -281,6 +305,7 @@ void Daemon::on_control(uint64_t id) {
     if (it == control_conns_.end()) return;
     ControlActions actions;
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
+    actions.peers = [this] { return fabric_.enabled() ? fabric_.status() : std::string("no fabric\n"); };
     if (!handle_control_connection(it->second.get(), actions)) return;
     epoll_del(it->second.get());
     control_conns_.erase(it);

@@ -2,7 +2,7 @@
 //
 // Threading: one thread runs everything — accepting and serving sockets,
 // commands, and the whole data path (send queues of every context, local
-// transport into any other context's queues). No locks are needed, each
+// transport into any other context's queues, the fabric's connections). No locks are needed, each
 // context's commands and WQEs are processed in order, and the local
 // transport can touch both guests' queues safely. On 2 cores this is the
 // simplest correct design; sharding guests across worker threads can come
@@ -27,6 +27,7 @@
 #include "attach.h"
 #include "control_socket.h"
 #include "engine.h"
+#include "fabric.h"
 #include "options.h"
 #include "run_dir.h"
 #include "sysfs_publisher.h"
@@ -48,7 +49,7 @@ public:
     static constexpr uint64_t kIdleSpinNs = 100'000;
 
 private:
-    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4, kControl = 5, kControlConn = 6 };
+    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4, kControl = 5, kControlConn = 6, kFabric = 7 };
     static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
@@ -63,6 +64,7 @@ private:
 
     Options opts_;
     Engine engine_;
+    fabric::Fabric fabric_{engine_};
     RunDir run_dir_;
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;
@@ -77,6 +79,7 @@ private:
     // Held in reserve and given up at the fd limit to refuse a connection
     // (see accept_all); opened at start so the shim's fd count is stable.
     UniqueFd spare_fd_{::open("/dev/null", O_RDONLY | O_CLOEXEC)};
+    uint64_t last_fd_warning_ns_ = 0;  // accept_all: one warning a second
 };
 
 }  // namespace vrdma::shim

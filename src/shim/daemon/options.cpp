@@ -15,7 +15,8 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME [--guest NAME ...] [--lid-base N]
-               [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
+               [--lid-count N] [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
+               [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
     vrdma-shim --help
 
 DESCRIPTION
@@ -24,9 +25,21 @@ DESCRIPTION
     libibverbs applications can use. Control verbs arrive on a command ring
     in memory shared with the guest's provider library; work requests are
     executed by the shim, which moves data between guests of this host by
-    memory copy. Every value read from a guest is validated; a guest cannot
-    reach another guest's memory except through a memory region the other
-    registered for remote access.
+    memory copy, and to guests of other hosts through their shims over TCP
+    (the fabric). Every value read from a guest or a peer shim is
+    validated; a guest cannot reach another guest's memory except through a
+    memory region the other registered for remote access.
+
+    Several shims, one per host, form one InfiniBand-like fabric: each owns
+    a range of LIDs (--lid-base, --lid-count) and (LID, QPN) names a QP
+    fabric-wide, so a guest cannot tell a peer on another host from one on
+    its own, except by speed. Shims authenticate each other with a shared
+    key; a peer whose LIDs overlap this shim's or another peer's is refused.
+    Example, two hosts:
+        host1$ vrdma-shim --guest a --lid-base 1 --fabric-listen 10.0.0.1:7400 \
+                   --fabric-peer 10.0.0.2:7400 --fabric-key /etc/vrdma/fabric.key
+        host2$ vrdma-shim --guest b --lid-base 2 --fabric-listen 10.0.0.2:7400 \
+                   --fabric-peer 10.0.0.1:7400 --fabric-key /etc/vrdma/fabric.key
 
 OPTIONS
     --run-dir DIR
@@ -41,6 +54,28 @@ OPTIONS
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
         gets LID N+i. LIDs must stay in the unicast range 1..0xbfff.
+
+    --lid-count N
+        How many LIDs this shim owns from --lid-base (default: one per
+        guest). The fabric refuses a peer whose range overlaps this one.
+
+    --fabric-listen ADDR:PORT
+        Accept connections from peer shims on this IPv4 address and TCP
+        port (0.0.0.0 for every address).
+
+    --fabric-peer ADDR:PORT
+        A peer shim to connect to (its --fabric-listen address); repeat for
+        more. Peers may be named on either side or on both; an unreachable
+        peer is retried with backoff and reported (vrdmactl peers). Any shim
+        that proves it knows the key may connect, named or not.
+
+    --fabric-key FILE
+        The fabric's shared secret: the file's bytes (a trailing newline is
+        ignored), at least 16, the same file on every host (for example
+        head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE). Peers
+        prove they know it by challenge and response (HMAC-SHA256 over
+        fresh nonces); the key itself is never sent. Required with
+        --fabric-listen or --fabric-peer.
 
     --quota KEY=VALUE
         Limits what each guest (all of its processes together) may make the
@@ -87,6 +122,8 @@ FILES
 OUTPUT
     When ready, one line on standard output:
         vrdma-shim: ready: guests a(lid 1) b(lid 2) run-dir DIR
+    (with a fabric, followed by "fabric lids FIRST-LAST"). Peers come up
+    after that, asynchronously: vrdmactl --run-dir DIR peers shows them.
 
 SIGNALS
     SIGTERM, SIGINT
@@ -169,6 +206,21 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                 error = "--lid-base must be a LID in 1..0xbfff, not '" + v + "'";
                 return false;
             }
+        } else if (a == "--lid-count") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.lid_count) || o.lid_count == 0 || o.lid_count >= 0xc000) {
+                error = "--lid-count must be 1..0xbfff, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--fabric-listen") {
+            if (!need_value(o.fabric_listen)) return false;
+        } else if (a == "--fabric-peer") {
+            std::string v;
+            if (!need_value(v)) return false;
+            o.fabric_peers.push_back(v);
+        } else if (a == "--fabric-key") {
+            if (!need_value(o.fabric_key)) return false;
         } else if (a == "--quota") {
             std::string v;
             if (!need_value(v)) return false;
@@ -195,6 +247,24 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
     }
     if (o.lid_base + o.guests.size() - 1 >= 0xc000) {
         error = "--lid-base leaves no unicast LID for every guest";
+        return false;
+    }
+    if (o.lid_count && o.lid_count < o.guests.size()) {
+        error = "--lid-count " + std::to_string(o.lid_count) + " is fewer than the " +
+                std::to_string(o.guests.size()) + " guests";
+        return false;
+    }
+    if (o.lid_count && o.lid_base + o.lid_count - 1 >= 0xc000) {
+        error = "--lid-base plus --lid-count goes past the unicast LIDs (0xbfff)";
+        return false;
+    }
+    const bool fabric = !o.fabric_listen.empty() || !o.fabric_peers.empty();
+    if (fabric && o.fabric_key.empty()) {
+        error = "--fabric-listen and --fabric-peer need --fabric-key FILE (the fabric's shared secret)";
+        return false;
+    }
+    if (!fabric && !o.fabric_key.empty()) {
+        error = "--fabric-key without --fabric-listen or --fabric-peer";
         return false;
     }
     // Unix socket paths are limited to 107 bytes.

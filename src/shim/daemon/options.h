@@ -16,6 +16,11 @@ struct Options {
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE
+    // The fabric (--fabric-*): empty listen and peers: this shim is alone.
+    std::string fabric_listen;
+    std::vector<std::string> fabric_peers;
+    std::string fabric_key;
+    uint32_t lid_count = 0;  // LIDs this shim owns from lid_base (0: one per guest)
     bool help = false;
 };
 

@@ -13,7 +13,7 @@
 #include "commands.h"
 #include "cq_events.h"
 #include "cq_writer.h"
-#include "local_transport.h"
+#include "requester.h"
 #include "qp_state.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/log.h"
@@ -54,6 +54,7 @@ const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, ui
     g->lid = lid;
     g->guid = guid;
     usages_.push_back(std::make_unique<GuestUsage>(name, quotas_, global_));
+    routes_.add(lid, lid, &local_);
     guests_.push_back(std::move(g));
     return *guests_.back();
 }
@@ -147,7 +148,7 @@ Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     if (c->guest().lid != lid || c->dead) return {};
     Qp* qp = c->qps.get(it->second.handle);
     if (!qp) return {};
-    return QpRef{c, qp};
+    return QpRef{c, qp, it->second.handle};
 }
 
 uint64_t Engine::next_deadline_ns() const {
@@ -159,6 +160,10 @@ uint64_t Engine::next_deadline_ns() const {
 
 void Engine::set_sleeping(bool sleeping) {
     for (auto& [id, c] : contexts_) c->control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+void Engine::rescan_all() {
+    for (auto& [id, c] : contexts_) c->rescan = true;
 }
 
 void Engine::mark_all_fatal() {
@@ -206,7 +211,7 @@ bool Engine::process_context(Context& ctx) {
     ctx.next_deadline_ns = 0;
     bool progress = process_commands(ctx);
     if (ctx.dead) return true;
-    ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= process_qp(ctx, qp, t); });
+    ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= requester_process(*this, ctx, qp, t); });
     return progress;
 }
 
@@ -231,7 +236,7 @@ bool Engine::process_commands(Context& ctx) {
         std::memcpy(req, slot.req, sizeof(req));
         std::memset(resp, 0, sizeof(resp));
         int status = dispatch_command(*this, ctx, op, req, resp);
-        if (status) LOG_DEBUG("guest %s: command %u failed: %s", ctx.guest().name.c_str(), op, strerror(status));
+        if (status) LOG_DEBUG("guest %s: command %s failed: %s", ctx.guest().name.c_str(), command_name(op), strerror(status));
         std::memcpy(slot.resp, resp, sizeof(resp));
         slot.status = status;
         slot.done_seq.store(seq, std::memory_order_release);
@@ -241,92 +246,6 @@ bool Engine::process_commands(Context& ctx) {
     ctx.signal_cmd_done();
     ctx.rescan = true;  // new QPs or states: look at every queue next pass
     return true;
-}
-
-namespace {
-
-// Completes every posted send WQE with IBV_WC_WR_FLUSH_ERR (signaled or not).
-bool flush_sq(Context& ctx, Qp& qp) {
-    uint32_t n;
-    if (!wq_pending(qp.sq, n) || n == 0) return false;
-    for (uint32_t i = 0; i < n; ++i) {
-        abi::SendWqe hdr;
-        std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
-        abi::Cqe c{};
-        c.wr_id = hdr.wr_id;
-        c.status = IBV_WC_WR_FLUSH_ERR;
-        c.opcode = wc_opcode_for(hdr.opcode);
-        c.qp_num = qp.qpn;
-        wq_consume(qp.sq);
-        cq_push(ctx, qp.send_cq, c);
-    }
-    return true;
-}
-
-bool flush_rq(Context& ctx, Qp& qp) {
-    if (qp.srq) return false;
-    uint32_t n;
-    if (!wq_pending(qp.rq, n) || n == 0) return false;
-    for (uint32_t i = 0; i < n; ++i) {
-        abi::RecvWqe hdr;
-        std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
-        abi::Cqe c{};
-        c.wr_id = hdr.wr_id;
-        c.status = IBV_WC_WR_FLUSH_ERR;
-        c.opcode = IBV_WC_RECV;
-        c.qp_num = qp.qpn;
-        wq_consume(qp.rq);
-        cq_push(ctx, qp.recv_cq, c);
-    }
-    return true;
-}
-
-}  // namespace
-
-bool Engine::process_qp(Context& ctx, Qp& qp, uint64_t t) {
-    if (qp.state == IBV_QPS_ERR) {
-        bool a = flush_sq(ctx, qp);
-        bool b = flush_rq(ctx, qp);
-        return a || b;
-    }
-    if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
-    // SQD: no new WQE starts; the one in flight (waiting for an RNR or
-    // retry timer) finishes, and then the send queue is drained.
-    const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
-    if (qp.state != IBV_QPS_RTS && !draining) return false;
-    auto drained = [&] {
-        qp.sq_draining = false;
-        if (qp.sqd_notify) post_qp_event(ctx, qp, IBV_EVENT_SQ_DRAINED);
-        return true;
-    };
-    if (draining && qp.wait == SqWait::None) return drained();
-    if (qp.wait != SqWait::None && t < qp.deadline_ns) {
-        if (!ctx.next_deadline_ns || qp.deadline_ns < ctx.next_deadline_ns) ctx.next_deadline_ns = qp.deadline_ns;
-        return false;
-    }
-    uint32_t n;
-    if (!wq_pending(qp.sq, n)) {
-        LOG_WARN("guest %s: QP %u: invalid send queue producer index", ctx.guest().name.c_str(), qp.qpn);
-        qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
-        return true;
-    }
-    bool progress = false;
-    static SendWork work;  // single-threaded engine: one scratch WQE copy
-    const uint32_t run_state = qp.state;
-    if (draining && n > 1) n = 1;
-    for (uint32_t i = 0; i < n && qp.state == run_state; ++i) {
-        uint32_t st = read_send_wqe(qp.sq, qp.sq.cons, qp.max_send_sge, qp.max_inline, work);
-        if (execute_send(*this, ctx, qp, work, st) == ExecResult::Wait) break;
-        wq_consume(qp.sq);
-        if (qp.send_cqe_pending) {
-            qp.send_cqe_pending = false;
-            cq_push(ctx, qp.send_cq, qp.send_cqe);
-        }
-        progress = true;
-    }
-    if (draining && qp.state == IBV_QPS_SQD && qp.wait == SqWait::None) return drained();
-    if (qp.state != run_state) ctx.rescan = true;  // flush what is left
-    return progress;
 }
 
 }  // namespace vrdma::shim

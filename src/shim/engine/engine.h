@@ -1,7 +1,8 @@
 // The QP engine: every guest and attached context of this shim, the QPN
-// registry that routes (LID, QPN) to a QP, and one pass of work over all
-// contexts (commands, send queues, flushes). Single-threaded by design (see
-// event_loop.h); nothing here locks.
+// registry that finds the QP a (LID, QPN) names, the route table of
+// destination LIDs, and one pass of work over all contexts (commands, send
+// queues, flushes). Single-threaded by design (see event_loop.h); nothing
+// here locks.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +15,10 @@
 
 #include "context.h"
 #include "device_model.h"
+#include "local_transport.h"
 #include "quota.h"
+#include "route_table.h"
+#include "work_queue.h"
 
 namespace vrdma::shim {
 
@@ -48,6 +52,9 @@ public:
     // Earliest deadline of a QP waiting for an RNR or retry timer (0: none).
     uint64_t next_deadline_ns() const;
     void set_sleeping(bool sleeping);
+    // Every context looks at all its queues on the next pass (a route or a
+    // transport's room changed).
+    void rescan_all();
     // Shutdown: every context's shim_state becomes fatal and DEVICE_FATAL is
     // posted to its async pipe.
     void mark_all_fatal();
@@ -60,6 +67,7 @@ public:
     struct QpRef {
         Context* ctx = nullptr;
         Qp* qp = nullptr;
+        uint32_t handle = 0;
         explicit operator bool() const { return qp != nullptr; }
     };
     uint32_t alloc_qpn();
@@ -67,6 +75,14 @@ public:
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
     uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
+
+    // Destination LID -> transport. Every guest of this engine is routed to
+    // the local transport; peer shims add their LID ranges.
+    RouteTable& routes() { return routes_; }
+    LocalTransport& local_transport() { return local_; }
+    // The one WQE being worked on (too large for the stack of every pass).
+    SendWork& scratch() { return scratch_; }
+    Pins& scratch_pins() { return scratch_pins_; }
 
     uint64_t now() const { return clock_(); }
     void set_clock(uint64_t (*clock)()) { clock_ = clock; }
@@ -76,7 +92,6 @@ public:
 
 private:
     bool process_commands(Context& ctx);
-    bool process_qp(Context& ctx, Qp& qp, uint64_t now);
     void destroy_resources(Context& ctx);
     void fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns);
 
@@ -94,6 +109,10 @@ private:
     uint32_t next_qpn_ = 2;  // 0 and 1 are the special QPs of IB
     uint32_t next_srqn_ = 1;
     uint64_t (*clock_)() = monotonic_ns;
+    RouteTable routes_;
+    LocalTransport local_;
+    SendWork scratch_;
+    Pins scratch_pins_;
 };
 
 }  // namespace vrdma::shim

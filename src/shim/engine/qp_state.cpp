@@ -148,6 +148,7 @@ void qp_set_error(Context& ctx, Qp& qp, int event) {
     if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) return;
     qp.state = IBV_QPS_ERR;
     qp.wait = SqWait::None;
+    qp.ack_deadline_ns = 0;
     qp.sq_draining = false;
     ctx.rescan = true;
     if (event >= 0) post_qp_event(ctx, qp, uint32_t(event));
@@ -158,6 +159,7 @@ void qp_set_sq_error(Context& ctx, Qp& qp) {
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     qp.state = IBV_QPS_SQE;
     qp.wait = SqWait::None;
+    qp.ack_deadline_ns = 0;
     ctx.rescan = true;
 }
 

@@ -67,7 +67,10 @@ struct Srq {
     uint32_t async_events = 0;    // records written (reported at DestroySrq)
 };
 
-// Why a QP's send queue is paused on its current WQE.
+class Transport;
+
+// Why a QP's send queue is paused on its oldest WQE: an RNR NAK, or a lost
+// request (a timeout) waiting to be sent again.
 enum class SqWait : uint8_t { None, Rnr, Retry };
 
 struct Qp {
@@ -81,15 +84,27 @@ struct Qp {
     uint32_t state = 0;           // ibv_qp_state
     abi::QpAttr attr{};           // attributes set by ModifyQp
 
-    // The send completion of the WQE being executed. It is pushed only after
-    // the send queue's consumer index moved past that WQE, so a provider that
-    // sees the completion can reuse the slot at once (a queue of depth 1).
-    bool send_cqe_pending = false;
-    abi::Cqe send_cqe{};
-
-    SqWait wait = SqWait::None;
-    uint32_t retries_left = 0;
+    // Requester (requester.h). WQEs [sq.cons, sq_next) are in flight: sent,
+    // not yet acknowledged; they stay in the ring until then, and the
+    // consumer index the guest sees moves as each one completes. One PSN per
+    // message: the WQE at sq.cons has una_psn, the one at sq_next next_psn.
+    Transport* transport = nullptr;  // RC: bound to the route of attr.ah.dlid
+    uint32_t route_gen = 0;          // the route table generation it was bound at
+    uint32_t sq_next = 0;
+    uint32_t una_psn = 0;
+    uint32_t next_psn = 0;
+    SqWait wait = SqWait::None;      // blocks new sends until deadline_ns
     uint64_t deadline_ns = 0;
+    uint64_t ack_deadline_ns = 0;    // in flight: when the oldest request times out
+    uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
+    uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
+    uint32_t drain_end = 0;          // SQD: the WQEs before this index still run
+
+    // Responder (responder.h).
+    uint32_t epsn = 0;               // PSN expected next
+    bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
+    uint32_t atomic_replay_psn = 0;
+    uint64_t atomic_replay_orig = 0;
 
     // Async events (async_events.h).
     uint32_t async_events = 0;    // records written (reported at DestroyQp)

@@ -82,7 +82,7 @@ uint32_t read_recv_wqe(const WorkQueue& wq, uint32_t idx, uint32_t max_sge, Recv
 }
 
 uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint32_t num_sge, uint32_t access,
-                      Span* out, uint32_t& spans, uint64_t& total) {
+                      Span* out, uint32_t& spans, uint64_t& total, Pins* pins) {
     spans = 0;
     total = 0;
     for (uint32_t i = 0; i < num_sge; ++i) {
@@ -92,6 +92,7 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
         if (!mr || mr->pd != pd || (mr->access & access) != access) return IBV_WC_LOC_PROT_ERR;
         if (!range_inside(s.addr, s.length, mr->addr, mr->length)) return IBV_WC_LOC_PROT_ERR;
         out[spans++] = Span{mr->mem.host + (s.addr - mr->addr), s.length};
+        if (pins) pins->add(mr->mem.keepalive);
         total += s.length;
     }
     if (total > kMaxMsgSize) return IBV_WC_LOC_LEN_ERR;
@@ -99,10 +100,11 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
 }
 
 uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
-                      uint32_t access) {
-    const Mr* mr = ctx.mrs.get(rkey);
+                      uint32_t access, std::shared_ptr<Mapping>** keep) {
+    Mr* mr = ctx.mrs.get(rkey);
     if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
     if (!range_inside(addr, len, mr->addr, mr->length)) return nullptr;
+    if (keep) *keep = &mr->mem.keepalive;
     return mr->mem.host + (addr - mr->addr);
 }
 

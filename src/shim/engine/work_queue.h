@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "context.h"
 #include "resources.h"
 #include "vrdma/abi.h"
 
 namespace vrdma::shim {
+
 
 // Number of WQEs posted and not yet consumed. Returns false (and marks the
 // queue broken) if the guest wrote an invalid producer index.
@@ -26,6 +28,21 @@ void wq_discard_all(WorkQueue& wq);
 struct Span {
     uint8_t* p;
     uint64_t len;
+};
+
+// Mappings an asynchronous transport keeps alive while a payload moves over
+// several turns (the guest may deregister the memory meanwhile: the bytes
+// then land in pages nobody uses any more, never in unmapped memory).
+struct Pins {
+    std::shared_ptr<Mapping> keep[abi::kMaxSge];
+    uint32_t count = 0;
+    void add(const std::shared_ptr<Mapping>& m) {
+        if (count < abi::kMaxSge) keep[count++] = m;
+    }
+    void clear() {
+        for (uint32_t i = 0; i < count; ++i) keep[i].reset();
+        count = 0;
+    }
 };
 
 struct SendWork {
@@ -55,13 +72,15 @@ uint32_t read_recv_wqe(const WorkQueue& wq, uint32_t idx, uint32_t max_sge, Recv
 // range inside the MR. Zero-length SGEs are skipped. Returns
 // IBV_WC_SUCCESS, IBV_WC_LOC_PROT_ERR or IBV_WC_LOC_LEN_ERR (total over the
 // maximum message size). `out` needs num_sge entries; `spans` gets the count.
+// `pins` (if given) keeps every span's mapping alive (responder.h).
 uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint32_t num_sge, uint32_t access,
-                      Span* out, uint32_t& spans, uint64_t& total);
+                      Span* out, uint32_t& spans, uint64_t& total, Pins* pins = nullptr);
 
 // Resolves a remote key: an MR of `ctx` in `pd` with `access`, covering
-// [addr, addr+len). Null if any check fails.
+// [addr, addr+len). Null if any check fails. `keep` (if given) gets the
+// mapping that backs the range.
 uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
-                      uint32_t access);
+                      uint32_t access, std::shared_ptr<Mapping>** keep = nullptr);
 
 // Copies `bytes` from the gather list to the scatter list, skipping the
 // first `dst_skip` bytes of the scatter list. One memmove per piece. The

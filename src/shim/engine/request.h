@@ -1,0 +1,65 @@
+// One message of the transport layer as the responder sees it, whatever
+// carried it (the local transport, or a frame from a peer shim), and the
+// responder's answer. This is the seam between the requester (the sender's
+// QP: ordering, timers, retries, send completions) and the responder (the
+// target QP: state, receive queue, keys, atomics, receive completions), as
+// in rxe. docs/protocol.md ("Transports") describes the semantics.
+#pragma once
+
+#include <cstdint>
+
+namespace vrdma::shim {
+
+// Every field is plain data: a frame from a peer shim is decoded into one
+// of these and validated by the responder exactly like a local request.
+struct Request {
+    uint32_t opcode = 0;       // enum ibv_wr_opcode
+    uint32_t qp_type = 0;      // IBV_QPT_RC or IBV_QPT_UD
+    uint32_t psn = 0;          // RC: one PSN per message (24 bits)
+    uint16_t slid = 0;         // source (LID, QPN)
+    uint16_t dlid = 0;         // destination (LID, QPN)
+    uint32_t sqpn = 0;
+    uint32_t dqpn = 0;
+    uint8_t sl = 0;
+    bool solicited = false;
+    bool has_imm = false;
+    uint32_t imm = 0;          // network byte order, as in ibv_send_wr
+    uint64_t length = 0;       // payload (SEND, WRITE), bytes to read (READ), 8 (atomics)
+    uint32_t rkey = 0;         // RDMA and atomics
+    uint64_t remote_addr = 0;
+    uint64_t compare_add = 0;  // atomics
+    uint64_t swap = 0;
+    // UD only.
+    uint32_t qkey = 0;
+    bool grh = false;          // the sender's address handle is global
+    uint8_t traffic_class = 0;
+    uint8_t hop_limit = 0;
+    uint32_t flow_label = 0;
+    uint8_t sgid[16] = {};
+    uint8_t dgid[16] = {};
+    // Not carried: the payload is the WQE's inline data (in the requester's
+    // scratch memory, valid only while the transport's send() runs).
+    bool inline_payload = false;
+};
+
+// The responder's answer to an RC request (UD requests get none).
+enum class Syndrome : uint8_t {
+    Ack = 0,        // executed; READ data or the atomic's original value follow
+    RnrNak = 1,     // no receive posted: retry after rnr_timer
+    NakSeq = 2,     // PSN out of sequence: resend from `psn` (the responder's expected PSN)
+    NakInvReq = 3,  // invalid request (length, alignment, opcode): IBV_WC_REM_INV_REQ_ERR
+    NakAccess = 4,  // rkey, range or access: IBV_WC_REM_ACCESS_ERR
+    NakOp = 5,      // the responder failed (bad receive WQE): IBV_WC_REM_OP_ERR
+    Drop = 6,       // silently discarded (no such QP, not connected to the sender, not
+                    // ready, port down): the requester's timer decides
+};
+constexpr uint8_t kSyndromeMax = 6;
+
+struct Response {
+    Syndrome syndrome = Syndrome::Drop;
+    uint8_t rnr_timer = 0;      // RnrNak: the responder's min_rnr_timer (IB encoding)
+    uint32_t psn = 0;           // the request's PSN (NakSeq: the expected one)
+    uint64_t atomic_orig = 0;   // Ack of an atomic
+};
+
+}  // namespace vrdma::shim

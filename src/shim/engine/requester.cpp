@@ -1,0 +1,482 @@
+#include "requester.h"
+
+#include <infiniband/verbs.h>
+
+#include <cstring>
+
+#include "async_events.h"
+#include "cq_writer.h"
+#include "engine.h"
+#include "psn.h"
+#include "qp_state.h"
+#include "responder.h"
+#include "transport.h"
+#include "vrdma/ring.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim {
+namespace {
+
+bool is_rdma_read_or_atomic(uint32_t op) {
+    return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+}
+bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
+bool is_rc_opcode(uint32_t op) {
+    switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+uint32_t inflight_count(const Qp& qp) { return ring_count(qp.sq_next, qp.sq.cons, qp.sq.entries); }
+
+void note_deadline(Context& ctx, uint64_t when) {
+    if (when && (!ctx.next_deadline_ns || when < ctx.next_deadline_ns)) ctx.next_deadline_ns = when;
+}
+
+// Resends everything in flight, from the oldest WQE.
+void rewind(Qp& qp) {
+    qp.sq_next = qp.sq.cons;
+    qp.next_psn = qp.una_psn;
+    qp.ack_deadline_ns = 0;
+}
+
+// The sender's memory of a WQE: inline data, or its SGEs resolved with the
+// access the operation needs (the shim writes READ data and atomic results).
+uint32_t resolve_local(const Context& ctx, const Qp& qp, SendWork& w, Span* loc, uint32_t& nl, uint64_t& len,
+                       Pins* pins = nullptr) {
+    if (w.is_inline) {
+        loc[0] = Span{w.inline_data, w.inline_len};
+        nl = w.inline_len ? 1 : 0;
+        len = w.inline_len;
+        return IBV_WC_SUCCESS;
+    }
+    uint32_t need = is_rdma_read_or_atomic(w.hdr.opcode) ? IBV_ACCESS_LOCAL_WRITE : 0;
+    return resolve_sges(ctx, qp.pd, w.sge, w.num_sge, need, loc, nl, len, pins);
+}
+
+// Pushes the completion of the WQE at the head of the send queue after
+// moving the consumer index past it (a provider that sees the completion
+// may reuse the slot at once). `w` is the WQE when the caller has it.
+void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const SendWork* w, uint64_t len) {
+    abi::SendWqe hdr;
+    if (w) {
+        hdr = w->hdr;
+    } else {
+        std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
+        if (status == IBV_WC_SUCCESS) {
+            SendWork& s = eng.scratch();
+            read_send_wqe(qp.sq, qp.sq.cons, qp.max_send_sge, qp.max_inline, s);
+            Span loc[abi::kMaxSge];
+            uint32_t nl = 0;
+            if (resolve_local(ctx, qp, s, loc, nl, len) != IBV_WC_SUCCESS) len = 0;
+        }
+    }
+    const bool in_flight = qp.sq_next != qp.sq.cons;
+    wq_consume(qp.sq);
+    if (!in_flight) qp.sq_next = qp.sq.cons;
+    qp.una_psn = psn_next(qp.una_psn);
+    if (qp.type == IBV_QPT_UD) qp.next_psn = qp.una_psn;
+    bool signaled = qp.sig_all || (hdr.send_flags & IBV_SEND_SIGNALED);
+    if (status == IBV_WC_SUCCESS && !signaled) return;
+    abi::Cqe c{};
+    c.wr_id = hdr.wr_id;
+    c.status = status;
+    c.opcode = wc_opcode_for(hdr.opcode);
+    c.byte_len = status == IBV_WC_SUCCESS ? uint32_t(len) : 0;
+    c.qp_num = qp.qpn;
+    cq_push(ctx, qp.send_cq, c);
+}
+
+// The head WQE fails with `status`: RC QPs go to error (the rest is
+// flushed), UD QPs to SQE.
+void fail_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const SendWork* w) {
+    complete_head(eng, ctx, qp, status, w, 0);
+    rewind(qp);
+    if (qp.type == IBV_QPT_UD)
+        qp_set_sq_error(ctx, qp);
+    else
+        qp_set_error(ctx, qp, -1);
+}
+
+// A request was lost (dropped by the responder, or its response timed
+// out): wait the QP's timeout, then send it again, retry_cnt times.
+void lost(Engine& eng, Context& ctx, Qp& qp) {
+    rewind(qp);
+    qp.wait = SqWait::Retry;
+    qp.deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
+    note_deadline(ctx, qp.deadline_ns);
+}
+
+// Handles the response to the request at the head of the queue. `w` and
+// `loc` are the WQE and its memory when the caller has them (a synchronous
+// transport); otherwise they are read again from the ring.
+void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, const SendWork* w, const Span* loc,
+                      uint32_t nl, uint64_t len) {
+    switch (r.syndrome) {
+    case Syndrome::Ack: {
+        if (w ? is_atomic(w->hdr.opcode) : false) {
+            Span o{reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&r.atomic_orig)), 8};
+            copy_sg(loc, nl, 0, &o, 1, 8);
+        } else if (!w) {
+            abi::SendWqe hdr;
+            std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
+            if (is_atomic(hdr.opcode)) {
+                SendWork& s = eng.scratch();
+                Span l[abi::kMaxSge];
+                uint32_t n = 0;
+                uint64_t total = 0;
+                uint32_t st = read_send_wqe(qp.sq, qp.sq.cons, qp.max_send_sge, qp.max_inline, s);
+                if (st == IBV_WC_SUCCESS) st = resolve_local(ctx, qp, s, l, n, total);
+                if (st != IBV_WC_SUCCESS || total != 8) return fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, nullptr);
+                Span o{reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&r.atomic_orig)), 8};
+                copy_sg(l, n, 0, &o, 1, 8);
+            }
+        }
+        complete_head(eng, ctx, qp, IBV_WC_SUCCESS, w, len);
+        qp.wait = SqWait::None;
+        qp.retries_left = qp.attr.retry_cnt;
+        qp.rnr_left = qp.attr.rnr_retry;
+        qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? eng.now() + ack_timeout_ns(qp.attr.timeout) : 0;
+        return;
+    }
+    case Syndrome::RnrNak:
+        if (qp.attr.rnr_retry != 7) {
+            if (qp.rnr_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RNR_RETRY_EXC_ERR, w);
+            --qp.rnr_left;
+        }
+        rewind(qp);
+        qp.wait = SqWait::Rnr;
+        qp.deadline_ns = eng.now() + rnr_timer_ns(r.rnr_timer);
+        note_deadline(ctx, qp.deadline_ns);
+        return;
+    case Syndrome::NakSeq:
+        if (qp.retries_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, w);
+        --qp.retries_left;
+        rewind(qp);
+        return;
+    case Syndrome::NakInvReq:
+        return fail_head(eng, ctx, qp, IBV_WC_REM_INV_REQ_ERR, w);
+    case Syndrome::NakAccess:
+        return fail_head(eng, ctx, qp, IBV_WC_REM_ACCESS_ERR, w);
+    case Syndrome::NakOp:
+        return fail_head(eng, ctx, qp, IBV_WC_REM_OP_ERR, w);
+    case Syndrome::Drop:
+        return lost(eng, ctx, qp);
+    }
+}
+
+Transport* transport_of(Engine& eng, Qp& qp) {
+    const RouteTable& routes = eng.routes();
+    if (qp.route_gen != routes.generation()) {
+        qp.transport = routes.lookup(qp.attr.ah.dlid);
+        qp.route_gen = routes.generation();
+    }
+    return qp.transport;
+}
+
+enum class Step { Next, Stop };
+
+Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
+    const uint32_t op = w.hdr.opcode;
+    const bool idle = qp.sq_next == qp.sq.cons;
+    // A local error completes only once everything before it has: it waits
+    // for the queue in flight to drain.
+    auto local_error = [&](uint32_t status) {
+        if (idle) fail_head(eng, ctx, qp, status, &w);
+        return Step::Stop;
+    };
+    if (st != IBV_WC_SUCCESS) return local_error(st);
+    if (!is_rc_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
+    Transport* t = transport_of(eng, qp);
+    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
+    if (pins) pins->clear();
+    Span loc[abi::kMaxSge];
+    uint32_t nl = 0;
+    uint64_t len = 0;
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return local_error(e);
+    if (is_atomic(op) && len != 8) return local_error(IBV_WC_LOC_LEN_ERR);
+
+    Request req;
+    req.opcode = op;
+    req.qp_type = IBV_QPT_RC;
+    req.psn = qp.next_psn;
+    req.slid = ctx.guest().lid;
+    req.sqpn = qp.qpn;
+    req.dlid = qp.attr.ah.dlid;
+    req.dqpn = qp.attr.dest_qp_num;
+    req.sl = qp.attr.ah.sl;
+    req.solicited = (w.hdr.send_flags & IBV_SEND_SOLICITED) != 0;
+    req.has_imm = op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    req.imm = w.hdr.imm_data;
+    req.length = len;
+    req.rkey = w.hdr.rkey;
+    req.remote_addr = w.hdr.remote_addr;
+    req.compare_add = w.hdr.compare_add;
+    req.swap = w.hdr.swap;
+    req.inline_payload = w.is_inline;
+
+    Response resp;
+    SendResult sent = SendResult::Done;  // resp.syndrome is Drop: lost
+    if (t && ctx.guest().port_active) sent = t->send(eng, ctx, qp, req, loc, nl, pins, resp);
+    if (sent == SendResult::Busy) return Step::Stop;
+    qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+    qp.next_psn = psn_next(qp.next_psn);
+    if (sent == SendResult::InFlight) {
+        if (!qp.ack_deadline_ns) qp.ack_deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
+        return Step::Next;
+    }
+    // Synchronous: the response is for this WQE, which is the head (a
+    // synchronous transport never leaves anything in flight).
+    on_head_response(eng, ctx, qp, resp, &w, loc, nl, len);
+    return qp.wait == SqWait::None ? Step::Next : Step::Stop;
+}
+
+Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
+    const abi::SendWqe& h = w.hdr;
+    if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
+    if (h.opcode != IBV_WR_SEND && h.opcode != IBV_WR_SEND_WITH_IMM)
+        return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    const Ah* ah = ctx.ahs.get(h.ah_handle);
+    if (!ah || ah->pd != qp.pd) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    Transport* t = eng.routes().lookup(ah->attr.dlid);
+    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
+    if (pins) pins->clear();
+    Span loc[abi::kMaxSge];
+    uint32_t nl = 0;
+    uint64_t len = 0;
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS)
+        return fail_head(eng, ctx, qp, e, &w), Step::Stop;
+    if (len > kPortMtuBytes) return fail_head(eng, ctx, qp, IBV_WC_LOC_LEN_ERR, &w), Step::Stop;
+
+    Request req;
+    req.opcode = h.opcode;
+    req.qp_type = IBV_QPT_UD;
+    req.slid = ctx.guest().lid;
+    req.sqpn = qp.qpn;
+    req.dlid = ah->attr.dlid;
+    req.dqpn = h.remote_qpn;
+    req.sl = ah->attr.sl;
+    req.solicited = (h.send_flags & IBV_SEND_SOLICITED) != 0;
+    req.has_imm = h.opcode == IBV_WR_SEND_WITH_IMM;
+    req.imm = h.imm_data;
+    req.length = len;
+    // A qkey with the high bit set means "use the QP's own".
+    req.qkey = (h.remote_qkey & 0x80000000u) ? qp.attr.qkey : h.remote_qkey;
+    if (ah->attr.is_global) {
+        req.grh = true;
+        req.traffic_class = ah->attr.traffic_class;
+        req.hop_limit = ah->attr.hop_limit;
+        req.flow_label = ah->attr.flow_label;
+        make_gid(ctx.guest().guid, req.sgid);
+        std::memcpy(req.dgid, ah->attr.dgid, 16);
+    }
+    req.inline_payload = w.is_inline;
+    // A datagram nobody can receive is lost; the send still succeeds.
+    if (t && ctx.guest().port_active) {
+        Response ignored;
+        if (t->send(eng, ctx, qp, req, loc, nl, pins, ignored) == SendResult::Busy) return Step::Stop;
+    }
+    complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
+    return Step::Next;
+}
+
+// Completes every posted send WQE (in flight or not) with
+// IBV_WC_WR_FLUSH_ERR, signaled or not.
+bool flush_sq(Engine& eng, Context& ctx, Qp& qp) {
+    uint32_t n;
+    if (!wq_pending(qp.sq, n) || n == 0) return false;
+    qp.sq_next = qp.sq.cons;
+    for (uint32_t i = 0; i < n; ++i) {
+        abi::SendWqe hdr;
+        std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
+        abi::Cqe c{};
+        c.wr_id = hdr.wr_id;
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.opcode = wc_opcode_for(hdr.opcode);
+        c.qp_num = qp.qpn;
+        wq_consume(qp.sq);
+        cq_push(ctx, qp.send_cq, c);
+    }
+    qp.sq_next = qp.sq.cons;
+    (void)eng;
+    return true;
+}
+
+bool flush_rq(Context& ctx, Qp& qp) {
+    if (qp.srq) return false;
+    uint32_t n;
+    if (!wq_pending(qp.rq, n) || n == 0) return false;
+    for (uint32_t i = 0; i < n; ++i) {
+        abi::RecvWqe hdr;
+        std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
+        abi::Cqe c{};
+        c.wr_id = hdr.wr_id;
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.opcode = IBV_WC_RECV;
+        c.qp_num = qp.qpn;
+        wq_consume(qp.rq);
+        cq_push(ctx, qp.recv_cq, c);
+    }
+    return true;
+}
+
+}  // namespace
+
+uint32_t wc_opcode_for(uint32_t wr_opcode) {
+    switch (wr_opcode) {
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+        return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ:
+        return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+        return IBV_WC_COMP_SWAP;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        return IBV_WC_FETCH_ADD;
+    default:
+        return IBV_WC_SEND;
+    }
+}
+
+void requester_start(Qp& qp) {
+    qp.sq_next = qp.sq.cons;
+    qp.una_psn = qp.next_psn = qp.attr.sq_psn & kPsnMask;
+    qp.retries_left = qp.attr.retry_cnt;
+    qp.rnr_left = qp.attr.rnr_retry;
+    qp.wait = SqWait::None;
+    qp.ack_deadline_ns = 0;
+}
+
+void requester_reset(Qp& qp) {
+    qp.transport = nullptr;
+    qp.route_gen = 0;
+    qp.sq_next = qp.sq.cons;
+    qp.una_psn = qp.next_psn = 0;
+    qp.wait = SqWait::None;
+    qp.ack_deadline_ns = 0;
+    qp.epsn = 0;
+    qp.atomic_replay_valid = false;
+}
+
+void requester_begin_drain(Qp& qp) {
+    // A WQE waiting for a timer was sent once: it still finishes.
+    qp.drain_end = qp.wait != SqWait::None && qp.sq_next == qp.sq.cons ? ring_next(qp.sq.cons, qp.sq.entries)
+                                                                         : qp.sq_next;
+}
+
+bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
+    if (qp.state == IBV_QPS_ERR) {
+        bool a = flush_sq(eng, ctx, qp);
+        bool b = flush_rq(ctx, qp);
+        return a || b;
+    }
+    if (qp.state == IBV_QPS_SQE) return flush_sq(eng, ctx, qp);
+    // SQD: no new WQE starts; those started (in flight, or waiting for an
+    // RNR or retry timer) finish, and then the send queue is drained.
+    const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
+    if (qp.state != IBV_QPS_RTS && !draining) return false;
+    auto drained = [&] {
+        qp.sq_draining = false;
+        if (qp.sqd_notify) post_qp_event(ctx, qp, IBV_EVENT_SQ_DRAINED);
+        return true;
+    };
+    if (draining && qp.sq.cons == qp.drain_end && qp.wait == SqWait::None) return drained();
+
+    bool progress = false;
+    if (qp.wait != SqWait::None) {
+        if (t < qp.deadline_ns) {
+            note_deadline(ctx, qp.deadline_ns);
+            return false;
+        }
+        if (qp.wait == SqWait::Retry) {
+            if (qp.retries_left == 0) {
+                qp.wait = SqWait::None;
+                fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, nullptr);
+                return true;
+            }
+            --qp.retries_left;
+        }
+        qp.wait = SqWait::None;  // send again from the oldest WQE
+    }
+    if (qp.ack_deadline_ns && t >= qp.ack_deadline_ns) {
+        // The oldest request in flight got no response in time.
+        if (qp.retries_left == 0) {
+            fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, nullptr);
+            return true;
+        }
+        --qp.retries_left;
+        rewind(qp);
+        progress = true;
+    }
+
+    uint32_t n;
+    if (!wq_pending(qp.sq, n) || inflight_count(qp) > n) {
+        LOG_WARN("guest %s: QP %u: invalid send queue producer index", ctx.guest().name.c_str(), qp.qpn);
+        qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+        return true;
+    }
+    uint32_t unsent = n - inflight_count(qp);
+    if (draining) {
+        uint32_t left = ring_count(qp.drain_end, qp.sq_next, qp.sq.entries);
+        if (left < unsent) unsent = left;
+    }
+    const uint32_t run_state = qp.state;
+    SendWork& w = eng.scratch();
+    for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.wait == SqWait::None; ++i) {
+        uint32_t st = read_send_wqe(qp.sq, qp.sq_next, qp.max_send_sge, qp.max_inline, w);
+        Step s = qp.type == IBV_QPT_UD ? start_ud(eng, ctx, qp, w, st) : start_rc(eng, ctx, qp, w, st);
+        progress = true;
+        if (s == Step::Stop) break;
+    }
+    note_deadline(ctx, qp.ack_deadline_ns);
+    if (draining && qp.state == IBV_QPS_SQD && qp.sq.cons == qp.drain_end && qp.wait == SqWait::None)
+        return drained();
+    if (qp.state != run_state) ctx.rescan = true;  // flush what is left
+    return progress;
+}
+
+void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& resp) {
+    if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons) return;
+    if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    if (resp.syndrome == Syndrome::NakSeq) {
+        // Resend from the PSN the responder expects; what comes before it
+        // was executed (its ACKs may still be on the way).
+        if (psn_diff(resp.psn, qp.una_psn) > inflight_count(qp)) return;
+    } else if (resp.psn != qp.una_psn) {
+        return;
+    }
+    on_head_response(eng, ctx, qp, resp, nullptr, nullptr, 0, 0);
+    ctx.rescan = true;
+}
+
+void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status) {
+    if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons || psn != qp.una_psn) return;
+    if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    fail_head(eng, ctx, qp, status, nullptr);
+    ctx.rescan = true;
+}
+
+uint32_t requester_read_target(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, Span* out, uint32_t& spans,
+                               uint64_t& len, Pins* pins) {
+    spans = 0;
+    len = 0;
+    uint32_t off = psn_diff(psn, qp.una_psn);
+    if (off >= inflight_count(qp)) return IBV_WC_GENERAL_ERR;
+    SendWork& s = eng.scratch();
+    uint32_t idx = ring_advance(qp.sq.cons, off, qp.sq.entries);
+    uint32_t st = read_send_wqe(qp.sq, idx, qp.max_send_sge, qp.max_inline, s);
+    if (st != IBV_WC_SUCCESS) return st;
+    if (s.hdr.opcode != IBV_WR_RDMA_READ || s.is_inline) return IBV_WC_LOC_QP_OP_ERR;
+    return resolve_sges(ctx, qp.pd, s.sge, s.num_sge, IBV_ACCESS_LOCAL_WRITE, out, spans, len, pins);
+}
+
+}  // namespace vrdma::shim

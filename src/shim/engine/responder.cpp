@@ -1,0 +1,314 @@
+#include "responder.h"
+
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#include <cstring>
+
+#include "async_events.h"
+#include "cq_writer.h"
+#include "engine.h"
+#include "psn.h"
+#include "qp_state.h"
+
+namespace vrdma::shim {
+namespace {
+
+bool responder_ready(uint32_t state) {
+    return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD;
+}
+
+// The receive queue a request consumes from: the QP's own or its SRQ.
+struct RecvQueue {
+    WorkQueue* wq = nullptr;
+    Srq* srq = nullptr;
+    uint32_t max_sge = 0;
+};
+
+RecvQueue recv_queue_of(Context& ctx, Qp& qp) {
+    RecvQueue r;
+    if (qp.srq) {
+        r.srq = ctx.srqs.get(qp.srq);
+        if (r.srq) {
+            r.wq = &r.srq->wq;
+            r.max_sge = r.srq->max_sge;
+        }
+    } else {
+        r.wq = &qp.rq;
+        r.max_sge = qp.max_recv_sge;
+    }
+    return r;
+}
+
+// True if a receive WQE is posted. An invalid producer index puts the QP in
+// error (and reads as "nothing posted").
+bool recv_available(Context& ctx, Qp& qp, RecvQueue& rq) {
+    rq = recv_queue_of(ctx, qp);
+    if (!rq.wq) return false;
+    uint32_t n;
+    if (!wq_pending(*rq.wq, n)) {
+        qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+        return false;
+    }
+    return n > 0;
+}
+
+void consume_recv(Context& ctx, RecvQueue& rq) {
+    wq_consume(*rq.wq);
+    if (rq.srq && rq.srq->limit) {
+        uint32_t left;
+        if (wq_pending(*rq.wq, left) && left < rq.srq->limit) {
+            rq.srq->limit = 0;  // one event per arming
+            post_srq_event(ctx, *rq.srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+        }
+    }
+}
+
+void set_recv_cqe(Delivery& d, const Request& req, uint64_t wr_id, uint32_t status, uint32_t opcode,
+                  uint32_t byte_len) {
+    abi::Cqe& c = d.cqe;
+    c = abi::Cqe{};
+    c.wr_id = wr_id;
+    c.status = status;
+    c.opcode = opcode;
+    c.byte_len = byte_len;
+    c.qp_num = d.qpn;
+    c.src_qp = req.sqpn;
+    c.slid = req.slid;
+    c.sl = req.sl;
+    if (status == IBV_WC_SUCCESS) {
+        if (req.has_imm) {
+            c.imm_data = req.imm;
+            c.wc_flags |= IBV_WC_WITH_IMM;
+        }
+        if (req.qp_type == IBV_QPT_UD && req.grh) c.wc_flags |= IBV_WC_GRH;
+    }
+    d.solicited = req.solicited;
+    d.recv_cqe = true;
+}
+
+// Resolves the receive WQE at the head of `rq` into d.spans. Returns
+// IBV_WC_SUCCESS or the status of the receive completion.
+uint32_t take_recv_wqe(Context& ctx, Qp& qp, RecvQueue& rq, Delivery& d, uint64_t& wr_id, uint64_t& cap,
+                       Pins* pins) {
+    RecvWork rw;
+    uint32_t st = read_recv_wqe(*rq.wq, rq.wq->cons, rq.max_sge, rw);
+    wr_id = rw.wr_id;
+    cap = 0;
+    if (st == IBV_WC_SUCCESS)
+        st = resolve_sges(ctx, qp.pd, rw.sge, rw.num_sge, IBV_ACCESS_LOCAL_WRITE, d.spans, d.nspans, cap, pins);
+    consume_recv(ctx, rq);
+    return st;
+}
+
+void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
+    d.resp.syndrome = Syndrome::Drop;
+    Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
+    if (!dst || dst.qp->type != IBV_QPT_UD || !responder_ready(dst.qp->state)) return;
+    if (dst.qp->attr.qkey != req.qkey || !dst.ctx->guest().port_active) return;
+    if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
+    if (req.length > kPortMtuBytes) return;
+    RecvQueue rq;
+    if (!recv_available(*dst.ctx, *dst.qp, rq)) return;  // a datagram with no receive is lost
+    d.ctx = dst.ctx;
+    d.qp = dst.qp;
+    d.ctx_id = dst.ctx->id();
+    d.qp_handle = dst.handle;
+    d.qpn = dst.qp->qpn;
+    uint64_t wr_id, cap;
+    uint32_t st = take_recv_wqe(*dst.ctx, *dst.qp, rq, d, wr_id, cap, pins);
+    if (st == IBV_WC_SUCCESS && cap < abi::kUdGrhBytes + req.length) st = IBV_WC_LOC_LEN_ERR;
+    if (st != IBV_WC_SUCCESS) {
+        d.nspans = 0;
+        set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV, 0);
+        return;
+    }
+    if (req.grh) {
+        uint8_t g[40];
+        make_grh(req, g);
+        Span gs{g, 40};
+        copy_sg(d.spans, d.nspans, 0, &gs, 1, 40);
+    }
+    d.resp.syndrome = Syndrome::Ack;
+    d.skip = abi::kUdGrhBytes;
+    d.length = req.length;
+    set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(abi::kUdGrhBytes + req.length));
+}
+
+// The responder QP fails with `event` and the requester gets `syndrome`.
+void nak(Delivery& d, Context& ctx, Qp& qp, Syndrome syndrome, int event) {
+    d.resp.syndrome = syndrome;
+    d.nspans = 0;
+    qp_set_error(ctx, qp, event);
+}
+
+void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
+    d.resp.syndrome = Syndrome::Drop;
+    d.resp.psn = req.psn;
+    Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
+    if (!dst || dst.qp->type != IBV_QPT_RC || !responder_ready(dst.qp->state)) return;
+    Context& ctx = *dst.ctx;
+    Qp& qp = *dst.qp;
+    // Only the QP this one is connected to may talk to it.
+    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid || !ctx.guest().port_active) return;
+    d.ctx = &ctx;
+    d.qp = &qp;
+    d.ctx_id = ctx.id();
+    d.qp_handle = dst.handle;
+    d.qpn = qp.qpn;
+
+    const uint32_t op = req.opcode;
+    const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    const bool is_read = op == IBV_WR_RDMA_READ;
+    const bool is_atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+
+    // Sequence: a duplicate (a resend after a lost response) is answered
+    // without executing it again, except READ (idempotent) and the last
+    // atomic (its original value is replayed); a request from the future
+    // means one was lost: NAK with the PSN expected.
+    bool duplicate = false;
+    if (req.psn != qp.epsn) {
+        if (!psn_before(req.psn, qp.epsn)) {
+            d.resp.syndrome = Syndrome::NakSeq;
+            d.resp.psn = qp.epsn;
+            return;
+        }
+        duplicate = true;
+        if (is_send || is_write) {
+            d.resp.syndrome = Syndrome::Ack;
+            return;
+        }
+        if (is_atomic) {
+            if (qp.atomic_replay_valid && qp.atomic_replay_psn == req.psn) {
+                d.resp.syndrome = Syndrome::Ack;
+                d.resp.atomic_orig = qp.atomic_replay_orig;
+            } else {
+                d.resp.syndrome = Syndrome::NakInvReq;
+            }
+            return;
+        }
+    }
+    if (!is_send && !is_write && !is_read && !is_atomic) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+    if (req.length > kMaxMsgSize) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+    qp_request_arrived(ctx, qp);
+
+    // A receive WQE first for what consumes one: no data moves before an RNR.
+    RecvQueue rq;
+    const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (consumes && !recv_available(ctx, qp, rq)) {
+        if (qp.state == IBV_QPS_ERR) return;  // it just failed: the request is lost
+        d.resp.syndrome = Syndrome::RnrNak;
+        d.resp.rnr_timer = qp.attr.min_rnr_timer;
+        return;
+    }
+
+    if (is_send) {
+        uint64_t wr_id, cap;
+        uint32_t st = take_recv_wqe(ctx, qp, rq, d, wr_id, cap, pins);
+        if (st != IBV_WC_SUCCESS) {
+            set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV, 0);
+            return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+        }
+        if (cap < req.length) {
+            set_recv_cqe(d, req, wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
+            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        }
+        set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
+    } else {
+        // RDMA and atomics: an rkey of the responder's context, in the QP's
+        // PD, with the access both the QP and the MR grant.
+        uint32_t need = is_write ? IBV_ACCESS_REMOTE_WRITE : is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_ATOMIC;
+        if (is_atomic && (req.length != 8 || (req.remote_addr & 7)))
+            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        if (req.length > 0) {
+            if ((qp.attr.qp_access_flags & need) != need)
+                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            std::shared_ptr<Mapping>* keep = nullptr;
+            uint8_t* p = resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, need, &keep);
+            if (!p) return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            if (pins && keep) pins->add(*keep);
+            d.spans[0] = Span{p, req.length};
+            d.nspans = 1;
+        }
+        if (is_atomic) {
+            auto* target = reinterpret_cast<uint64_t*>(d.spans[0].p);
+            uint64_t old;
+            if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+                old = __atomic_fetch_add(target, req.compare_add, __ATOMIC_SEQ_CST);
+            } else {
+                old = req.compare_add;
+                __atomic_compare_exchange_n(target, &old, req.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            }
+            d.resp.atomic_orig = old;
+            d.nspans = 0;
+            qp.atomic_replay_valid = true;
+            qp.atomic_replay_psn = req.psn;
+            qp.atomic_replay_orig = old;
+        }
+        if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            uint64_t wr_id, cap;
+            Delivery scratch;  // the receive WQE's SGEs are not used by a write
+            uint32_t st = take_recv_wqe(ctx, qp, rq, scratch, wr_id, cap, nullptr);
+            if (st != IBV_WC_SUCCESS) {
+                set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV_RDMA_WITH_IMM, 0);
+                return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+            }
+            set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(req.length));
+        }
+    }
+    d.resp.syndrome = Syndrome::Ack;
+    d.length = is_atomic ? 0 : req.length;
+    if (!duplicate) qp.epsn = psn_next(qp.epsn);
+}
+
+}  // namespace
+
+void make_grh(const Request& req, uint8_t out40[40]) {
+    uint8_t g[40] = {};
+    uint32_t ver = htonl((6u << 28) | (uint32_t(req.traffic_class) << 20) | (req.flow_label & 0xfffff));
+    std::memcpy(g, &ver, 4);
+    uint16_t plen = htons(uint16_t(req.length));
+    std::memcpy(g + 4, &plen, 2);
+    g[6] = 0x1b;  // next header: IBA transport
+    g[7] = req.hop_limit;
+    std::memcpy(g + 8, req.sgid, 16);
+    std::memcpy(g + 24, req.dgid, 16);
+    std::memcpy(out40, g, 40);
+}
+
+void responder_begin(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
+    d.opcode = req.opcode;
+    if (req.qp_type == IBV_QPT_UD)
+        respond_ud(eng, req, d, pins);
+    else
+        respond_rc(eng, req, d, pins);
+}
+
+bool responder_revalidate(Engine& eng, Delivery& d) {
+    d.ctx = nullptr;
+    d.qp = nullptr;
+    Context* ctx = eng.find_context(d.ctx_id);
+    if (!ctx || ctx->dead) return false;
+    Qp* qp = ctx->qps.get(d.qp_handle);
+    if (!qp || qp->qpn != d.qpn || qp->state == IBV_QPS_RESET) return false;
+    d.ctx = ctx;
+    d.qp = qp;
+    return true;
+}
+
+void responder_finish(Delivery& d, bool payload_ok) {
+    if (!d.recv_cqe || !d.ctx || !d.qp) return;
+    d.recv_cqe = false;
+    if (!payload_ok && d.cqe.status == IBV_WC_SUCCESS) {
+        d.cqe.status = IBV_WC_REM_ABORT_ERR;
+        d.cqe.byte_len = 0;
+        d.cqe.wc_flags = 0;
+        cq_push(*d.ctx, d.qp->recv_cq, d.cqe, d.solicited);
+        qp_set_error(*d.ctx, *d.qp, IBV_EVENT_QP_FATAL);
+        return;
+    }
+    cq_push(*d.ctx, d.qp->recv_cq, d.cqe, d.solicited);
+}
+
+}  // namespace vrdma::shim

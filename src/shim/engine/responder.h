@@ -1,0 +1,66 @@
+// The responder: everything the target QP's side of the IB transport does
+// with one request, whatever transport carried it. It checks the QP's state
+// and connection, the PSN, consumes a receive WQE (QP or SRQ) or decides an
+// RNR NAK, checks rkeys, ranges and access, executes atomics, writes the
+// receive completion and moves the QP to error when the protocol says so.
+//
+// It works in two steps so that a transport can move the payload between
+// them at its own pace (the local transport: one memcpy; tcp: socket reads
+// straight into the target memory, over several turns):
+//   responder_begin  decides, before any payload byte moves, and says where
+//                    the payload goes (SEND, WRITE) or comes from (READ);
+//   responder_finish writes the receive completion once the payload landed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "context.h"
+#include "request.h"
+#include "resources.h"
+#include "work_queue.h"
+
+namespace vrdma::shim {
+
+class Engine;
+
+struct Delivery {
+    Response resp;
+    uint32_t opcode = 0;
+    // SEND and WRITE: where the payload goes, after `skip` bytes (the GRH
+    // room of a UD receive). READ: where the data comes from.
+    Span spans[abi::kMaxSge];
+    uint32_t nspans = 0;
+    uint64_t skip = 0;
+    uint64_t length = 0;
+
+    // The receive completion responder_finish writes (SEND, WRITE with
+    // immediate). ctx/qp are valid until control returns to the engine;
+    // an asynchronous transport calls responder_revalidate first.
+    bool recv_cqe = false;
+    Context* ctx = nullptr;
+    Qp* qp = nullptr;
+    uint64_t ctx_id = 0;
+    uint32_t qp_handle = 0;
+    uint32_t qpn = 0;
+    abi::Cqe cqe{};
+    bool solicited = false;
+};
+
+// Decides what happens to `req`. `pins` (null for a synchronous transport)
+// receives the mappings of every span.
+void responder_begin(Engine& eng, const Request& req, Delivery& d, Pins* pins = nullptr);
+
+// Finds the target QP of `d` again after the engine ran (it may have been
+// destroyed or reset meanwhile: then false and nothing is to be written).
+bool responder_revalidate(Engine& eng, Delivery& d);
+
+// Writes the receive completion, if any. `payload_ok` false: the payload
+// never arrived whole (the peer shim went away): the receive completes with
+// IBV_WC_REM_ABORT_ERR and the QP goes to error.
+void responder_finish(Delivery& d, bool payload_ok = true);
+
+// The 40-byte GRH written in front of a UD payload from a global address.
+void make_grh(const Request& req, uint8_t out40[40]);
+
+}  // namespace vrdma::shim

@@ -1,0 +1,440 @@
+#include "fabric.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "context.h"
+#include "engine.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim::fabric {
+namespace {
+
+constexpr uint64_t kHandshakeTimeoutNs = 5'000'000'000;
+constexpr uint64_t kDialBackoffMinNs = 100'000'000;
+constexpr uint64_t kDialBackoffMaxNs = 2'000'000'000;
+constexpr uint64_t kTagPeer = 1, kTagListen = 2;
+constexpr uint64_t kRefusedRedialNs = 5'000'000'000;
+constexpr const char* kReplaced = "replaced by a duplicate connection";
+
+std::string ip_text(const sockaddr_in& a) {
+    char buf[INET_ADDRSTRLEN] = "?";
+    ::inet_ntop(AF_INET, &a.sin_addr, buf, sizeof(buf));
+    return buf;
+}
+
+std::string endpoint_text(const sockaddr_in& a) { return ip_text(a) + ":" + std::to_string(ntohs(a.sin_port)); }
+
+void tune_socket(int fd) {
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // A dead peer host (no FIN, no RST) is noticed within about 20 s even
+    // when idle; the QPs' own timers notice much sooner.
+    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    int idle = 10, intvl = 2, cnt = 5;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+}  // namespace
+
+bool parse_endpoint(const std::string& text, sockaddr_in& out, std::string& error) {
+    auto colon = text.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+        error = "'" + text + "' is not ADDR:PORT";
+        return false;
+    }
+    std::string host = text.substr(0, colon), port = text.substr(colon + 1);
+    char* end;
+    unsigned long p = std::strtoul(port.c_str(), &end, 10);
+    if (*end || p == 0 || p > 65535) {
+        error = "'" + port + "' is not a TCP port (in '" + text + "')";
+        return false;
+    }
+    out = sockaddr_in{};
+    out.sin_family = AF_INET;
+    out.sin_port = htons(uint16_t(p));
+    if (::inet_pton(AF_INET, host.c_str(), &out.sin_addr) == 1) return true;
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res) {
+        error = "cannot resolve '" + host + "' (in '" + text + "')";
+        return false;
+    }
+    out.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+    ::freeaddrinfo(res);
+    return true;
+}
+
+SendResult Peer::send(Engine&, Context& ctx, Qp&, const Request& req, const Span* local, uint32_t nlocal, Pins* pins,
+                      Response& resp) {
+    if (!up()) {  // the peer cannot be reached: the request is lost
+        resp = Response{};
+        resp.syndrome = Syndrome::Drop;
+        resp.psn = req.psn;
+        return SendResult::Done;
+    }
+    if (!link_->send_request(req, ctx.id(), local, nlocal, req.inline_payload, pins)) return SendResult::Busy;
+    return SendResult::InFlight;
+}
+
+LinkStats Peer::totals() const {
+    LinkStats t = past_;
+    if (link_) {
+        t.tx_bytes += link_->stats.tx_bytes;
+        t.rx_bytes += link_->stats.rx_bytes;
+        t.tx_msgs += link_->stats.tx_msgs;
+        t.rx_msgs += link_->stats.rx_msgs;
+        t.retries += link_->stats.retries;
+        t.errors += link_->stats.errors;
+    }
+    return t;
+}
+
+Fabric::Fabric(Engine& eng) : eng_(eng) {}
+
+Fabric::~Fabric() {
+    for (auto& p : peers_) eng_.routes().remove(p.get());
+}
+
+bool Fabric::start(const FabricConfig& cfg, std::string& error) {
+    cfg_ = cfg;
+    if (!key_.load(cfg.key_file, error)) return false;
+    random_bytes(&instance_, sizeof(instance_));
+    epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll_) {
+        error = std::string("epoll: ") + strerror(errno);
+        return false;
+    }
+    if (!cfg.listen.empty()) {
+        sockaddr_in a;
+        if (!parse_endpoint(cfg.listen, a, error)) {
+            error = "--fabric-listen: " + error;
+            return false;
+        }
+        listen_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        int one = 1;
+        ::setsockopt(listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        if (!listen_ || ::bind(listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+            ::listen(listen_.get(), 64) != 0) {
+            error = "cannot listen on " + cfg.listen + " (--fabric-listen): " + strerror(errno);
+            return false;
+        }
+        listen_port_ = ntohs(a.sin_port);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = kTagListen;
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listen_.get(), &ev);
+    }
+    for (const std::string& text : cfg.peers) {
+        sockaddr_in a;
+        if (!parse_endpoint(text, a, error)) {
+            error = "--fabric-peer: " + error;
+            return false;
+        }
+        peers_.push_back(std::make_unique<Peer>(endpoint_text(a), a, true));
+    }
+    enabled_ = true;
+    LOG_INFO("fabric: this shim owns lids %u-%u; listening on %s; %zu configured peer(s)", cfg.lid_first, cfg.lid_last,
+             cfg.listen.empty() ? "nothing" : cfg.listen.c_str(), peers_.size());
+    return true;
+}
+
+void Fabric::watch(Link& l, bool add) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (l.wants_write() ? uint32_t(EPOLLOUT) : 0u);
+    ev.data.u64 = reinterpret_cast<uint64_t>(&l);
+    ::epoll_ctl(epoll_.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, l.fd(), &ev);
+}
+
+void Fabric::dial(Peer& p) {
+    p.connecting_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!p.connecting_) return;
+    tune_socket(p.connecting_.get());
+    int rc = ::connect(p.connecting_.get(), reinterpret_cast<const sockaddr*>(&p.addr_), sizeof(p.addr_));
+    if (rc != 0 && errno != EINPROGRESS) {
+        p.last_error_ = strerror(errno);
+        p.connecting_.reset();
+        return;
+    }
+    p.dialing_ = true;
+    epoll_event ev{};
+    ev.events = EPOLLOUT;
+    ev.data.u64 = reinterpret_cast<uint64_t>(&p) | kTagPeer;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, p.connecting_.get(), &ev);
+}
+
+void Fabric::on_connected(Peer& p) {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(p.connecting_.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, p.connecting_.get(), nullptr);
+    if (err) {
+        if (p.last_error_ != strerror(err))
+            LOG_WARN("fabric: peer %s unreachable: %s; retrying", p.address_.c_str(), strerror(err));
+        p.last_error_ = strerror(err);
+        p.connecting_.reset();
+        p.dialing_ = false;
+        return;
+    }
+    Pending pd;
+    pd.link = std::make_unique<Link>(eng_, key_, std::move(p.connecting_), true, instance_, cfg_.lid_first,
+                                     cfg_.lid_last, listen_port_, p.address_);
+    pd.dialer = &p;
+    pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
+    watch(*pd.link, true);
+    pd.link->flush();
+    pending_.push_back(std::move(pd));
+}
+
+void Fabric::accept_all() {
+    for (;;) {
+        sockaddr_in from{};
+        socklen_t len = sizeof(from);
+        int fd = ::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;
+        if (pending_.size() >= 64) {  // handshakes in progress: a flood is not served
+            ::close(fd);
+            continue;
+        }
+        tune_socket(fd);
+        Pending pd;
+        pd.link = std::make_unique<Link>(eng_, key_, UniqueFd(fd), false, instance_, cfg_.lid_first, cfg_.lid_last,
+                                         listen_port_, endpoint_text(from));
+        pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
+        watch(*pd.link, true);
+        pd.link->flush();
+        pending_.push_back(std::move(pd));
+    }
+}
+
+void Fabric::poll() {
+    if (!enabled_) return;
+    epoll_event evs[64];
+    int n = ::epoll_wait(epoll_.get(), evs, 64, 0);
+    for (int i = 0; i < n; ++i) {
+        uint64_t tag = evs[i].data.u64;
+        if (tag == kTagListen) {
+            accept_all();
+        } else if (tag & kTagPeer) {
+            on_connected(*reinterpret_cast<Peer*>(tag & ~kTagPeer));
+        } else {
+            // A link may have been destroyed by an earlier event of this
+            // batch (a duplicate closed): only known links are touched.
+            auto* l = reinterpret_cast<Link*>(tag);
+            bool known = false;
+            for (auto& p : pending_) known |= p.link.get() == l;
+            for (auto& p : peers_) known |= p->link_.get() == l;
+            if (!known || l->state() == LinkState::Closed) continue;
+            if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) l->on_readable();
+            if (l->state() != LinkState::Closed && (evs[i].events & EPOLLOUT)) l->flush();
+        }
+        service();
+    }
+    service();
+}
+
+void Fabric::flush() {
+    for (auto& p : peers_)
+        if (p->link_ && p->link_->state() == LinkState::Up && p->link_->wants_write()) {
+            p->link_->flush();
+            if (p->link_->state() != LinkState::Closed) watch(*p->link_, false);
+        }
+    service();
+}
+
+// Moves links through their life: handshakes that finished or failed,
+// connections that closed, dials that are due.
+void Fabric::service() {
+    const uint64_t now = monotonic_ns();
+    for (size_t i = 0; i < pending_.size();) {
+        Pending& pd = pending_[i];
+        Link& l = *pd.link;
+        if (l.state() == LinkState::Handshake && now > pd.deadline_ns) l.close("handshake timed out");
+        if (l.state() == LinkState::Closed) {
+            if (l.auth_failed())
+                LOG_WARN("fabric: connection %s %s refused: authentication failed (it does not know the fabric key)",
+                         pd.dialer ? "to" : "from", l.remote().c_str());
+            else
+                LOG_INFO("fabric: connection %s %s closed during the handshake: %s", pd.dialer ? "to" : "from",
+                         l.remote().c_str(), l.close_reason().c_str());
+            if (pd.dialer) {
+                pd.dialer->dialing_ = false;
+                pd.dialer->last_error_ = l.close_reason();
+                pd.dialer->refused_ = l.auth_failed() || l.close_reason().rfind("refused", 0) == 0;
+                if (pd.dialer->refused_) pd.dialer->next_dial_ns_ = now + kRefusedRedialNs;
+            }
+            pending_.erase(pending_.begin() + long(i));
+            continue;
+        }
+        if (l.take_became_up()) {
+            Pending moved = std::move(pd);
+            pending_.erase(pending_.begin() + long(i));
+            establish(moved);
+            continue;
+        }
+        if (l.wants_write()) watch(l, false);
+        ++i;
+    }
+    for (auto& up : peers_) {
+        Peer& p = *up;
+        if (p.link_ && p.link_->state() == LinkState::Closed) link_closed(p);
+        if (p.link_) watch(*p.link_, false);
+        if (p.configured_ && !p.up() && !p.dialing_ && !p.connecting_ && now >= p.next_dial_ns_) {
+            p.backoff_ns_ = p.backoff_ns_ ? std::min(p.backoff_ns_ * 2, kDialBackoffMaxNs) : kDialBackoffMinNs;
+            p.next_dial_ns_ = now + p.backoff_ns_;
+            dial(p);
+        }
+    }
+}
+
+std::string Fabric::overlap(const Peer& self, uint16_t first, uint16_t last) const {
+    if (first <= cfg_.lid_last && last >= cfg_.lid_first)
+        return "its LIDs " + std::to_string(first) + "-" + std::to_string(last) + " overlap this shim's " +
+               std::to_string(cfg_.lid_first) + "-" + std::to_string(cfg_.lid_last);
+    for (auto& p : peers_) {
+        if (p.get() == &self || !p->up()) continue;
+        if (first <= p->lid_last_ && last >= p->lid_first_)
+            return "its LIDs " + std::to_string(first) + "-" + std::to_string(last) + " overlap those of peer " +
+                   p->address_ + " (" + std::to_string(p->lid_first_) + "-" + std::to_string(p->lid_last_) + ")";
+    }
+    return {};
+}
+
+Peer* Fabric::find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer) {
+    if (dialer) return dialer;
+    for (auto& p : peers_)
+        if (p->instance_ == hello.instance) return p.get();
+    for (auto& p : peers_)
+        if (p->addr_.sin_addr.s_addr == ip.sin_addr.s_addr && ntohs(p->addr_.sin_port) == hello.listen_port)
+            return p.get();
+    // A shim this one was not told about, which proved it knows the key.
+    sockaddr_in a = ip;
+    a.sin_port = htons(hello.listen_port);
+    peers_.push_back(std::make_unique<Peer>(endpoint_text(a), a, false));
+    return peers_.back().get();
+}
+
+void Fabric::establish(Pending& pd) {
+    Link& l = *pd.link;
+    const Hello& h = l.peer_hello();
+    sockaddr_in ip{};
+    std::string err;
+    parse_endpoint(l.remote(), ip, err);
+    Peer* p = find_peer(ip, h, pd.dialer);
+    if (pd.dialer) pd.dialer->dialing_ = false;
+
+    // Two connections to the same shim (both dialed): both sides keep the
+    // one opened by the shim with the smaller instance id.
+    if (p->up() && p->instance_ == h.instance) {
+        bool keep_new = (instance_ < h.instance) == l.dialed();
+        if (!keep_new) {
+            l.close("duplicate connection");
+            return;
+        }
+        p->link_->close(kReplaced);
+    }
+    std::string why = overlap(*p, h.lid_first, h.lid_last);
+    if (!why.empty()) {
+        LOG_ERR("fabric: peer %s refused: %s", p->address_.c_str(), why.c_str());
+        p->last_error_ = why;
+        p->refused_ = true;
+        l.refuse("refused by " + endpoint_text(ip) + ": " + why);
+        l.flush();
+        // The link closes once the reason is written; keep it until then.
+        pending_.push_back(std::move(pd));
+        pending_.back().dialer = nullptr;
+        return;
+    }
+    if (p->link_ && p->link_->state() != LinkState::Closed) {
+        p->link_->close("the peer restarted");
+    }
+    if (p->link_) link_closed(*p);
+    eng_.routes().remove(p);
+    // LIDs of peers that are down and overlap this one go to it now.
+    for (auto& o : peers_)
+        if (o.get() != p && !o->up() && h.lid_first <= o->lid_last_ && h.lid_last >= o->lid_first_)
+            eng_.routes().remove(o.get());
+    if (!eng_.routes().add(h.lid_first, h.lid_last, p)) {
+        LOG_ERR("fabric: peer %s: cannot route lids %u-%u", p->address_.c_str(), h.lid_first, h.lid_last);
+        l.refuse("LIDs already routed elsewhere");
+        pending_.push_back(std::move(pd));
+        pending_.back().dialer = nullptr;
+        return;
+    }
+    p->instance_ = h.instance;
+    p->lid_first_ = h.lid_first;
+    p->lid_last_ = h.lid_last;
+    p->link_ = std::move(pd.link);
+    p->ever_up_ = true;
+    p->refused_ = false;
+    p->last_error_.clear();
+    p->backoff_ns_ = 0;
+    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s)", p->address_.c_str(), h.lid_first, h.lid_last,
+             p->link_->dialed() ? "to" : "from", p->link_->remote().c_str());
+    watch(*p->link_, false);
+    // Requesters waiting for room or a route try again.
+    eng_.rescan_all();
+}
+
+void Fabric::link_closed(Peer& p) {
+    Link& l = *p.link_;
+    const std::string& why = l.close_reason();
+    if (why != kReplaced && why != p.last_error_) LOG_WARN("fabric: peer %s down: %s", p.address_.c_str(), why.c_str());
+    LinkStats s = l.stats;
+    p.past_.tx_bytes += s.tx_bytes;
+    p.past_.rx_bytes += s.rx_bytes;
+    p.past_.tx_msgs += s.tx_msgs;
+    p.past_.rx_msgs += s.rx_msgs;
+    p.past_.retries += s.retries;
+    p.past_.errors += s.errors;
+    p.refused_ = why.rfind("refused", 0) == 0;
+    p.next_dial_ns_ = p.refused_ ? monotonic_ns() + kRefusedRedialNs : 0;
+    if (why != kReplaced) p.last_error_ = why;
+    p.link_.reset();
+    eng_.rescan_all();
+}
+
+uint64_t Fabric::next_deadline_ns() const {
+    uint64_t best = 0;
+    auto take = [&](uint64_t t) {
+        if (t && (!best || t < best)) best = t;
+    };
+    for (auto& pd : pending_) take(pd.deadline_ns);
+    for (auto& p : peers_)
+        if (p->configured_ && !p->up() && !p->dialing_ && !p->connecting_) take(std::max<uint64_t>(p->next_dial_ns_, 1));
+    return best;
+}
+
+std::string Fabric::status() const {
+    std::string out;
+    for (auto& p : peers_) {
+        const char* state = p->up() ? "up" : p->refused_ ? "refused" : (p->configured_ ? "connecting" : "down");
+        LinkStats t = p->totals();
+        char line[512];
+        std::snprintf(line, sizeof(line),
+                      "peer %s state %s lids %u-%u tx_bytes %llu rx_bytes %llu tx_msgs %llu rx_msgs %llu retries %llu "
+                      "errors %llu",
+                      p->address_.c_str(), state, p->lid_first_, p->lid_last_, (unsigned long long)t.tx_bytes,
+                      (unsigned long long)t.rx_bytes, (unsigned long long)t.tx_msgs, (unsigned long long)t.rx_msgs,
+                      (unsigned long long)t.retries, (unsigned long long)t.errors);
+        out += line;
+        if (!p->up() && !p->last_error_.empty()) out += " last_error \"" + p->last_error_ + "\"";
+        out += "\n";
+    }
+    if (out.empty()) out = "no peers\n";
+    return out;
+}
+
+}  // namespace vrdma::shim::fabric

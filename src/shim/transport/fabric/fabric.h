@@ -1,0 +1,118 @@
+// The fabric: this shim and its peer shims, each owning a range of LIDs,
+// joined by TCP (ARCHITECTURE.md "Transports", docs/protocol.md "Fabric").
+//
+// Each peer is a Transport: the route table sends every LID the peer owns
+// to it, and its connection (link.h) carries the requests and responses of
+// all QPs between the two shims. Configured peers (--fabric-peer) are
+// dialed and redialed with backoff; any shim that proves it knows the
+// fabric key may connect. A peer whose LID range overlaps this shim's or
+// another live peer's is refused with the reason, on both sides.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fabric_key.h"
+#include "link.h"
+#include "transport.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim {
+class Engine;
+}
+
+namespace vrdma::shim::fabric {
+
+struct FabricConfig {
+    std::string listen;              // ADDR:PORT, empty: accept nothing
+    std::vector<std::string> peers;  // ADDR:PORT each
+    std::string key_file;
+    uint16_t lid_first = 0, lid_last = 0;
+};
+
+// "a.b.c.d:port" (or "host:port", resolved once) into an IPv4 address.
+bool parse_endpoint(const std::string& text, sockaddr_in& out, std::string& error);
+
+class Peer final : public Transport {
+public:
+    Peer(std::string address, const sockaddr_in& addr, bool configured)
+        : address_(std::move(address)), addr_(addr), configured_(configured) {}
+    const char* name() const override { return "tcp"; }
+    bool keeps_memory() const override { return true; }
+    SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
+                    Pins* pins, Response& resp) override;
+
+    bool up() const { return link_ && link_->state() == LinkState::Up; }
+    const std::string& address() const { return address_; }
+    LinkStats totals() const;
+
+private:
+    friend class Fabric;
+    std::string address_;
+    sockaddr_in addr_;
+    bool configured_;
+    std::unique_ptr<Link> link_;
+    uint64_t instance_ = 0;
+    uint16_t lid_first_ = 0, lid_last_ = 0;
+    bool ever_up_ = false;
+    bool dialing_ = false;        // a connection of ours is being opened or authenticated
+    UniqueFd connecting_;         // non-blocking connect() in progress
+    uint64_t next_dial_ns_ = 0;
+    uint64_t backoff_ns_ = 0;
+    std::string last_error_;
+    bool refused_ = false;
+    LinkStats past_;              // of closed links
+};
+
+class Fabric {
+public:
+    explicit Fabric(Engine& eng);
+    ~Fabric();
+
+    // Loads the key, listens, and starts dialing the configured peers.
+    bool start(const FabricConfig& cfg, std::string& error);
+    bool enabled() const { return enabled_; }
+    // An fd that is readable when any fabric socket needs attention (for
+    // the daemon's epoll).
+    int epoll_fd() const { return epoll_.get(); }
+    // Handles ready sockets, dials, handshake timeouts. Never blocks.
+    void poll();
+    // Writes what the requesters and responders queued.
+    void flush();
+    // Earliest dial or handshake deadline (0: none).
+    uint64_t next_deadline_ns() const;
+    // One line per peer (vrdmactl peers).
+    std::string status() const;
+
+private:
+    struct Pending {
+        std::unique_ptr<Link> link;
+        Peer* dialer = nullptr;   // the peer this shim dialed, if it did
+        uint64_t deadline_ns = 0;
+    };
+    void accept_all();
+    void dial(Peer& p);
+    void on_connected(Peer& p);
+    void service();
+    void establish(Pending& pending);
+    void link_closed(Peer& p);
+    void watch(Link& l, bool add);
+    Peer* find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer);
+    std::string overlap(const Peer& p, uint16_t first, uint16_t last) const;
+
+    Engine& eng_;
+    bool enabled_ = false;
+    FabricKey key_;
+    FabricConfig cfg_;
+    uint64_t instance_ = 0;
+    uint16_t listen_port_ = 0;
+    UniqueFd listen_, epoll_;
+    std::vector<std::unique_ptr<Peer>> peers_;
+    std::vector<Pending> pending_;
+};
+
+}  // namespace vrdma::shim::fabric

@@ -1,0 +1,731 @@
+#include "link.h"
+
+#include <infiniband/verbs.h>
+#include <limits.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "engine.h"
+#include "psn.h"
+#include "requester.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim::fabric {
+namespace {
+
+constexpr const char* kAuthLabel = "vrdma fabric v1 auth";
+constexpr size_t kRecvBuffer = 256 * 1024;
+constexpr size_t kDirectReadMin = 16 * 1024;   // payload left at least this: read it straight into place
+constexpr size_t kMaxSegsPerBatch = 256;
+constexpr size_t kMaxIovPerBatch = 960;        // below IOV_MAX (1024)
+constexpr size_t kBatchBytes = 1024 * 1024;
+constexpr size_t kReadBudget = 4 * 1024 * 1024;  // bytes handled per on_readable call
+constexpr size_t kMaxInbound = 4096;          // unfinished incoming messages per link
+
+bool carries_payload(uint32_t opcode) {
+    return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
+           opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+uint64_t qp_key(uint16_t lid, uint32_t qpn) { return (uint64_t(lid) << 32) | qpn; }
+
+// iovecs for `len` bytes of a scatter list from byte `off`.
+size_t spans_to_iov(const Span* spans, uint32_t n, uint64_t off, uint64_t len, iovec* out, size_t max) {
+    size_t k = 0;
+    for (uint32_t i = 0; i < n && len > 0 && k < max; ++i) {
+        if (off >= spans[i].len) {
+            off -= spans[i].len;
+            continue;
+        }
+        uint64_t take = std::min(len, spans[i].len - off);
+        out[k].iov_base = spans[i].p + off;
+        out[k].iov_len = take;
+        ++k;
+        len -= take;
+        off = 0;
+    }
+    return k;
+}
+
+}  // namespace
+
+struct Link::InMsg {
+    uint8_t type = 0;
+    uint16_t lid = 0;      // the QP that sent it
+    uint32_t qpn = 0;
+    uint64_t total = 0;    // payload bytes announced
+    uint64_t received = 0;
+    bool discard = false;  // payload read and dropped
+    // A request (responder side).
+    Request req;
+    Delivery d;
+    Pins pins;
+    // A response (requester side).
+    Response resp;
+    uint16_t dst_lid = 0;
+    uint32_t dst_qpn = 0;
+    uint32_t local_error = 0;  // READ data with nowhere to go: the WQE fails with this
+    Span spans[abi::kMaxSge];
+    uint32_t nspans = 0;
+
+    // Where payload byte `off` of the message lands.
+    const Span* target(uint32_t& n, uint64_t& skip) const {
+        if (type == uint8_t(SegType::Request)) {
+            n = d.nspans;
+            skip = d.skip;
+            return d.spans;
+        }
+        n = nspans;
+        skip = 0;
+        return spans;
+    }
+};
+
+Link::Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t instance, uint16_t lid_first,
+           uint16_t lid_last, uint16_t listen_port, std::string remote)
+    : eng_(eng), key_(key), fd_(std::move(fd)), dialed_(dialed), remote_(std::move(remote)) {
+    rbuf_.resize(kRecvBuffer);
+    discard_.resize(kMaxSegmentPayload);
+    iov_.reserve(kMaxIovPerBatch + 64);
+    seg_hdrs_.reserve(kMaxSegsPerBatch);
+    mine_.magic = kHelloMagic;
+    mine_.version = kProtocolVersion;
+    random_bytes(mine_.nonce, sizeof(mine_.nonce));
+    mine_.instance = instance;
+    mine_.lid_first = lid_first;
+    mine_.lid_last = lid_last;
+    mine_.listen_port = listen_port;
+    send_raw(&mine_, sizeof(mine_));
+}
+
+Link::~Link() {
+    if (state_ != LinkState::Closed) close("shutting down");
+}
+
+void Link::send_raw(const void* p, size_t n) {
+    auto* b = static_cast<const uint8_t*>(p);
+    raw_.insert(raw_.end(), b, b + n);
+}
+
+bool Link::take_became_up() {
+    bool b = became_up_;
+    became_up_ = false;
+    return b;
+}
+
+void Link::close(const std::string& reason) {
+    if (state_ == LinkState::Closed) return;
+    state_ = LinkState::Closed;
+    close_reason_ = reason;
+    // Incoming messages that never arrived whole: their receives fail.
+    for (auto& m : inbound_) {
+        if (m->type == uint8_t(SegType::Request) && !m->discard && m->d.recv_cqe && responder_revalidate(eng_, m->d))
+            responder_finish(m->d, false);
+        m->pins.clear();
+    }
+    inbound_.clear();
+    cur_ = nullptr;
+    for (auto& [k, s] : senders_) {
+        for (uint32_t i = 0; i < s->count; ++i) s->at(i).pins.clear();
+        if (s->wake_ctx)
+            if (Context* c = eng_.find_context(s->wake_ctx)) c->rescan = true;
+    }
+    senders_.clear();
+    rr_.clear();
+    iov_.clear();
+    iov_pos_ = 0;
+    fd_.reset();
+}
+
+bool Link::violation(const char* why) {
+    ++stats.errors;
+    LOG_WARN("fabric: peer %s: protocol violation: %s: closing the connection", remote_.c_str(), why);
+    close(std::string("protocol violation: ") + why);
+    return false;
+}
+
+void Link::refuse(const std::string& reason) {
+    SegHeader h{};
+    h.type = uint8_t(SegType::Error);
+    h.flags = kSegFirst | kSegLast;
+    std::string text = reason.substr(0, 1024);
+    h.payload_len = uint32_t(text.size());
+    send_raw(&h, sizeof(h));
+    send_raw(text.data(), text.size());
+    close_after_flush_ = true;
+    close_reason_ = reason;
+}
+
+// ---------------------------------------------------------------------------
+// Receiving
+// ---------------------------------------------------------------------------
+
+void Link::on_readable() {
+    size_t handled = 0;
+    while (state_ != LinkState::Closed && handled < kReadBudget) {
+        if (!parse() || paused_) return;
+        size_t before = rend_ - rpos_;
+        if (!fill_buffer()) return;
+        size_t after = rend_ - rpos_;
+        if (after == before && rx_ != RxState::Payload) return;  // nothing new
+        handled += after > before ? after - before : kDirectReadMin;
+    }
+}
+
+// Reads from the socket: into the receive buffer, or (a long payload with
+// nothing buffered) straight into the target memory. False when nothing
+// more can be read now or the link closed.
+bool Link::fill_buffer() {
+    if (rx_ == RxState::Payload && rpos_ == rend_ && seg_left_ >= kDirectReadMin) {
+        iovec iov[abi::kMaxSge + 1];
+        size_t k;
+        uint64_t want = seg_left_;
+        if (cur_ && !cur_->discard) {
+            uint32_t n;
+            uint64_t skip;
+            const Span* t = cur_->target(n, skip);
+            k = spans_to_iov(t, n, skip + seg_offset_, want, iov, abi::kMaxSge);
+        } else {
+            iov[0].iov_base = discard_.data();
+            iov[0].iov_len = std::min<uint64_t>(want, discard_.size());
+            k = 1;
+        }
+        ssize_t r = ::readv(fd_.get(), iov, int(k));
+        if (r == 0) {
+            close("the peer closed the connection");
+            return false;
+        }
+        if (r < 0) {
+            if (errno == EAGAIN || errno == EINTR) return false;
+            close(std::string("read: ") + strerror(errno));
+            return false;
+        }
+        stats.rx_bytes += uint64_t(r);
+        seg_left_ -= uint64_t(r);
+        seg_offset_ += uint64_t(r);
+        if (cur_) cur_->received += uint64_t(r);
+        return true;
+    }
+    if (rpos_ > 0) {
+        std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
+        rend_ -= rpos_;
+        rpos_ = 0;
+    }
+    if (rend_ == rbuf_.size()) return false;
+    ssize_t r = ::read(fd_.get(), rbuf_.data() + rend_, rbuf_.size() - rend_);
+    if (r == 0) {
+        close("the peer closed the connection");
+        return false;
+    }
+    if (r < 0) {
+        if (errno == EAGAIN || errno == EINTR) return false;
+        close(std::string("read: ") + strerror(errno));
+        return false;
+    }
+    stats.rx_bytes += uint64_t(r);
+    rend_ += size_t(r);
+    return true;
+}
+
+// Handles every complete unit in the receive buffer. False: the link closed.
+bool Link::parse() {
+    for (;;) {
+        if (state_ == LinkState::Closed) return false;
+        const size_t avail = rend_ - rpos_;
+        const uint8_t* p = rbuf_.data() + rpos_;
+        switch (rx_) {
+        case RxState::Hello: {
+            if (avail < sizeof(Hello)) return true;
+            std::memcpy(&peer_, p, sizeof(Hello));
+            rpos_ += sizeof(Hello);
+            if (peer_.magic != kHelloMagic) return violation("not a vrdma shim (bad hello)");
+            if (peer_.version != kProtocolVersion) return violation("another fabric protocol version");
+            if (std::memcmp(peer_.nonce, mine_.nonce, kNonceBytes) == 0) return violation("connected to itself");
+            if (peer_.lid_first == 0 || peer_.lid_first > peer_.lid_last || peer_.lid_last > 0xbfff)
+                return violation("invalid LID range");
+            Auth a;
+            key_.mac(kAuthLabel, &mine_, sizeof(mine_), &peer_, sizeof(peer_), a.mac);
+            send_raw(&a, sizeof(a));
+            rx_ = RxState::Auth;
+            break;
+        }
+        case RxState::Auth: {
+            if (avail < sizeof(Auth)) return true;
+            Auth got, want;
+            std::memcpy(&got, p, sizeof(Auth));
+            rpos_ += sizeof(Auth);
+            key_.mac(kAuthLabel, &peer_, sizeof(peer_), &mine_, sizeof(mine_), want.mac);
+            if (!mac_equal(got.mac, want.mac)) {
+                auth_failed_ = true;
+                ++stats.errors;
+                close("authentication failed (the peer does not know the fabric key)");
+                return false;
+            }
+            state_ = LinkState::Up;
+            became_up_ = true;
+            rx_ = RxState::Header;
+            break;
+        }
+        case RxState::Header: {
+            if (avail < sizeof(SegHeader)) return true;
+            SegHeader h;
+            std::memcpy(&h, p, sizeof(h));
+            const char* why = "";
+            if (!header_ok(h, &why)) return violation(why);
+            // A new request will need room for its response: wait for it
+            // (back-pressure on the peer) rather than drop it.
+            if (h.type == uint8_t(SegType::Request) && (h.flags & kSegFirst)) {
+                if (QpSender* s = sender(h.dst_lid, h.dst_qpn, false); s && s->count == QpSender::kDepth) {
+                    paused_ = true;
+                    return true;
+                }
+            }
+            rpos_ += sizeof(h);
+            hdr_ = h;
+            seg_left_ = h.payload_len;
+            seg_offset_ = h.offset;
+            if (h.flags & kSegFirst) {
+                rx_ = RxState::Fixed;
+            } else if (!on_header()) {
+                return false;
+            }
+            break;
+        }
+        case RxState::Fixed: {
+            if (avail < hdr_.fixed_len) return true;
+            if (!on_fixed()) return false;
+            break;
+        }
+        case RxState::Payload: {
+            if (seg_left_ == 0) {
+                if (!on_payload_done()) return false;
+                rx_ = RxState::Header;
+                break;
+            }
+            if (avail == 0) return true;
+            uint64_t n = std::min<uint64_t>(avail, seg_left_);
+            if (hdr_.type == uint8_t(SegType::Error)) {
+                close_reason_.append(reinterpret_cast<const char*>(p), size_t(n));
+            } else if (cur_ && !cur_->discard) {
+                uint32_t cnt;
+                uint64_t skip;
+                const Span* t = cur_->target(cnt, skip);
+                Span src{const_cast<uint8_t*>(p), n};
+                copy_sg(t, cnt, skip + seg_offset_, &src, 1, n);
+            }
+            if (cur_) cur_->received += n;
+            rpos_ += n;
+            seg_left_ -= n;
+            seg_offset_ += n;
+            break;
+        }
+        }
+    }
+}
+
+// A continuation segment: it belongs to the unfinished message of its QP.
+bool Link::on_header() {
+    if (hdr_.type == uint8_t(SegType::Error)) return violation("continued error segment");
+    if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
+    cur_ = find_inbound(hdr_.type, hdr_.src_lid, hdr_.src_qpn);
+    if (!cur_) return violation("a continuation of no message");
+    if (hdr_.offset != cur_->received) return violation("a segment out of order");
+    if (hdr_.payload_len > cur_->total - cur_->received) return violation("more payload than announced");
+    rx_ = RxState::Payload;
+    return true;
+}
+
+bool Link::on_fixed() {
+    const uint8_t* p = rbuf_.data() + rpos_;
+    rpos_ += hdr_.fixed_len;
+    rx_ = RxState::Payload;
+    if (hdr_.type == uint8_t(SegType::Error)) {
+        close_reason_.clear();
+        cur_ = nullptr;
+        return true;
+    }
+    if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
+    if (hdr_.offset != 0) return violation("a first segment at a nonzero offset");
+    if (find_inbound(hdr_.type, hdr_.src_lid, hdr_.src_qpn)) return violation("a new message before the last one ended");
+    InMsg* m = new_inbound();
+    if (!m) return violation("too many unfinished messages");
+    m->type = hdr_.type;
+    m->lid = hdr_.src_lid;
+    m->qpn = hdr_.src_qpn;
+    cur_ = m;
+    ++stats.rx_msgs;
+    if (hdr_.type == uint8_t(SegType::Request)) {
+        WireRequest w;
+        std::memcpy(&w, p, sizeof(w));
+        Request req;
+        if (!decode(w, req)) return violation("malformed request");
+        if (req.slid != hdr_.src_lid || req.sqpn != hdr_.src_qpn || req.dlid != hdr_.dst_lid ||
+            req.dqpn != hdr_.dst_qpn || req.psn != hdr_.psn)
+            return violation("request addresses differ from its segment's");
+        begin_request(*m, req);
+    } else {
+        WireResponse w;
+        std::memcpy(&w, p, sizeof(w));
+        Response resp;
+        uint64_t length;
+        if (!decode(w, resp, length)) return violation("malformed response");
+        if (resp.psn != hdr_.psn) return violation("response PSN differs from its segment's");
+        if (length && resp.syndrome != Syndrome::Ack) return violation("a NAK with data");
+        begin_response(*m, resp, length);
+    }
+    if (hdr_.payload_len > m->total) return violation("more payload than announced");
+    return true;
+}
+
+bool Link::on_payload_done() {
+    if (hdr_.type == uint8_t(SegType::Error)) {
+        LOG_ERR("fabric: peer %s refused this shim: %s", remote_.c_str(), close_reason_.c_str());
+        close("refused by the peer: " + close_reason_);
+        return false;
+    }
+    InMsg* m = cur_;
+    cur_ = nullptr;
+    if (!m || !(hdr_.flags & kSegLast)) return true;
+    if (m->received != m->total) return violation("a message shorter than announced");
+    if (m->type == uint8_t(SegType::Request))
+        finish_request(*m);
+    else
+        finish_response(*m);
+    release_inbound(m);
+    return state_ != LinkState::Closed;
+}
+
+void Link::begin_request(InMsg& m, const Request& req) {
+    m.req = req;
+    m.d = Delivery{};
+    m.pins.clear();
+    const bool carries = carries_payload(req.opcode);
+    m.total = carries ? req.length : 0;
+    // Only LIDs of this shim's guests are served here.
+    if (eng_.routes().lookup(req.dlid) != &eng_.local_transport()) {
+        ++stats.errors;
+        m.d.resp.syndrome = Syndrome::Drop;
+        m.discard = true;
+        return;
+    }
+    responder_begin(eng_, req, m.d, &m.pins);
+    m.discard = !(m.d.resp.syndrome == Syndrome::Ack && carries && m.d.length);
+    if (m.d.resp.syndrome != Syndrome::Ack) {
+        responder_finish(m.d);  // error receive completions, if any
+        if (m.d.resp.syndrome != Syndrome::Drop && m.d.resp.syndrome != Syndrome::RnrNak) ++stats.errors;
+    }
+}
+
+void Link::finish_request(InMsg& m) {
+    const Request& req = m.req;
+    Delivery& d = m.d;
+    if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(eng_, d)) responder_finish(d);
+    if (req.qp_type != IBV_QPT_RC || d.resp.syndrome == Syndrome::Drop) return;
+    const bool read = d.resp.syndrome == Syndrome::Ack && req.opcode == IBV_WR_RDMA_READ;
+    queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, read ? &d : nullptr, &m.pins);
+}
+
+void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
+    m.resp = resp;
+    m.dst_lid = hdr_.dst_lid;
+    m.dst_qpn = hdr_.dst_qpn;
+    m.total = length;
+    m.discard = true;
+    m.local_error = 0;
+    m.nspans = 0;
+    m.pins.clear();
+    if (!length) return;
+    Engine::QpRef q = eng_.find_qp(hdr_.dst_lid, hdr_.dst_qpn);
+    if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
+        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn)
+        return;  // stale: nobody waits for this data
+    uint64_t len = 0;
+    uint32_t st = requester_read_target(eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
+    if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_LOC_LEN_ERR;
+    if (st != IBV_WC_SUCCESS) {
+        m.local_error = st;
+        return;
+    }
+    m.discard = false;
+}
+
+void Link::finish_response(InMsg& m) {
+    Engine::QpRef q = eng_.find_qp(m.dst_lid, m.dst_qpn);
+    if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != m.lid || q.qp->attr.dest_qp_num != m.qpn) return;
+    if (m.local_error)
+        requester_local_error(eng_, *q.ctx, *q.qp, m.resp.psn, m.local_error);
+    else
+        requester_on_response(eng_, *q.ctx, *q.qp, m.resp);
+    m.pins.clear();
+}
+
+Link::InMsg* Link::find_inbound(uint8_t type, uint16_t lid, uint32_t qpn) {
+    for (auto& m : inbound_)
+        if (m->type == type && m->lid == lid && m->qpn == qpn) return m.get();
+    return nullptr;
+}
+
+Link::InMsg* Link::new_inbound() {
+    if (inbound_.size() >= kMaxInbound) return nullptr;
+    std::unique_ptr<InMsg> m;
+    if (!free_inbound_.empty()) {
+        m = std::move(free_inbound_.back());
+        free_inbound_.pop_back();
+        *m = InMsg{};
+    } else {
+        m = std::make_unique<InMsg>();
+    }
+    inbound_.push_back(std::move(m));
+    return inbound_.back().get();
+}
+
+void Link::release_inbound(InMsg* m) {
+    for (size_t i = 0; i < inbound_.size(); ++i) {
+        if (inbound_[i].get() != m) continue;
+        m->pins.clear();
+        free_inbound_.push_back(std::move(inbound_[i]));
+        inbound_[i] = std::move(inbound_.back());
+        inbound_.pop_back();
+        return;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sending
+// ---------------------------------------------------------------------------
+
+QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
+    uint64_t k = qp_key(lid, qpn);
+    auto it = senders_.find(k);
+    if (it != senders_.end()) return it->second.get();
+    if (!create) return nullptr;
+    auto s = std::make_unique<QpSender>();
+    s->key = k;
+    QpSender* p = s.get();
+    senders_.emplace(k, std::move(s));
+    return p;
+}
+
+OutMsg* Link::reserve(QpSender& s) {
+    if (s.count == QpSender::kDepth) return nullptr;
+    OutMsg& m = s.at(s.count);
+    m.nspans = 0;
+    m.total = 0;
+    m.sent = 0;
+    m.header_sent = false;
+    m.pins.clear();
+    return &m;
+}
+
+void Link::commit(QpSender& s) {
+    ++s.count;
+    if (!s.in_rr) {
+        s.in_rr = true;
+        rr_.push_back(&s);
+    }
+}
+
+bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, uint32_t nlocal,
+                        bool inline_payload, Pins* pins) {
+    if (state_ != LinkState::Up || close_after_flush_) return false;
+    QpSender* s = sender(req.slid, req.sqpn, true);
+    OutMsg* m = reserve(*s);
+    if (!m) {
+        s->wake_ctx = ctx_id;
+        return false;
+    }
+    m->type = SegType::Request;
+    m->src_lid = req.slid;
+    m->src_qpn = req.sqpn;
+    m->dst_lid = req.dlid;
+    m->dst_qpn = req.dqpn;
+    m->psn = req.psn;
+    WireRequest w = encode(req);
+    std::memcpy(m->fixed, &w, sizeof(w));
+    m->fixed_len = sizeof(w);
+    if (carries_payload(req.opcode) && req.length) {
+        m->total = req.length;
+        if (inline_payload) {
+            Span dst{m->inline_data, req.length};
+            copy_sg(&dst, 1, 0, local, nlocal, req.length);
+            m->spans[0] = dst;
+            m->nspans = 1;
+        } else {
+            std::copy(local, local + nlocal, m->spans);
+            m->nspans = nlocal;
+            if (pins) {
+                for (uint32_t i = 0; i < pins->count; ++i) m->pins.keep[i].swap(pins->keep[i]);
+                m->pins.count = pins->count;
+                pins->count = 0;
+            }
+        }
+    }
+    commit(*s);
+    ++stats.tx_msgs;
+    return true;
+}
+
+void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
+                          const Response& resp, Delivery* read_from, Pins* pins) {
+    QpSender* s = sender(src_lid, src_qpn, true);
+    OutMsg* m = reserve(*s);
+    if (!m) {  // cannot happen: reading waits for room (parse)
+        ++stats.errors;
+        return;
+    }
+    m->type = SegType::Response;
+    m->src_lid = src_lid;
+    m->src_qpn = src_qpn;
+    m->dst_lid = dst_lid;
+    m->dst_qpn = dst_qpn;
+    m->psn = resp.psn;
+    uint64_t length = read_from ? read_from->length : 0;
+    WireResponse w = encode(resp, length);
+    std::memcpy(m->fixed, &w, sizeof(w));
+    m->fixed_len = sizeof(w);
+    if (length) {
+        m->total = length;
+        std::copy(read_from->spans, read_from->spans + read_from->nspans, m->spans);
+        m->nspans = read_from->nspans;
+        for (uint32_t i = 0; i < pins->count; ++i) m->pins.keep[i].swap(pins->keep[i]);
+        m->pins.count = pins->count;
+        pins->count = 0;
+    }
+    commit(*s);
+    ++stats.tx_msgs;
+}
+
+bool Link::wants_write() const {
+    if (state_ == LinkState::Closed) return false;
+    return iov_pos_ < iov_.size() || raw_pos_ < raw_.size() || (state_ == LinkState::Up && !rr_.empty());
+}
+
+// Gathers one segment of each QP with output in turn (round robin) until
+// the batch is full.
+void Link::build_batch() {
+    iov_.clear();
+    iov_pos_ = 0;
+    seg_hdrs_.clear();
+    batch_senders_.clear();
+    size_t bytes = 0;
+    while (!rr_.empty() && seg_hdrs_.size() < kMaxSegsPerBatch && iov_.size() + abi::kMaxSge + 2 <= kMaxIovPerBatch &&
+           bytes < kBatchBytes) {
+        QpSender* s = rr_.front();
+        rr_.pop_front();
+        if (s->committed == s->count) {
+            s->in_rr = false;
+            continue;
+        }
+        OutMsg& m = s->at(s->committed);
+        SegHeader& h = seg_hdrs_.emplace_back();
+        h = SegHeader{};
+        h.type = uint8_t(m.type);
+        uint64_t n = std::min<uint64_t>(kMaxSegmentPayload, m.total - m.sent);
+        h.flags = (m.header_sent ? 0 : kSegFirst) | (m.sent + n == m.total ? kSegLast : 0);
+        h.fixed_len = m.header_sent ? 0 : m.fixed_len;
+        h.payload_len = uint32_t(n);
+        h.src_lid = m.src_lid;
+        h.dst_lid = m.dst_lid;
+        h.src_qpn = m.src_qpn;
+        h.dst_qpn = m.dst_qpn;
+        h.psn = m.psn;
+        h.offset = m.sent;
+        iov_.push_back(iovec{&h, sizeof(h)});
+        if (!m.header_sent) iov_.push_back(iovec{m.fixed, m.fixed_len});
+        iovec pieces[abi::kMaxSge];
+        size_t k = spans_to_iov(m.spans, m.nspans, m.sent, n, pieces, abi::kMaxSge);
+        iov_.insert(iov_.end(), pieces, pieces + k);
+        bytes += sizeof(h) + h.fixed_len + n;
+        m.header_sent = true;
+        m.sent += n;
+        if (std::find(batch_senders_.begin(), batch_senders_.end(), s) == batch_senders_.end())
+            batch_senders_.push_back(s);
+        if (h.flags & kSegLast) ++s->committed;
+        if (s->committed < s->count)
+            rr_.push_back(s);
+        else
+            s->in_rr = false;
+    }
+}
+
+// The batch is written: the messages it finished leave their queues.
+void Link::batch_done() {
+    bool room = false;
+    for (QpSender* s : batch_senders_) {
+        for (; s->committed > 0; --s->committed) {
+            s->at(0).pins.clear();
+            s->head = (s->head + 1) % QpSender::kDepth;
+            --s->count;
+            room = true;
+        }
+        if (s->wake_ctx && s->count < QpSender::kDepth) {
+            if (Context* c = eng_.find_context(s->wake_ctx)) c->rescan = true;
+            s->wake_ctx = 0;
+        }
+    }
+    batch_senders_.clear();
+    iov_.clear();
+    iov_pos_ = 0;
+    if (room && paused_) {
+        paused_ = false;
+        on_readable();  // what waited in the receive buffer
+    }
+}
+
+bool Link::flush() {
+    while (state_ != LinkState::Closed) {
+        if (iov_pos_ < iov_.size()) {
+            int cnt = int(std::min<size_t>(iov_.size() - iov_pos_, IOV_MAX));
+            ssize_t n = ::writev(fd_.get(), iov_.data() + iov_pos_, cnt);
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EINTR) return true;
+                close(std::string("write: ") + strerror(errno));
+                return false;
+            }
+            stats.tx_bytes += uint64_t(n);
+            size_t left = size_t(n);
+            while (left > 0 && iov_pos_ < iov_.size()) {
+                iovec& v = iov_[iov_pos_];
+                if (left >= v.iov_len) {
+                    left -= v.iov_len;
+                    ++iov_pos_;
+                } else {
+                    v.iov_base = static_cast<uint8_t*>(v.iov_base) + left;
+                    v.iov_len -= left;
+                    left = 0;
+                }
+            }
+            if (iov_pos_ == iov_.size()) batch_done();
+            continue;
+        }
+        if (raw_pos_ < raw_.size()) {
+            ssize_t n = ::send(fd_.get(), raw_.data() + raw_pos_, raw_.size() - raw_pos_, MSG_NOSIGNAL);
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EINTR) return true;
+                close(std::string("write: ") + strerror(errno));
+                return false;
+            }
+            stats.tx_bytes += uint64_t(n);
+            raw_pos_ += size_t(n);
+            if (raw_pos_ == raw_.size()) {
+                raw_.clear();
+                raw_pos_ = 0;
+            }
+            continue;
+        }
+        if (close_after_flush_) {
+            close(close_reason_);
+            return false;
+        }
+        if (state_ != LinkState::Up || rr_.empty()) return false;
+        build_batch();
+        if (iov_.empty()) return false;
+    }
+    return false;
+}
+
+}  // namespace vrdma::shim::fabric

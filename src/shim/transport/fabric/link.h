@@ -1,0 +1,174 @@
+// One TCP connection to a peer shim: the handshake, then segments both
+// ways (wire.h). Non-blocking in every direction:
+//   - outgoing messages wait in per-QP queues (bounded: a full queue is
+//     back-pressure for that QP only) and leave round-robin, one segment of
+//     at most 64 KiB per QP per turn, gathered by writev straight from the
+//     guests' memory;
+//   - incoming segments are parsed from a receive buffer; a payload's bytes
+//     that arrived with its header are copied from there into the target
+//     memory, the rest is read from the socket straight into it (readv).
+// Requests reach the responder (responder.h) of this shim; responses reach
+// the requester (requester.h).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "fabric_key.h"
+#include "request.h"
+#include "responder.h"
+#include "vrdma/abi.h"
+#include "vrdma_common/unique_fd.h"
+#include "wire.h"
+
+namespace vrdma::shim {
+class Engine;
+}
+
+namespace vrdma::shim::fabric {
+
+struct LinkStats {
+    uint64_t tx_bytes = 0, rx_bytes = 0;
+    uint64_t tx_msgs = 0, rx_msgs = 0;
+    uint64_t retries = 0;  // requests this shim sent again (RNR, timeouts)
+    uint64_t errors = 0;   // malformed or misrouted input, NAKs sent
+};
+
+// A message waiting to leave: its fixed part and where its payload is.
+struct OutMsg {
+    SegType type = SegType::Request;
+    uint16_t src_lid = 0, dst_lid = 0;
+    uint32_t src_qpn = 0, dst_qpn = 0, psn = 0;
+    alignas(8) uint8_t fixed[kMaxFixed];
+    uint16_t fixed_len = 0;
+    Span spans[abi::kMaxSge];
+    uint32_t nspans = 0;
+    uint64_t total = 0;  // payload bytes
+    uint64_t sent = 0;   // payload bytes placed in batches so far
+    bool header_sent = false;
+    Pins pins;
+    alignas(16) uint8_t inline_data[abi::kMaxInline];
+};
+
+// The outgoing queue of one local QP (as requester and as responder).
+struct QpSender {
+    static constexpr uint32_t kDepth = 16;
+    uint64_t key = 0;
+    OutMsg msgs[kDepth];
+    uint32_t head = 0, count = 0;
+    uint32_t committed = 0;    // head messages whose last bytes are in the batch being written
+    bool in_rr = false;        // in the round-robin list of the writer
+    uint64_t wake_ctx = 0;     // a context that found the queue full
+    OutMsg& at(uint32_t i) { return msgs[(head + i) % kDepth]; }
+};
+
+enum class LinkState { Handshake, Up, Closed };
+
+class Link {
+public:
+    // `dialed`: this shim opened the connection. `my_lids`: the range this
+    // shim owns, announced in the Hello.
+    Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t instance, uint16_t lid_first,
+         uint16_t lid_last, uint16_t listen_port, std::string remote);
+    ~Link();
+
+    int fd() const { return fd_.get(); }
+    LinkState state() const { return state_; }
+    bool dialed() const { return dialed_; }
+    const std::string& remote() const { return remote_; }
+    const Hello& peer_hello() const { return peer_; }
+    const std::string& close_reason() const { return close_reason_; }
+    bool auth_failed() const { return auth_failed_; }
+    LinkStats stats;
+
+    // Reads and handles what the socket has (bounded work per call).
+    void on_readable();
+    // Writes what is queued. True if bytes remain queued (wait for EPOLLOUT).
+    bool flush();
+    bool wants_write() const;
+    // Whether the handshake just finished (cleared by the call).
+    bool take_became_up();
+
+    // Queues a request of local QP (slid, sqpn). False: that QP's queue is
+    // full (its context is rescanned when room frees). `inline_payload`:
+    // copy the payload (it lives in the requester's scratch memory);
+    // otherwise it is written from `local`, kept alive by `pins`.
+    bool send_request(const Request& req, uint64_t ctx_id, const Span* local, uint32_t nlocal, bool inline_payload,
+                      Pins* pins);
+
+    // Refuses the peer (a misconfiguration found after the handshake):
+    // sends the reason and closes once it is written.
+    void refuse(const std::string& reason);
+    void close(const std::string& reason);
+    // The LIDs the peer announced; segments from other source LIDs are a
+    // protocol violation.
+    bool peer_owns(uint16_t lid) const { return lid >= peer_.lid_first && lid <= peer_.lid_last; }
+
+private:
+    enum class RxState { Hello, Auth, Header, Fixed, Payload };
+    struct InMsg;
+
+    bool fill_buffer();
+    bool parse();
+    bool on_header();
+    bool on_fixed();
+    bool on_payload_done();
+    bool violation(const char* why);
+    void begin_request(InMsg& m, const Request& req);
+    void finish_request(InMsg& m);
+    void begin_response(InMsg& m, const Response& resp, uint64_t length);
+    void finish_response(InMsg& m);
+    InMsg* find_inbound(uint8_t type, uint16_t lid, uint32_t qpn);
+    InMsg* new_inbound();
+    void release_inbound(InMsg* m);
+    QpSender* sender(uint16_t lid, uint32_t qpn, bool create);
+    OutMsg* reserve(QpSender& s);
+    void commit(QpSender& s);
+    void queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
+                        const Response& resp, Delivery* read_from, Pins* pins);
+    void build_batch();
+    void batch_done();
+    void send_raw(const void* p, size_t n);
+
+    Engine& eng_;
+    const FabricKey& key_;
+    UniqueFd fd_;
+    bool dialed_;
+    std::string remote_;
+    LinkState state_ = LinkState::Handshake;
+    bool became_up_ = false;
+    bool auth_failed_ = false;
+    bool close_after_flush_ = false;
+    std::string close_reason_;
+    Hello mine_{}, peer_{};
+
+    // Receiving.
+    RxState rx_ = RxState::Hello;
+    std::vector<uint8_t> rbuf_;
+    size_t rpos_ = 0, rend_ = 0;
+    SegHeader hdr_{};
+    InMsg* cur_ = nullptr;       // the message the current segment belongs to (null: discard)
+    uint64_t seg_left_ = 0;      // payload bytes of the current segment still to come
+    uint64_t seg_offset_ = 0;    // where they go in the message
+    bool paused_ = false;        // a response queue is full: stop reading
+    std::vector<std::unique_ptr<InMsg>> inbound_, free_inbound_;
+    std::vector<uint8_t> discard_;
+
+    // Sending.
+    std::vector<uint8_t> raw_;   // handshake and error bytes, before any segment
+    size_t raw_pos_ = 0;
+    std::unordered_map<uint64_t, std::unique_ptr<QpSender>> senders_;
+    std::deque<QpSender*> rr_;
+    std::vector<iovec> iov_;
+    size_t iov_pos_ = 0;
+    std::vector<SegHeader> seg_hdrs_;
+    std::vector<QpSender*> batch_senders_;
+};
+
+}  // namespace vrdma::shim::fabric

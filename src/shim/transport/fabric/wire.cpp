@@ -1,0 +1,121 @@
+#include "wire.h"
+
+#include <infiniband/verbs.h>
+
+#include <cstring>
+
+#include "device_model.h"
+#include "psn.h"
+
+namespace vrdma::shim::fabric {
+
+WireRequest encode(const Request& r) {
+    WireRequest w{};
+    w.opcode = r.opcode;
+    w.qp_type = r.qp_type;
+    w.psn = r.psn;
+    w.slid = r.slid;
+    w.dlid = r.dlid;
+    w.sqpn = r.sqpn;
+    w.dqpn = r.dqpn;
+    w.sl = r.sl;
+    w.solicited = r.solicited;
+    w.has_imm = r.has_imm;
+    w.grh = r.grh;
+    w.imm = r.imm;
+    w.length = r.length;
+    w.rkey = r.rkey;
+    w.qkey = r.qkey;
+    w.remote_addr = r.remote_addr;
+    w.compare_add = r.compare_add;
+    w.swap = r.swap;
+    w.traffic_class = r.traffic_class;
+    w.hop_limit = r.hop_limit;
+    w.flow_label = r.flow_label;
+    std::memcpy(w.sgid, r.sgid, 16);
+    std::memcpy(w.dgid, r.dgid, 16);
+    return w;
+}
+
+bool decode(const WireRequest& w, Request& r) {
+    if (w.qp_type != IBV_QPT_RC && w.qp_type != IBV_QPT_UD) return false;
+    switch (w.opcode) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        break;
+    default:
+        return false;
+    }
+    if (w.psn > kPsnMask || w.sqpn > kPsnMask || w.dqpn > kPsnMask) return false;
+    if (w.sl > 15 || w.solicited > 1 || w.has_imm > 1 || w.grh > 1) return false;
+    if (w.length > kMaxMsgSize) return false;
+    r = Request{};
+    r.opcode = w.opcode;
+    r.qp_type = w.qp_type;
+    r.psn = w.psn;
+    r.slid = w.slid;
+    r.dlid = w.dlid;
+    r.sqpn = w.sqpn;
+    r.dqpn = w.dqpn;
+    r.sl = w.sl;
+    r.solicited = w.solicited;
+    r.has_imm = w.has_imm;
+    r.grh = w.grh;
+    r.imm = w.imm;
+    r.length = w.length;
+    r.rkey = w.rkey;
+    r.qkey = w.qkey;
+    r.remote_addr = w.remote_addr;
+    r.compare_add = w.compare_add;
+    r.swap = w.swap;
+    r.traffic_class = w.traffic_class;
+    r.hop_limit = w.hop_limit;
+    r.flow_label = w.flow_label & 0xfffff;
+    std::memcpy(r.sgid, w.sgid, 16);
+    std::memcpy(r.dgid, w.dgid, 16);
+    return true;
+}
+
+WireResponse encode(const Response& r, uint64_t length) {
+    WireResponse w{};
+    w.syndrome = uint8_t(r.syndrome);
+    w.rnr_timer = r.rnr_timer;
+    w.psn = r.psn;
+    w.atomic_orig = r.atomic_orig;
+    w.length = length;
+    return w;
+}
+
+bool decode(const WireResponse& w, Response& r, uint64_t& length) {
+    if (w.syndrome > kSyndromeMax || w.rnr_timer > 31 || w.psn > kPsnMask || w.length > kMaxMsgSize) return false;
+    r.syndrome = Syndrome(w.syndrome);
+    r.rnr_timer = w.rnr_timer;
+    r.psn = w.psn;
+    r.atomic_orig = w.atomic_orig;
+    length = w.length;
+    return true;
+}
+
+bool header_ok(const SegHeader& h, const char** why) {
+    auto bad = [&](const char* w) {
+        *why = w;
+        return false;
+    };
+    if (h.type != uint8_t(SegType::Request) && h.type != uint8_t(SegType::Response) && h.type != uint8_t(SegType::Error))
+        return bad("unknown segment type");
+    if (h.flags & ~(kSegFirst | kSegLast)) return bad("unknown segment flags");
+    if (h.payload_len > kMaxSegmentPayload) return bad("segment payload over 64 KiB");
+    if (h.type == uint8_t(SegType::Error)) return h.fixed_len == 0 ? true : bad("error segment with a fixed part");
+    const size_t want = h.type == uint8_t(SegType::Request) ? sizeof(WireRequest) : sizeof(WireResponse);
+    if ((h.flags & kSegFirst) ? h.fixed_len != want : h.fixed_len != 0) return bad("wrong fixed part length");
+    if (h.src_qpn > kPsnMask || h.dst_qpn > kPsnMask || h.psn > kPsnMask) return bad("QPN or PSN over 24 bits");
+    if (h.offset > kMaxMsgSize) return bad("offset over the maximum message size");
+    return true;
+}
+
+}  // namespace vrdma::shim::fabric

@@ -1,0 +1,119 @@
+// The fabric protocol between shims over TCP (docs/protocol.md "Fabric").
+//
+// A connection starts with a handshake (Hello both ways, then Auth both
+// ways: each side proves it knows the fabric key with an HMAC-SHA256 over
+// both nonces, the key itself is never sent). After it, the stream is a
+// sequence of segments: a SegHeader, then `fixed_len` bytes of fixed part
+// (the first segment of a message: its encoded Request or Response), then
+// `payload_len` bytes of payload. A message's payload may be cut into
+// several segments (at most kMaxSegmentPayload each) so that small messages
+// of other QPs are not stuck behind a large one; the segments of one QP's
+// messages are never reordered. Integers are little-endian (fixed-width
+// structs, checked at compile time; every host of a fabric is x86-64 or
+// another little-endian machine).
+//
+// Everything read from a peer is validated like guest input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "request.h"
+
+namespace vrdma::shim::fabric {
+
+constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
+constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
+constexpr uint32_t kNonceBytes = 32;
+constexpr uint32_t kMacBytes = 32;
+
+struct Hello {
+    uint32_t magic;
+    uint32_t version;
+    uint8_t nonce[kNonceBytes];
+    uint64_t instance;     // random per shim start: tells a restarted peer apart
+    uint16_t lid_first;    // the LIDs this shim owns
+    uint16_t lid_last;
+    uint16_t listen_port;  // where this shim accepts fabric connections (0: nowhere)
+    uint16_t reserved;
+};
+static_assert(sizeof(Hello) == 56);
+
+struct Auth {
+    uint8_t mac[kMacBytes];  // HMAC(key, label | sender's Hello | receiver's Hello)
+};
+static_assert(sizeof(Auth) == 32);
+
+enum class SegType : uint8_t {
+    Request = 1,   // requester -> responder shim: fixed part = WireRequest
+    Response = 2,  // responder -> requester shim: fixed part = WireResponse; READ data as payload
+    Error = 3,     // a refusal before closing: payload = text
+};
+
+enum SegFlags : uint8_t { kSegFirst = 1, kSegLast = 2 };
+
+struct SegHeader {
+    uint8_t type;          // SegType
+    uint8_t flags;         // kSegFirst | kSegLast
+    uint16_t fixed_len;    // 0 unless kSegFirst
+    uint32_t payload_len;  // <= kMaxSegmentPayload
+    uint16_t src_lid;      // the QP that sent this segment
+    uint16_t dst_lid;
+    uint32_t src_qpn;
+    uint32_t dst_qpn;
+    uint32_t psn;
+    uint64_t offset;       // of this payload within the message
+};
+static_assert(sizeof(SegHeader) == 32);
+
+struct WireRequest {
+    uint32_t opcode;
+    uint32_t qp_type;
+    uint32_t psn;
+    uint16_t slid, dlid;
+    uint32_t sqpn, dqpn;
+    uint8_t sl;
+    uint8_t solicited;
+    uint8_t has_imm;
+    uint8_t grh;
+    uint32_t imm;
+    uint64_t length;
+    uint32_t rkey;
+    uint32_t qkey;
+    uint64_t remote_addr;
+    uint64_t compare_add;
+    uint64_t swap;
+    uint8_t traffic_class;
+    uint8_t hop_limit;
+    uint16_t reserved;
+    uint32_t flow_label;
+    uint8_t sgid[16];
+    uint8_t dgid[16];
+};
+static_assert(sizeof(WireRequest) == 112);
+
+struct WireResponse {
+    uint8_t syndrome;
+    uint8_t rnr_timer;
+    uint16_t reserved;
+    uint32_t psn;
+    uint64_t atomic_orig;
+    uint64_t length;       // READ: bytes of data that follow as payload
+};
+static_assert(sizeof(WireResponse) == 24);
+
+constexpr size_t kMaxFixed = sizeof(WireRequest);
+
+WireRequest encode(const Request& r);
+// Decodes and checks the encoding itself (enumerations, ranges). False:
+// a malformed request (the connection is a protocol violation).
+bool decode(const WireRequest& w, Request& r);
+WireResponse encode(const Response& r, uint64_t length);
+bool decode(const WireResponse& w, Response& r, uint64_t& length);
+
+// Checks a segment header against the protocol's limits. `why` gets the
+// reason when false.
+bool header_ok(const SegHeader& h, const char** why);
+
+}  // namespace vrdma::shim::fabric

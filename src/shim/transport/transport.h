@@ -1,0 +1,45 @@
+// The interface every transport implements (ARCHITECTURE.md "Transports").
+// The requester (requester.h) builds a Request from a send WQE, resolves the
+// sender's memory into spans and hands both to the transport bound to the
+// QP (RC: the route of its destination LID; UD: of each datagram's). The
+// transport delivers the request to a responder (responder.h): in this
+// shim (local) or in the peer shim that owns the destination LID (tcp).
+#pragma once
+
+#include <cstdint>
+
+#include "request.h"
+#include "work_queue.h"
+
+namespace vrdma::shim {
+
+class Engine;
+class Context;
+struct Qp;
+
+enum class SendResult {
+    Done,      // the response is in `resp` and the payload has moved (local)
+    InFlight,  // taken: the response arrives later through requester_on_response
+    Busy,      // not taken now (back-pressure): the requester tries again later
+};
+
+class Transport {
+public:
+    virtual ~Transport() = default;
+    virtual const char* name() const = 0;
+
+    // True if the transport keeps the sender's memory after send()
+    // returns (it writes the payload later): the requester then pins it.
+    virtual bool keeps_memory() const { return false; }
+
+    // Carries `req` of `qp`. `local` is the sender's memory: the payload of
+    // SEND and WRITE (gathered), the destination of READ data (scattered);
+    // when req.inline_payload it lives in the requester's scratch memory
+    // and is gone once send() returns. `pins` (keeps_memory() only) holds
+    // the mappings of `local`; the transport may take them.
+    // UD requests get no response: Done and InFlight both mean "sent".
+    virtual SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
+                            uint32_t nlocal, Pins* pins, Response& resp) = 0;
+};
+
+}  // namespace vrdma::shim
