@@ -356,7 +356,8 @@ fabric_kill() {
     [ -n "${HOST_PID[$h]}" ] || fail "host $h has no shim running"
     FABRIC_KILL_RC=0
     kill -"$sig" "${HOST_PID[$h]}"
-    wait "${HOST_PID[$h]}" || FABRIC_KILL_RC=$?
+    # (braces: no "Killed" line from bash for the job)
+    { wait "${HOST_PID[$h]}"; } 2>/dev/null || FABRIC_KILL_RC=$?
     HOST_PID[$h]=""
 }
 
@@ -368,6 +369,13 @@ fabric_stop() {
     for j in $(jobs -p); do
         case "$pids" in *" $j "*) ;; *) kill "$j" 2>/dev/null || true ;; esac
     done
+    if [ "$rc" -ne 0 ]; then
+        for h in "${FABRIC_HOSTS[@]}"; do
+            [ -n "${HOST_PID[$h]}" ] || continue
+            echo "--- vrdmactl peers on host $h (before stopping):" >&2
+            host_ctl "$h" peers >&2 || true
+        done
+    fi
     for h in "${FABRIC_HOSTS[@]}"; do
         pid="${HOST_PID[$h]}"
         [ -n "$pid" ] || continue
@@ -379,7 +387,7 @@ fabric_stop() {
             wait "$pid" || src=$?
         fi
         if [ "$src" -ne 0 ]; then
-            echo "the shim of host $h exited with $src on SIGTERM" >&2
+            echo "the shim of host $h exited with $src (0 expected on SIGTERM)" >&2
             [ "$rc" -eq 0 ] && rc=1
         fi
         if [ -e "$(host_run_dir "$h")/ready" ]; then
