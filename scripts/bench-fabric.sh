@@ -23,8 +23,8 @@
 #   openib >= btl tcp (bandwidth, i.e. no slower) at every size.
 # Needs root (network namespaces) and iperf3 (scripts/install-deps.sh).
 #
-# Environment: BUILD_DIR (default build), ITERS_BW (5000 at 64 KiB; a tenth
-# at 1 MiB), ITERS_LAT (20000), ITERS_RATE (200000), IPERF_SECONDS (5),
+# Environment: BUILD_DIR (default build), ITERS_BW (20000 at 64 KiB; a tenth
+# at 1 MiB), ITERS_LAT (20000), ITERS_RATE (1000000), IPERF_SECONDS (5),
 # BUDGET (MPI seconds per size, 0.25), MAX_SIZE (MPI, 4194304),
 # BASELINES_ONLY=1 (only iperf3, TCP ping-pong and btl tcp: checks the
 # namespaces without a fabric-capable shim).
@@ -36,9 +36,9 @@ build="${BUILD_DIR:-$src/build}"
 [ "$(id -u)" -eq 0 ] || { echo "bench-fabric: needs root (network namespaces)" >&2; exit 3; }
 command -v iperf3 >/dev/null || { echo "bench-fabric: no iperf3 (scripts/install-deps.sh)" >&2; exit 3; }
 pingpong="$build/test/mpi/vrdma-mpi-pingpong"
-ITERS_BW="${ITERS_BW:-5000}"
+ITERS_BW="${ITERS_BW:-20000}"
 ITERS_LAT="${ITERS_LAT:-20000}"
-ITERS_RATE="${ITERS_RATE:-200000}"
+ITERS_RATE="${ITERS_RATE:-1000000}"
 IPERF_SECONDS="${IPERF_SECONDS:-5}"
 BUDGET="${BUDGET:-0.25}"
 MAX_SIZE="${MAX_SIZE:-4194304}"
@@ -87,7 +87,7 @@ perftest() {
     echo "$line"
 }
 
-echo "measuring (about two minutes)..." >&2
+echo "measuring (about a minute)..." >&2
 echo "  iperf3, one stream, host 2 -> host 1" >&2
 ip netns exec "$ns1" iperf3 -s -1 -B "$addr1" -p 5201 >/dev/null 2>&1 &
 iperf_server=$!
