@@ -82,12 +82,20 @@ public:
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
 
-    // false when the memfd or the mapping cannot be made.
-    bool open(uint64_t len, unsigned seals = F_SEAL_SHRINK, const char* name = "vrdma-test-arena") {
+    // false when the memfd or the mapping cannot be made. `fixed_gva`
+    // (nonzero): map it exactly there (MAP_FIXED_NOREPLACE), so that guest
+    // addresses are the same in every run (fuzz seeds name them).
+    bool open(uint64_t len, unsigned seals = F_SEAL_SHRINK, const char* name = "vrdma-test-arena",
+              uint64_t fixed_gva = 0) {
         close();
         fd_.reset(make_memfd(len, seals, true, name));
         if (!fd_) return false;
-        void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+        void* p = mmap(reinterpret_cast<void*>(fixed_gva), len, PROT_READ | PROT_WRITE,
+                       MAP_SHARED | (fixed_gva ? MAP_FIXED_NOREPLACE : 0), fd_.get(), 0);
+        if (fixed_gva && p != MAP_FAILED && p != reinterpret_cast<void*>(fixed_gva)) {
+            munmap(p, len);  // a kernel without MAP_FIXED_NOREPLACE took it as a hint
+            p = MAP_FAILED;
+        }
         if (p == MAP_FAILED) {
             fd_.reset();
             return false;

@@ -447,12 +447,26 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
 void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& resp) {
     if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons) return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    const uint32_t ahead = psn_diff(resp.psn, qp.una_psn);
+    if (ahead >= inflight_count(qp)) return;  // stale, or not a PSN in flight
     if (resp.syndrome == Syndrome::NakSeq) {
         // Resend from the PSN the responder expects; what comes before it
         // was executed (its ACKs may still be on the way).
-        if (psn_diff(resp.psn, qp.una_psn) > inflight_count(qp)) return;
-    } else if (resp.psn != qp.una_psn) {
-        return;
+    } else if (ahead > 0) {
+        // A cumulative ACK: it also acknowledges the SENDs and WRITEs before
+        // it. READs and atomics are answered one by one (their data), so an
+        // ACK never passes over one of them.
+        if (resp.syndrome != Syndrome::Ack) return;
+        for (uint32_t i = 0; i < ahead; ++i) {
+            abi::SendWqe hdr;
+            std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
+            if (is_rdma_read_or_atomic(hdr.opcode)) return;
+            Response implied;
+            implied.syndrome = Syndrome::Ack;
+            implied.psn = qp.una_psn;
+            on_head_response(eng, ctx, qp, implied, nullptr, nullptr, 0, 0);
+            if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+        }
     }
     on_head_response(eng, ctx, qp, resp, nullptr, nullptr, 0, 0);
     ctx.rescan = true;

@@ -266,8 +266,12 @@ void Fabric::service() {
             if (l.auth_failed())
                 LOG_WARN("fabric: connection %s %s refused: authentication failed (it does not know the fabric key)",
                          pd.dialer ? "to" : "from", l.remote().c_str());
+            else if (l.close_reason() == "the peer closed the connection")
+                LOG_WARN("fabric: connection %s %s refused: the peer closed it during the handshake (does it use "
+                         "another fabric key?)",
+                         pd.dialer ? "to" : "from", l.remote().c_str());
             else
-                LOG_INFO("fabric: connection %s %s closed during the handshake: %s", pd.dialer ? "to" : "from",
+                LOG_WARN("fabric: connection %s %s closed during the handshake: %s", pd.dialer ? "to" : "from",
                          l.remote().c_str(), l.close_reason().c_str());
             if (pd.dialer) {
                 pd.dialer->dialing_ = false;
@@ -322,7 +326,8 @@ Peer* Fabric::find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer)
     // A shim this one was not told about, which proved it knows the key.
     sockaddr_in a = ip;
     a.sin_port = htons(hello.listen_port);
-    peers_.push_back(std::make_unique<Peer>(endpoint_text(a), a, false));
+    std::string name = hello.listen_port ? endpoint_text(a) : ip_text(a) + " (not listening)";
+    peers_.push_back(std::make_unique<Peer>(name, a, false));
     return peers_.back().get();
 }
 
@@ -350,7 +355,7 @@ void Fabric::establish(Pending& pd) {
         LOG_ERR("fabric: peer %s refused: %s", p->address_.c_str(), why.c_str());
         p->last_error_ = why;
         p->refused_ = true;
-        l.refuse("refused by " + endpoint_text(ip) + ": " + why);
+        l.refuse(why);
         l.flush();
         // The link closes once the reason is written; keep it until then.
         pending_.push_back(std::move(pd));

@@ -11,6 +11,7 @@
 
 #include "engine.h"
 #include "psn.h"
+#include "qp_state.h"
 #include "requester.h"
 #include "vrdma_common/log.h"
 
@@ -111,6 +112,17 @@ void Link::send_raw(const void* p, size_t n) {
     raw_.insert(raw_.end(), b, b + n);
 }
 
+void Link::flush_raw() {
+    while (raw_pos_ < raw_.size()) {
+        ssize_t n = ::send(fd_.get(), raw_.data() + raw_pos_, raw_.size() - raw_pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n <= 0) return;
+        stats.tx_bytes += uint64_t(n);
+        raw_pos_ += size_t(n);
+    }
+    raw_.clear();
+    raw_pos_ = 0;
+}
+
 bool Link::take_became_up() {
     bool b = became_up_;
     became_up_ = false;
@@ -121,10 +133,18 @@ void Link::close(const std::string& reason) {
     if (state_ == LinkState::Closed) return;
     state_ = LinkState::Closed;
     close_reason_ = reason;
-    // Incoming messages that never arrived whole: their receives fail.
+    // Incoming messages that never arrived whole: their receives fail. An
+    // RC target QP goes to error even without a receive (RDMA WRITE): the
+    // responder counted the request as executed when it began, so the
+    // requester's resend would be acknowledged as a duplicate with only
+    // part of the data written.
     for (auto& m : inbound_) {
-        if (m->type == uint8_t(SegType::Request) && !m->discard && m->d.recv_cqe && responder_revalidate(eng_, m->d))
-            responder_finish(m->d, false);
+        if (m->type == uint8_t(SegType::Request) && !m->discard && responder_revalidate(eng_, m->d)) {
+            if (m->d.recv_cqe)
+                responder_finish(m->d, false);
+            else if (m->req.qp_type == IBV_QPT_RC)
+                qp_set_error(*m->d.ctx, *m->d.qp, IBV_EVENT_QP_FATAL);
+        }
         m->pins.clear();
     }
     inbound_.clear();
@@ -250,6 +270,7 @@ bool Link::parse() {
             Auth a;
             key_.mac(kAuthLabel, &mine_, sizeof(mine_), &peer_, sizeof(peer_), a.mac);
             send_raw(&a, sizeof(a));
+            flush_raw();  // now: the peer may be about to close on our proof
             rx_ = RxState::Auth;
             break;
         }
@@ -262,6 +283,7 @@ bool Link::parse() {
             if (!mac_equal(got.mac, want.mac)) {
                 auth_failed_ = true;
                 ++stats.errors;
+                flush_raw();  // our proof, so that the peer reports the mismatch too
                 close("authentication failed (the peer does not know the fabric key)");
                 return false;
             }
@@ -366,6 +388,9 @@ bool Link::on_fixed() {
         if (req.slid != hdr_.src_lid || req.sqpn != hdr_.src_qpn || req.dlid != hdr_.dst_lid ||
             req.dqpn != hdr_.dst_qpn || req.psn != hdr_.psn)
             return violation("request addresses differ from its segment's");
+        // Checked before the responder acts: an atomic is executed at once.
+        if (hdr_.payload_len > (carries_payload(req.opcode) ? req.length : 0))
+            return violation("more payload than announced");
         begin_request(*m, req);
     } else {
         WireResponse w;
@@ -425,8 +450,10 @@ void Link::finish_request(InMsg& m) {
     Delivery& d = m.d;
     if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(eng_, d)) responder_finish(d);
     if (req.qp_type != IBV_QPT_RC || d.resp.syndrome == Syndrome::Drop) return;
-    const bool read = d.resp.syndrome == Syndrome::Ack && req.opcode == IBV_WR_RDMA_READ;
-    queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, read ? &d : nullptr, &m.pins);
+    const bool ack = d.resp.syndrome == Syndrome::Ack;
+    const bool read = ack && req.opcode == IBV_WR_RDMA_READ;
+    const bool plain = ack && carries_payload(req.opcode);
+    queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, plain, read ? &d : nullptr, &m.pins);
 }
 
 void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
@@ -438,14 +465,18 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     m.local_error = 0;
     m.nspans = 0;
     m.pins.clear();
-    if (!length) return;
+    if (resp.syndrome != Syndrome::Ack) return;
     Engine::QpRef q = eng_.find_qp(hdr_.dst_lid, hdr_.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
-        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn)
+        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons)
         return;  // stale: nobody waits for this data
+    // The ACK of a READ must bring exactly the bytes asked for; data for
+    // anything else is a bad response.
     uint64_t len = 0;
     uint32_t st = requester_read_target(eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
-    if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_LOC_LEN_ERR;
+    if (st == IBV_WC_LOC_QP_OP_ERR && !length) return;  // not a READ: a plain ACK
+    if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_BAD_RESP_ERR;
+    if (st == IBV_WC_LOC_QP_OP_ERR) st = IBV_WC_BAD_RESP_ERR;
     if (st != IBV_WC_SUCCESS) {
         m.local_error = st;
         return;
@@ -533,12 +564,22 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
                         bool inline_payload, Pins* pins) {
     if (state_ != LinkState::Up || close_after_flush_) return false;
     QpSender* s = sender(req.slid, req.sqpn, true);
-    OutMsg* m = reserve(*s);
+    // The last slot is kept for the response of the request this QP may be
+    // receiving as responder (parse() checked there was room for it).
+    OutMsg* m = s->count + 1 < QpSender::kDepth ? reserve(*s) : nullptr;
     if (!m) {
         s->wake_ctx = ctx_id;
         return false;
     }
+    if (req.qp_type == IBV_QPT_RC) {
+        if (s->sent_any && psn_before(req.psn, s->next_psn))
+            ++stats.retries;
+        else
+            s->next_psn = psn_next(req.psn);
+        s->sent_any = true;
+    }
     m->type = SegType::Request;
+    m->plain_ack = false;
     m->src_lid = req.slid;
     m->src_qpn = req.sqpn;
     m->dst_lid = req.dlid;
@@ -570,14 +611,27 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
 }
 
 void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
-                          const Response& resp, Delivery* read_from, Pins* pins) {
+                          const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins) {
     QpSender* s = sender(src_lid, src_qpn, true);
+    // ACKs are cumulative: one not yet sent for the PSN before this one
+    // becomes the ACK of both (a stream of writes is answered by a few ACKs).
+    if (plain_ack && s->count > s->committed) {
+        OutMsg& last = s->at(s->count - 1);
+        if (last.plain_ack && !last.header_sent && last.dst_lid == dst_lid && last.dst_qpn == dst_qpn &&
+            psn_next(last.psn) == resp.psn) {
+            last.psn = resp.psn;
+            WireResponse w = encode(resp, 0);
+            std::memcpy(last.fixed, &w, sizeof(w));
+            return;
+        }
+    }
     OutMsg* m = reserve(*s);
     if (!m) {  // cannot happen: reading waits for room (parse)
         ++stats.errors;
         return;
     }
     m->type = SegType::Response;
+    m->plain_ack = plain_ack;
     m->src_lid = src_lid;
     m->src_qpn = src_qpn;
     m->dst_lid = dst_lid;

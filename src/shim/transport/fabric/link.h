@@ -52,6 +52,7 @@ struct OutMsg {
     uint64_t total = 0;  // payload bytes
     uint64_t sent = 0;   // payload bytes placed in batches so far
     bool header_sent = false;
+    bool plain_ack = false;  // a Response ACK of a SEND or WRITE: later ones may fold into it
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];
 };
@@ -65,6 +66,8 @@ struct QpSender {
     uint32_t committed = 0;    // head messages whose last bytes are in the batch being written
     bool in_rr = false;        // in the round-robin list of the writer
     uint64_t wake_ctx = 0;     // a context that found the queue full
+    uint32_t next_psn = 0;     // after the newest request queued (a lower one is a resend)
+    bool sent_any = false;
     OutMsg& at(uint32_t i) { return msgs[(head + i) % kDepth]; }
 };
 
@@ -131,10 +134,11 @@ private:
     OutMsg* reserve(QpSender& s);
     void commit(QpSender& s);
     void queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
-                        const Response& resp, Delivery* read_from, Pins* pins);
+                        const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins);
     void build_batch();
     void batch_done();
     void send_raw(const void* p, size_t n);
+    void flush_raw();
 
     Engine& eng_;
     const FabricKey& key_;

@@ -1,0 +1,712 @@
+// The fabric between shims (src/shim/transport/fabric), in process: two
+// Engines ("shims" A and B, one guest each: LIDs 1 and 2) joined by two
+// Links over a UNIX socketpair. A routes LID 2 to its Link and B routes
+// LID 1 to its own (test/common/fabric_test_util.h: LinkTransport, what
+// fabric::Peer does without a Fabric around it). Both engines and links are
+// pumped until quiet.
+#include <arpa/inet.h>
+#include <sys/socket.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "device_model.h"
+#include "fabric_test_util.h"
+#include "qp_state.h"
+#include "shim_harness.h"
+
+using namespace vrdma;
+using namespace vrdma::shim;
+using namespace vrdma::shim::test;
+using namespace vrdma::fabric_test;
+using fabric::Link;
+using fabric::LinkState;
+using abi::CmdOp;
+
+namespace {
+
+constexpr uint32_t kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+constexpr const char* kKey = "the fabric key of the unit tests";
+constexpr uint64_t kMiB = 1 << 20;
+
+// One shim: an engine with one guest and the transport to the other shim.
+struct Shim {
+    Engine eng;
+    const GuestIdentity& g;
+    FakeProvider p;
+    LinkTransport to_peer;
+    fabric::FabricKey key;
+    Shim(const char* name, uint16_t lid, uint64_t guid) : g(eng.add_guest(name, lid, guid)), p(eng, g) {
+        eng.set_clock(fake_clock);
+    }
+};
+
+// Two shims joined by a pair of Links.
+struct Fabric2 {
+    Shim A{"a", 1, 0x1111};
+    Shim B{"b", 2, 0x2222};
+    std::unique_ptr<Link> la, lb;  // declared after the engines: destroyed first
+
+    explicit Fabric2(const char* key_b = kKey) {
+        REQUIRE(load_key(A.key, kKey));
+        REQUIRE(load_key(B.key, key_b));
+        REQUIRE(A.eng.routes().add(2, 2, &A.to_peer));
+        REQUIRE(B.eng.routes().add(1, 1, &B.to_peer));
+        connect();
+    }
+    ~Fabric2() {
+        A.to_peer.link = nullptr;
+        B.to_peer.link = nullptr;
+    }
+    void connect() {
+        int fds[2];
+        REQUIRE(socket_pair(fds));
+        A.to_peer.link = B.to_peer.link = nullptr;
+        la = std::make_unique<Link>(A.eng, A.key, UniqueFd(fds[0]), true, 0xa, 1, 1, 0, "shim-b");
+        lb = std::make_unique<Link>(B.eng, B.key, UniqueFd(fds[1]), false, 0xb, 2, 2, 0, "shim-a");
+        A.to_peer.link = la.get();
+        B.to_peer.link = lb.get();
+        pump();
+    }
+    uint64_t moved() const {
+        uint64_t t = 0;
+        for (const Link* l : {la.get(), lb.get()})
+            if (l) t += l->stats.tx_bytes + l->stats.rx_bytes + l->stats.rx_msgs + l->stats.tx_msgs;
+        return t;
+    }
+    // Runs both engines and both links until nothing moves.
+    void pump(int max_rounds = 100000) {
+        int quiet = 0;
+        for (int i = 0; i < max_rounds && quiet < 3; ++i) {
+            uint64_t before = moved();
+            bool p = A.eng.poll_once();
+            p |= B.eng.poll_once();
+            for (Link* l : {la.get(), lb.get()}) {
+                if (!l || l->state() == LinkState::Closed) continue;
+                l->flush();
+                if (l->state() != LinkState::Closed) l->on_readable();
+                l->take_became_up();
+            }
+            p |= moved() != before;
+            quiet = p ? 0 : quiet + 1;
+        }
+    }
+    bool up() const { return la->state() == LinkState::Up && lb->state() == LinkState::Up; }
+};
+
+// An RC QP of A connected to an RC QP of B, MRs of `mr_len` on both sides,
+// one CQ each.
+struct RcOverFabric : Fabric2 {
+    uint32_t pd_a, pd_b;
+    FakeProvider::CqView cq_a, cq_b;
+    FakeProvider::QpView qa, qb;
+    FakeProvider::MrInfo ma, mb;
+    explicit RcOverFabric(uint64_t mr_len = 64 * 1024, uint8_t rnr_retry = 7, uint8_t retry_cnt = 7) {
+        pd_a = A.p.pd();
+        pd_b = B.p.pd();
+        cq_a = A.p.cq(64);
+        cq_b = B.p.cq(64);
+        // A QP nobody uses first, so that the QPNs of the two shims differ.
+        (void)B.p.qp(pd_b, cq_b, cq_b);
+        qa = A.p.qp(pd_a, cq_a, cq_a);
+        qb = B.p.qp(pd_b, cq_b, cq_b);
+        REQUIRE(qa.qpn != qb.qpn);
+        ma = A.p.mr(pd_a, mr_len, kAllAccess);
+        mb = B.p.mr(pd_b, mr_len, kAllAccess);
+        A.p.connect_rc(qa, 2, qb.qpn, kAllAccess, rnr_retry, retry_cnt);
+        B.p.connect_rc(qb, 1, qa.qpn, kAllAccess, rnr_retry, retry_cnt);
+    }
+    // A new pair of connected QPs (the old ones stay as they are).
+    void new_pair() {
+        qa = A.p.qp(pd_a, cq_a, cq_a);
+        qb = B.p.qp(pd_b, cq_b, cq_b);
+        A.p.connect_rc(qa, 2, qb.qpn, kAllAccess);
+        B.p.connect_rc(qb, 1, qa.qpn, kAllAccess);
+    }
+    uint8_t* pa(uint64_t off = 0) { return A.p.at(ma.addr + off); }
+    uint8_t* pb(uint64_t off = 0) { return B.p.at(mb.addr + off); }
+    abi::Sge sa(uint64_t off, uint32_t len) { return abi::Sge{ma.addr + off, len, ma.lkey}; }
+    abi::Sge sb(uint64_t off, uint32_t len) { return abi::Sge{mb.addr + off, len, mb.lkey}; }
+    void send_ok(uint64_t wr_id = 900) {
+        B.p.post_recv(qb.rq, wr_id, {sb(0, 16)});
+        std::memcpy(pa(0), "still-working", 13);
+        A.p.post_send(qa.sq, send_wqe(wr_id, IBV_WR_SEND), {sa(0, 13)});
+        pump();
+        auto sc = A.p.poll(cq_a);
+        REQUIRE(sc.size() == 1);
+        CHECK(sc[0].wr_id == wr_id);
+        CHECK(sc[0].status == IBV_WC_SUCCESS);
+        auto rc = B.p.poll(cq_b);
+        REQUIRE(rc.size() == 1);
+        CHECK(rc[0].status == IBV_WC_SUCCESS);
+        CHECK(rc[0].byte_len == 13);
+        CHECK(std::memcmp(pb(0), "still-working", 13) == 0);
+    }
+};
+
+void fill(uint8_t* p, size_t n, uint32_t seed) {
+    for (size_t i = 0; i < n; ++i) p[i] = uint8_t((i * 2654435761u + seed) >> 13);
+}
+
+// A request segment as a peer shim would write it: header, fixed part,
+// payload.
+std::vector<uint8_t> request_segment(const Request& req, const std::vector<uint8_t>& payload, uint16_t hdr_src_lid) {
+    fabric::SegHeader h{};
+    h.type = uint8_t(fabric::SegType::Request);
+    h.flags = fabric::kSegFirst | fabric::kSegLast;
+    h.fixed_len = sizeof(fabric::WireRequest);
+    h.payload_len = uint32_t(payload.size());
+    h.src_lid = hdr_src_lid;
+    h.dst_lid = req.dlid;
+    h.src_qpn = req.sqpn;
+    h.dst_qpn = req.dqpn;
+    h.psn = req.psn;
+    fabric::WireRequest w = fabric::encode(req);
+    std::vector<uint8_t> out(sizeof(h) + sizeof(w) + payload.size());
+    std::memcpy(out.data(), &h, sizeof(h));
+    std::memcpy(out.data() + sizeof(h), &w, sizeof(w));
+    if (!payload.empty()) std::memcpy(out.data() + sizeof(h) + sizeof(w), payload.data(), payload.size());
+    return out;
+}
+
+// Writes raw bytes into the stream from A to B (A's link is idle, so they
+// arrive at a segment boundary).
+void inject(Fabric2& f, const std::vector<uint8_t>& bytes) {
+    REQUIRE(f.la->wants_write() == false);
+    REQUIRE(::send(f.la->fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+}
+
+}  // namespace
+
+TEST_CASE("fabric: the handshake needs the same key on both sides", "[shim][fabric]") {
+    SECTION("same key: both links up, each knows the other's LIDs") {
+        Fabric2 f;
+        REQUIRE(f.up());
+        CHECK(f.la->peer_hello().lid_first == 2);
+        CHECK(f.la->peer_hello().lid_last == 2);
+        CHECK(f.lb->peer_hello().lid_first == 1);
+        CHECK(f.la->peer_owns(2));
+        CHECK_FALSE(f.la->peer_owns(1));
+        CHECK_FALSE(f.la->auth_failed());
+        CHECK_FALSE(f.lb->auth_failed());
+        // Hello and Auth each way, nothing else.
+        CHECK(f.la->stats.tx_bytes == sizeof(fabric::Hello) + sizeof(fabric::Auth));
+        CHECK(f.lb->stats.rx_bytes == sizeof(fabric::Hello) + sizeof(fabric::Auth));
+    }
+    SECTION("another key: both sides refuse (auth_failed), nothing is routed") {
+        Fabric2 f("another fabric key, not the same");
+        CHECK(f.la->state() == LinkState::Closed);
+        CHECK(f.lb->state() == LinkState::Closed);
+        CHECK(f.la->auth_failed());
+        CHECK(f.lb->auth_failed());
+        CHECK(f.la->close_reason().find("authentication failed") != std::string::npos);
+        CHECK(f.la->stats.errors == 1);
+    }
+    SECTION("a peer that answers with a wrong MAC is refused") {
+        Engine eng;
+        fabric::FabricKey key, wrong;
+        REQUIRE(load_key(key, kKey));
+        REQUIRE(load_key(wrong, "0123456789abcdef0123"));
+        int fds[2];
+        REQUIRE(socket_pair(fds));
+        UniqueFd peer(fds[1]);
+        Link l(eng, key, UniqueFd(fds[0]), false, 1, 1, 1, 0, "peer");
+        peer_handshake(peer.get(), l, wrong, make_hello(2, 2));
+        l.on_readable();
+        CHECK(l.state() == LinkState::Closed);
+        CHECK(l.auth_failed());
+    }
+}
+
+TEST_CASE("fabric: RC send with immediate data", "[shim][fabric]") {
+    RcOverFabric t;
+    std::memcpy(t.pa(0), "hello ", 6);
+    std::memcpy(t.pa(100), "vrdma ", 6);
+    std::memcpy(t.pa(200), "world", 5);
+    t.B.p.post_recv(t.qb.rq, 77, {t.sb(1000, 4), t.sb(2000, 100)});
+    auto w = send_wqe(5, IBV_WR_SEND_WITH_IMM);
+    w.imm_data = htonl(0xabcdef01);
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, 6), t.sa(100, 6), t.sa(200, 5)});
+    t.pump();
+    CHECK(std::memcmp(t.pb(1000), "hell", 4) == 0);
+    CHECK(std::memcmp(t.pb(2000), "o vrdma world", 13) == 0);
+    auto rc = t.B.p.poll(t.cq_b);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].wr_id == 77);
+    CHECK(rc[0].status == IBV_WC_SUCCESS);
+    CHECK(rc[0].opcode == IBV_WC_RECV);
+    CHECK(rc[0].byte_len == 17);
+    CHECK(rc[0].wc_flags == IBV_WC_WITH_IMM);
+    CHECK(rc[0].imm_data == htonl(0xabcdef01));
+    CHECK(rc[0].qp_num == t.qb.qpn);
+    CHECK(rc[0].src_qp == t.qa.qpn);
+    CHECK(rc[0].slid == 1);
+    CHECK(rc[0].sl == 3);
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 5);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+    CHECK(sc[0].opcode == IBV_WC_SEND);
+    CHECK(sc[0].byte_len == 17);
+    CHECK(sc[0].qp_num == t.qa.qpn);
+    CHECK(sc[0].wc_flags == 0);
+    CHECK(t.la->stats.tx_msgs == 1);
+    CHECK(t.lb->stats.rx_msgs == 1);
+    CHECK(t.lb->stats.tx_msgs == 1);  // the ACK
+    CHECK(t.la->stats.errors == 0);
+    CHECK(t.lb->stats.errors == 0);
+}
+
+TEST_CASE("fabric: RDMA write of 1 MiB goes in 64 KiB segments", "[shim][fabric]") {
+    RcOverFabric t(kMiB + 4096);
+    fill(t.pa(0), kMiB, 1);
+    std::memset(t.pb(0), 0xee, kMiB + 4096);
+    const uint64_t tx0 = t.la->stats.tx_bytes, rx0 = t.la->stats.rx_bytes;
+    auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
+    w.remote_addr = t.mb.addr + 4096;
+    w.rkey = t.mb.rkey;
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, kMiB / 2), t.sa(kMiB / 2, kMiB / 2)});
+    t.pump();
+    CHECK(std::memcmp(t.pa(0), t.pb(4096), kMiB) == 0);
+    CHECK(t.pb(4095)[0] == 0xee);  // nothing before the target range
+    // 16 segments of 64 KiB: 16 headers, one fixed part; the ACK back.
+    CHECK(t.la->stats.tx_bytes - tx0 == kMiB + 16 * sizeof(fabric::SegHeader) + sizeof(fabric::WireRequest));
+    CHECK(t.la->stats.rx_bytes - rx0 == sizeof(fabric::SegHeader) + sizeof(fabric::WireResponse));
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 1);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+    CHECK(sc[0].opcode == IBV_WC_RDMA_WRITE);
+    CHECK(sc[0].byte_len == kMiB);
+    CHECK(sc[0].qp_num == t.qa.qpn);
+    CHECK(sc[0].wc_flags == 0);
+    CHECK(t.B.p.poll(t.cq_b).empty());  // a plain write is invisible to the responder
+
+    // With immediate: the receive completion carries it.
+    t.B.p.post_recv(t.qb.rq, 42, {});
+    w = send_wqe(2, IBV_WR_RDMA_WRITE_WITH_IMM);
+    w.remote_addr = t.mb.addr + 100;
+    w.rkey = t.mb.rkey;
+    w.imm_data = htonl(7);
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, 70000)});
+    t.pump();
+    CHECK(std::memcmp(t.pb(100), t.pa(0), 70000) == 0);
+    auto rc = t.B.p.poll(t.cq_b);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].wr_id == 42);
+    CHECK(rc[0].status == IBV_WC_SUCCESS);
+    CHECK(rc[0].opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+    CHECK(rc[0].byte_len == 70000);
+    CHECK(rc[0].wc_flags == IBV_WC_WITH_IMM);
+    CHECK(rc[0].imm_data == htonl(7));
+    CHECK(rc[0].src_qp == t.qa.qpn);
+    CHECK(rc[0].slid == 1);
+    sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].opcode == IBV_WC_RDMA_WRITE);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+}
+
+TEST_CASE("fabric: RDMA read of 200 KiB", "[shim][fabric]") {
+    constexpr uint32_t kLen = 200 * 1024;
+    RcOverFabric t(256 * 1024);
+    fill(t.pb(1000), kLen, 2);
+    std::memset(t.pa(0), 0, 256 * 1024);
+    const uint64_t rx0 = t.la->stats.rx_bytes;
+    auto w = send_wqe(3, IBV_WR_RDMA_READ);
+    w.remote_addr = t.mb.addr + 1000;
+    w.rkey = t.mb.rkey;
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, 100000), t.sa(150000, kLen - 100000)});
+    t.pump();
+    CHECK(std::memcmp(t.pa(0), t.pb(1000), 100000) == 0);
+    CHECK(std::memcmp(t.pa(150000), t.pb(1000 + 100000), kLen - 100000) == 0);
+    CHECK(t.pa(100000)[0] == 0);  // the gap between the SGEs
+    // The response: 4 segments (64+64+64+8 KiB), one fixed part.
+    CHECK(t.la->stats.rx_bytes - rx0 == kLen + 4 * sizeof(fabric::SegHeader) + sizeof(fabric::WireResponse));
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 3);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+    CHECK(sc[0].opcode == IBV_WC_RDMA_READ);
+    CHECK(sc[0].byte_len == kLen);
+    CHECK(sc[0].qp_num == t.qa.qpn);
+    CHECK(sc[0].wc_flags == 0);
+    CHECK(t.B.p.poll(t.cq_b).empty());
+}
+
+TEST_CASE("fabric: fetch-and-add and compare-and-swap", "[shim][fabric]") {
+    RcOverFabric t;
+    uint64_t v = 100;
+    std::memcpy(t.pb(64), &v, 8);
+    auto w = send_wqe(1, IBV_WR_ATOMIC_FETCH_AND_ADD);
+    w.remote_addr = t.mb.addr + 64;
+    w.rkey = t.mb.rkey;
+    w.compare_add = 5;
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, 8)});
+    w = send_wqe(2, IBV_WR_ATOMIC_CMP_AND_SWP);
+    w.remote_addr = t.mb.addr + 64;
+    w.rkey = t.mb.rkey;
+    w.compare_add = 105;
+    w.swap = 7;
+    t.A.p.post_send(t.qa.sq, w, {t.sa(8, 8)});
+    w.wr_id = 3;  // the compare fails now
+    t.A.p.post_send(t.qa.sq, w, {t.sa(16, 8)});
+    t.pump();
+    uint64_t r0, r1, r2, now;
+    std::memcpy(&r0, t.pa(0), 8);
+    std::memcpy(&r1, t.pa(8), 8);
+    std::memcpy(&r2, t.pa(16), 8);
+    std::memcpy(&now, t.pb(64), 8);
+    CHECK(r0 == 100);
+    CHECK(r1 == 105);
+    CHECK(r2 == 7);
+    CHECK(now == 7);
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 3);
+    const uint32_t ops[] = {IBV_WC_FETCH_ADD, IBV_WC_COMP_SWAP, IBV_WC_COMP_SWAP};
+    for (int i = 0; i < 3; ++i) {
+        CHECK(sc[i].wr_id == uint64_t(i + 1));
+        CHECK(sc[i].status == IBV_WC_SUCCESS);
+        CHECK(sc[i].opcode == ops[i]);
+        CHECK(sc[i].byte_len == 8);
+        CHECK(sc[i].qp_num == t.qa.qpn);
+        CHECK(sc[i].wc_flags == 0);
+    }
+    CHECK(t.B.p.poll(t.cq_b).empty());
+}
+
+TEST_CASE("fabric: UD datagram with a GRH", "[shim][fabric]") {
+    Fabric2 f;
+    uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
+    auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
+    FakeProvider::QpSpec ud;
+    ud.type = IBV_QPT_UD;
+    (void)f.B.p.qp(pb, cb, cb, ud);  // QPNs differ between the shims
+    auto qa = f.A.p.qp(pa, ca, ca, ud);
+    auto qb = f.B.p.qp(pb, cb, cb, ud);
+    f.A.p.ud_ready(qa, 0x1234);
+    f.B.p.ud_ready(qb, 0x1234);
+    auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);
+    abi::CmdCreateAhReq ahr{};
+    ahr.pd_handle = pa;
+    ahr.attr.dlid = 2;
+    ahr.attr.port_num = 1;
+    ahr.attr.sl = 5;
+    ahr.attr.is_global = 1;
+    ahr.attr.hop_limit = 64;
+    ahr.attr.traffic_class = 0x28;
+    ahr.attr.flow_label = 0x12345;
+    make_gid(0x2222, ahr.attr.dgid);
+    uint32_t ah = f.A.p.cmd(CmdOp::CreateAh, ahr).as<abi::CmdCreateAhResp>().ah_handle;
+
+    std::memcpy(f.A.p.at(ma.addr), "datagram", 8);
+    std::memset(f.B.p.at(mb.addr), 0xee, 200);
+    f.B.p.post_recv(qb.rq, 1, {abi::Sge{mb.addr, 100, mb.lkey}});
+    auto w = send_wqe(10, IBV_WR_SEND_WITH_IMM);
+    w.ah_handle = ah;
+    w.remote_qpn = qb.qpn;
+    w.remote_qkey = 0x1234;
+    w.imm_data = htonl(99);
+    f.A.p.post_send(qa.sq, w, {abi::Sge{ma.addr, 8, ma.lkey}});
+    f.pump();
+
+    auto sc = f.A.p.poll(ca);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 10);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+    CHECK(sc[0].opcode == IBV_WC_SEND);
+    CHECK(sc[0].byte_len == 8);
+    CHECK(sc[0].qp_num == qa.qpn);
+    auto rc = f.B.p.poll(cb);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].wr_id == 1);
+    CHECK(rc[0].status == IBV_WC_SUCCESS);
+    CHECK(rc[0].opcode == IBV_WC_RECV);
+    CHECK(rc[0].byte_len == 48);
+    CHECK(rc[0].qp_num == qb.qpn);
+    CHECK(rc[0].src_qp == qa.qpn);
+    CHECK(rc[0].slid == 1);
+    CHECK(rc[0].sl == 5);
+    CHECK(rc[0].wc_flags == (IBV_WC_WITH_IMM | IBV_WC_GRH));
+    CHECK(rc[0].imm_data == htonl(99));
+    const uint8_t* g = f.B.p.at(mb.addr);
+    uint32_t vtf;
+    std::memcpy(&vtf, g, 4);
+    vtf = ntohl(vtf);
+    CHECK(vtf >> 28 == 6);
+    CHECK(((vtf >> 20) & 0xff) == 0x28);
+    CHECK((vtf & 0xfffff) == 0x12345);
+    CHECK(g[4] == 0);
+    CHECK(g[5] == 8);      // payload length
+    CHECK(g[6] == 0x1b);   // next header
+    CHECK(g[7] == 64);     // hop limit
+    uint8_t sgid[16];
+    make_gid(0x1111, sgid);
+    CHECK(std::memcmp(g + 8, sgid, 16) == 0);
+    CHECK(std::memcmp(g + 24, ahr.attr.dgid, 16) == 0);
+    CHECK(std::memcmp(g + 40, "datagram", 8) == 0);
+    CHECK(g[48] == 0xee);
+    CHECK(f.la->stats.errors == 0);
+    CHECK(f.lb->stats.errors == 0);
+    CHECK(f.lb->stats.tx_msgs == 0);  // no response to a datagram
+}
+
+TEST_CASE("fabric: RNR NAK, then success once a receive is posted", "[shim][fabric]") {
+    RcOverFabric t(64 * 1024, /*rnr_retry=*/7);
+    std::memcpy(t.pa(0), "late", 4);
+    t.A.p.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 4)});
+    t.pump();
+    CHECK(t.A.p.poll(t.cq_a).empty());
+    CHECK(t.B.p.poll(t.cq_b).empty());
+    CHECK(t.lb->stats.tx_msgs == 1);  // the RNR NAK
+    // The receive alone does not resend: the RNR timer does.
+    t.B.p.post_recv(t.qb.rq, 9, {t.sb(0, 16)});
+    t.pump();
+    CHECK(t.A.p.poll(t.cq_a).empty());
+    g_fake_now += rnr_timer_ns(12) + 1;
+    t.pump();
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 1);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+    CHECK(sc[0].opcode == IBV_WC_SEND);
+    CHECK(sc[0].byte_len == 4);
+    auto rc = t.B.p.poll(t.cq_b);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].wr_id == 9);
+    CHECK(rc[0].status == IBV_WC_SUCCESS);
+    CHECK(rc[0].byte_len == 4);
+    CHECK(rc[0].src_qp == t.qa.qpn);
+    CHECK(rc[0].slid == 1);
+    CHECK(std::memcmp(t.pb(0), "late", 4) == 0);
+    CHECK(t.lb->stats.tx_msgs == 2);
+}
+
+TEST_CASE("fabric: a closed link gives RETRY_EXC_ERR after the QP's timeout", "[shim][fabric]") {
+    RcOverFabric t(64 * 1024, 7, /*retry_cnt=*/2);
+    t.B.p.post_recv(t.qb.rq, 9, {t.sb(0, 16)});
+    t.B.to_peer.link = nullptr;
+    t.lb.reset();  // shim B goes away
+    t.pump();
+    CHECK(t.la->state() == LinkState::Closed);
+    CHECK(t.la->close_reason() == "the peer closed the connection");
+    t.A.p.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 4)});
+    t.A.p.post_send(t.qa.sq, send_wqe(2, IBV_WR_SEND, 0), {t.sa(0, 4)});
+    t.pump();
+    const uint64_t timeout = ack_timeout_ns(14);  // RcPath of the harness
+    // The first send and retry_cnt (2) resends, each given the timeout.
+    for (int i = 0; i < 3; ++i) {
+        CHECK(t.A.p.poll(t.cq_a).empty());
+        g_fake_now += timeout - 1;
+        t.pump();
+        CHECK(t.A.p.poll(t.cq_a).empty());
+        g_fake_now += 1;
+        t.pump();
+    }
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == 2);
+    CHECK(sc[0].wr_id == 1);
+    CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);
+    CHECK(sc[0].opcode == IBV_WC_SEND);
+    CHECK(sc[0].qp_num == t.qa.qpn);
+    CHECK(sc[1].wr_id == 2);
+    CHECK(sc[1].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(t.A.p.qp_state(t.qa.handle) == IBV_QPS_ERR);
+}
+
+TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working", "[shim][fabric]") {
+    struct Case {
+        const char* why;
+        std::function<std::vector<uint8_t>(RcOverFabric&)> bytes;
+    };
+    auto header = [](uint8_t type, uint8_t flags, uint16_t fixed, uint32_t payload) {
+        fabric::SegHeader h{};
+        h.type = type;
+        h.flags = flags;
+        h.fixed_len = fixed;
+        h.payload_len = payload;
+        h.src_lid = 1;
+        h.dst_lid = 2;
+        std::vector<uint8_t> v(sizeof(h));
+        std::memcpy(v.data(), &h, sizeof(h));
+        return v;
+    };
+    const uint8_t both = fabric::kSegFirst | fabric::kSegLast;
+    const Case cases[] = {
+        {"unknown segment type", [&](RcOverFabric&) { return header(9, both, 0, 0); }},
+        {"segment payload over 64 KiB", [&](RcOverFabric&) { return header(1, both, 112, 65537); }},
+        {"wrong fixed part length", [&](RcOverFabric&) { return header(1, both, 100, 0); }},
+        {"a continuation of no message", [&](RcOverFabric&) { return header(1, fabric::kSegLast, 0, 10); }},
+        {"malformed request",
+         [&](RcOverFabric& t) {
+             Request r;
+             r.opcode = 99;
+             r.qp_type = IBV_QPT_RC;
+             r.slid = 1;
+             r.dlid = 2;
+             r.sqpn = t.qa.qpn;
+             r.dqpn = t.qb.qpn;
+             return request_segment(r, {}, 1);
+         }},
+        {"a message shorter than announced",
+         [&](RcOverFabric& t) {
+             Request r;
+             r.opcode = IBV_WR_RDMA_WRITE;
+             r.qp_type = IBV_QPT_RC;
+             r.slid = 1;
+             r.dlid = 2;
+             r.sqpn = t.qa.qpn;
+             r.dqpn = t.qb.qpn;
+             r.rkey = t.mb.rkey;
+             r.remote_addr = t.mb.addr;
+             r.length = 100;
+             return request_segment(r, std::vector<uint8_t>(50, 0xab), 1);  // flagged last
+         }},
+    };
+    for (const Case& c : cases) {
+        DYNAMIC_SECTION(c.why) {
+            RcOverFabric t;
+            std::memset(t.pb(0), 0x11, 64 * 1024);
+            inject(t, c.bytes(t));
+            t.pump();
+            CHECK(t.lb->state() == LinkState::Closed);
+            CHECK(t.lb->close_reason() == std::string("protocol violation: ") + c.why);
+            CHECK(t.lb->stats.errors >= 1);
+            CHECK(t.la->state() == LinkState::Closed);  // it saw the connection close
+            // B's memory got nothing but what a valid request may write (the
+            // short WRITE's first 50 bytes: its rkey was valid).
+            std::vector<uint8_t> want(64 * 1024, 0x11);
+            const bool cut = std::string(c.why) == "a message shorter than announced";
+            if (cut) std::memset(want.data(), 0xab, 50);
+            CHECK(std::memcmp(t.pb(0), want.data(), want.size()) == 0);
+            // The target of a request cut short is in error (it counted the
+            // request as executed); a malformed one never reached it.
+            CHECK(t.B.p.qp_state(t.qb.handle) == (cut ? IBV_QPS_ERR : IBV_QPS_RTS));
+            t.B.p.poll(t.cq_b);
+            // Both engines work on: a new connection carries a send.
+            t.connect();
+            REQUIRE(t.up());
+            if (cut) t.new_pair();
+            t.send_ok();
+        }
+    }
+}
+
+TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shim][fabric]") {
+    RcOverFabric t;
+    std::memset(t.pb(0), 0x11, 4096);
+    Request r;
+    r.opcode = IBV_WR_RDMA_WRITE;
+    r.qp_type = IBV_QPT_RC;
+    r.dlid = 2;
+    r.sqpn = t.qa.qpn;
+    r.dqpn = t.qb.qpn;
+    r.rkey = t.mb.rkey;  // a valid key: only the source LID is wrong
+    r.remote_addr = t.mb.addr;
+    r.length = 16;
+    const std::vector<uint8_t> payload(16, 0xab);
+    SECTION("the segment header names a LID of another shim") {
+        r.slid = 5;
+        inject(t, request_segment(r, payload, 5));
+        t.pump();
+        CHECK(t.lb->close_reason() == "protocol violation: a segment from a LID the peer does not own");
+    }
+    SECTION("the request inside names another LID than its header") {
+        r.slid = 5;
+        inject(t, request_segment(r, payload, 1));
+        t.pump();
+        CHECK(t.lb->close_reason() == "protocol violation: request addresses differ from its segment's");
+    }
+    SECTION("a response from a LID the peer does not own") {
+        fabric::SegHeader h{};
+        h.type = uint8_t(fabric::SegType::Response);
+        h.flags = fabric::kSegFirst | fabric::kSegLast;
+        h.fixed_len = sizeof(fabric::WireResponse);
+        h.src_lid = 7;
+        h.dst_lid = 2;
+        h.src_qpn = t.qa.qpn;
+        h.dst_qpn = t.qb.qpn;
+        Response resp;
+        resp.syndrome = Syndrome::Ack;
+        fabric::WireResponse w = fabric::encode(resp, 0);
+        std::vector<uint8_t> v(sizeof(h) + sizeof(w));
+        std::memcpy(v.data(), &h, sizeof(h));
+        std::memcpy(v.data() + sizeof(h), &w, sizeof(w));
+        inject(t, v);
+        t.pump();
+        CHECK(t.lb->close_reason() == "protocol violation: a segment from a LID the peer does not own");
+    }
+    CHECK(t.lb->state() == LinkState::Closed);
+    std::vector<uint8_t> want(4096, 0x11);
+    CHECK(std::memcmp(t.pb(0), want.data(), want.size()) == 0);
+    CHECK(t.B.p.poll(t.cq_b).empty());
+    CHECK(t.B.p.qp_state(t.qb.handle) == IBV_QPS_RTS);
+}
+
+TEST_CASE("fabric: a request from a QP the target is not connected to is dropped", "[shim][fabric]") {
+    RcOverFabric t;
+    std::memset(t.pb(0), 0x11, 4096);
+    Request r;
+    r.opcode = IBV_WR_RDMA_WRITE;
+    r.qp_type = IBV_QPT_RC;
+    r.slid = 1;
+    r.dlid = 2;
+    r.sqpn = t.qa.qpn + 1;  // not the QP qb is connected to
+    r.dqpn = t.qb.qpn;
+    r.rkey = t.mb.rkey;
+    r.remote_addr = t.mb.addr;
+    r.length = 16;
+    inject(t, request_segment(r, std::vector<uint8_t>(16, 0xab), 1));
+    t.pump();
+    CHECK(t.up());  // a well-formed request: silently dropped, not a violation
+    std::vector<uint8_t> want(4096, 0x11);
+    CHECK(std::memcmp(t.pb(0), want.data(), want.size()) == 0);
+    CHECK(t.lb->stats.tx_msgs == 0);
+    t.send_ok();
+}
+
+TEST_CASE("fabric: a WRITE cut short by a lost connection is never acknowledged as done", "[shim][fabric]") {
+    RcOverFabric t(kMiB, 7, /*retry_cnt=*/2);
+    fill(t.pa(0), kMiB, 3);
+    std::memset(t.pb(0), 0xee, kMiB);
+    auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
+    w.remote_addr = t.mb.addr;
+    w.rkey = t.mb.rkey;
+    t.A.p.post_send(t.qa.sq, w, {t.sa(0, kMiB)});
+    // Part of the write crosses, then the connection breaks.
+    t.A.eng.poll_once();
+    t.la->flush();
+    t.lb->on_readable();
+    REQUIRE(t.lb->stats.rx_bytes > sizeof(fabric::Hello) + sizeof(fabric::Auth) + 1000);
+    REQUIRE(t.lb->stats.rx_bytes < kMiB);
+    t.A.to_peer.link = nullptr;
+    t.la.reset();
+    t.pump();
+    REQUIRE(t.lb->state() == LinkState::Closed);
+    // A new connection; A's requester resends the write (same PSN) after
+    // its timeout. B must not answer it as an already executed duplicate:
+    // its memory holds only part of the data.
+    t.connect();
+    REQUIRE(t.up());
+    std::vector<abi::Cqe> sc;
+    for (int i = 0; i < 8 && sc.empty(); ++i) {
+        g_fake_now += ack_timeout_ns(14) + 1;
+        t.pump();
+        sc = t.A.p.poll(t.cq_a);
+    }
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].wr_id == 1);
+    if (sc[0].status == IBV_WC_SUCCESS) {
+        CHECK(std::memcmp(t.pa(0), t.pb(0), kMiB) == 0);  // a success means all the data arrived
+    } else {
+        // The responder QP went to error when the payload was cut: the
+        // requester gets an error, never a false success.
+        CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);
+        CHECK(t.B.p.qp_state(t.qb.handle) == IBV_QPS_ERR);
+    }
+}
