@@ -100,11 +100,18 @@ iperf_bw="$(awk '/"sum_received"/ { in_sum = 1 }
     "$RUN_DIR.iperf.json")"
 [ -n "$iperf_bw" ] || fail "no result in iperf3's output"
 
+# tcp_pingpong PORT: one-way latency of 8 bytes between the namespaces (us).
+tcp_pingpong() {
+    ip netns exec "$ns1" "$base" tcp-pingpong --listen "$addr1:$1" &
+    local server=$!
+    ip netns exec "$ns2" "$base" tcp-pingpong --connect "$addr1:$1" | awk '{print $3}'
+    wait "$server" || fail "the TCP ping-pong listener failed"
+}
+# On a shared machine a single run can be unlucky: the ping-pong runs before
+# and after the RDMA measurements and the faster one is the baseline (the
+# harder one to meet).
 echo "  TCP ping-pong between the namespaces" >&2
-ip netns exec "$ns1" "$base" tcp-pingpong --listen "$addr1:5301" &
-tcp_server=$!
-tcp_pp="$(ip netns exec "$ns2" "$base" tcp-pingpong --connect "$addr1:5301" | awk '{print $3}')"
-wait "$tcp_server" || fail "the TCP ping-pong listener failed"
+tcp_pp1="$(tcp_pingpong 5301)"
 
 if [ "$BASELINES_ONLY" != 1 ]; then
     echo "  ib_write_bw 64 KiB, 1 MiB, 64 B; ib_send_lat 8 B" >&2
@@ -118,6 +125,9 @@ if [ "$BASELINES_ONLY" != 1 ]; then
     lat="$(awk '{print $5}' <<<"$lat_line")"        # t_typical [usec]
     lat_avg="$(awk '{print $6}' <<<"$lat_line")"    # t_avg [usec]
 fi
+echo "  TCP ping-pong between the namespaces, again" >&2
+tcp_pp2="$(tcp_pingpong 5302)"
+tcp_pp="$(awk -v a="$tcp_pp1" -v b="$tcp_pp2" 'BEGIN { print (a < b ? a : b) }')"
 
 # MPI ping-pong, two ranks, pml ob1, yielding when idle (2 cores).
 mpi_common=(--bind-to none --mca mpi_yield_when_idle 1 --mca pml ob1)
@@ -177,7 +187,7 @@ if [ "$BASELINES_ONLY" = 1 ]; then
 | baseline between the namespaces | value |
 | --- | --- |
 | iperf3, one TCP stream (MiB/s) | $iperf_bw |
-| TCP ping-pong, 8 B, one way (us) | $tcp_pp |
+| TCP ping-pong, 8 B, one way (us; the faster of $tcp_pp1 and $tcp_pp2) | $tcp_pp |
 TABLE
 else
     r64k="$(ratio "$bw64k" "$iperf_bw")" r1m="$(ratio "$bw1m" "$iperf_bw")" rlat="$(ratio "$lat" "$tcp_pp")"
@@ -189,7 +199,7 @@ else
 | ib_send_lat 8 B (us, typical) | $lat | TCP ping-pong 8 B, one way (us) | $tcp_pp | $rlat x | <= 1.3 x | $(verdict "$rlat" "<=" 1.3) |
 | ib_write_bw 64 B message rate (M writes/s) | $rate | | | | >= 1.0 | $(verdict "$rate" ">=" 1.0) |
 
-ib_send_lat 8 B average: $lat_avg us. perftest's MB is 2^20 bytes, as the MiB/s given for iperf3.
+ib_send_lat 8 B average: $lat_avg us. TCP ping-pong before and after the RDMA runs: $tcp_pp1 and $tcp_pp2 us (the faster is the baseline). perftest's MB is 2^20 bytes, as the MiB/s given for iperf3.
 TABLE
 fi
 
