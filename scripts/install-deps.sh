@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12's archive, what vrdma needs to build, test (clang
-# and its libFuzzer runtime: scripts/fuzz.sh) and run its demo. Only what is
-# missing is installed. Needs root.
+# and its libFuzzer runtime: scripts/fuzz.sh; iptables: packet loss in the
+# fabric tests where the kernel has no tc netem; iperf3: the baseline of
+# scripts/bench-fabric.sh) and run its demo. Only what is missing is
+# installed. Needs root.
 set -euo pipefail
 
 packages=(
@@ -9,7 +11,7 @@ packages=(
     libibverbs-dev ibverbs-utils rdma-core perftest
     openmpi-bin libopenmpi-dev
     libfmt-dev catch2 libssl-dev
-    iproute2 procps iperf3
+    iproute2 procps iptables iperf3
     clang libclang-rt-14-dev
 )
 

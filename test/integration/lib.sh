@@ -1,12 +1,30 @@
 # Shared helpers for the integration tests: start a real vrdma-shim in a
 # private run directory, run real clients in its guests, stop it cleanly.
 # Needs VRDMA_BUILD_DIR (set by ctest).
+#
+# Topologies (VRDMA_TOPOLOGY):
+#   one-host   (default) one shim serves every guest.
+#   two-hosts  two shims joined by the TCP fabric, each in its own network
+#              namespace (a simulated host) with a veth pair between them:
+#              `start_shim a b c` puts guest a on host 1 (lid-base 1) and
+#              b, c on host 2 (lid-base 10). Only the shims run in the
+#              namespaces; clients run here and attach through the file
+#              system (run directories and UNIX sockets are not namespaced),
+#              so they still exchange connection data over 127.0.0.1 and
+#              cannot tell that their peer is on another "host". Needs root;
+#              exits 77 (skipped) without it. See "Two hosts" below.
 set -euo pipefail
 
 : "${VRDMA_BUILD_DIR:?set VRDMA_BUILD_DIR to the build directory}"
 SHIM="$VRDMA_BUILD_DIR/src/shim/vrdma-shim"
 VRDMA_RUN="$VRDMA_BUILD_DIR/tools/vrdma-run"
+VRDMACTL="$VRDMA_BUILD_DIR/tools/vrdmactl"
 TEST_NAME="$(basename "$0" .sh)"
+VRDMA_TOPOLOGY="${VRDMA_TOPOLOGY:-one-host}"
+case "$VRDMA_TOPOLOGY" in
+one-host | two-hosts) ;;
+*) echo "VRDMA_TOPOLOGY must be one-host or two-hosts, not '$VRDMA_TOPOLOGY'" >&2; exit 2 ;;
+esac
 RUN_DIR=""
 SHIM_PID=""
 SHIM_LOG=""
@@ -19,7 +37,12 @@ fail() {
 note() { echo "--- $*"; }
 
 # start_shim GUEST... : starts the shim serving these guests, waits for ready.
+# In two-hosts mode: the fabric of two shims (fabric_start).
 start_shim() {
+    if [ "$VRDMA_TOPOLOGY" = two-hosts ]; then
+        fabric_start "$1" "${*:2}"
+        return 0
+    fi
     RUN_DIR="$(mktemp -d "/tmp/vrdma-$TEST_NAME.XXXXXX")"
     SHIM_LOG="$RUN_DIR.log"
     local args=()
@@ -40,6 +63,7 @@ start_shim() {
 stop_shim() {
     local rc=$?
     trap - EXIT
+    if [ "$VRDMA_TOPOLOGY" = two-hosts ]; then fabric_stop "$rc"; fi
     jobs -p | grep -v "^$SHIM_PID\$" | xargs -r kill 2>/dev/null || true
     if [ -n "$SHIM_PID" ] && kill -0 "$SHIM_PID" 2>/dev/null; then
         kill -TERM "$SHIM_PID"
@@ -99,3 +123,362 @@ client_server() {
     [ "$src" -eq 0 ] || fail "server '$server' exited with $src"
     [ "$crc" -eq 0 ] || fail "client '$client' exited with $crc"
 }
+
+# ---------------------------------------------------------------------------
+# Two hosts (VRDMA_TOPOLOGY=two-hosts; fault tests use the fabric_* helpers
+# directly, with more guests or a third host).
+#
+# A host H is a network namespace vrdma-PID-hH running one vrdma-shim whose
+# run directory is RUN_DIR/hH; RUN_DIR/GUEST is a symbolic link to
+# RUN_DIR/hH/GUEST, so `vrdma-run --run-dir "$RUN_DIR" --guest GUEST`, in_guest
+# and client_server work unchanged (vrdma-run needs only DIR/GUEST/sys and the
+# socket it names). Links are veth pairs with a /30 each, taken from a /28 of
+# 10.0.0.0/8 that depends on this shell's pid (runs side by side do not
+# collide; the addresses exist only inside the namespaces). Every shim listens
+# on ADDR:7400 and names its peers; all shims of a run share RUN_DIR/fabric.key
+# unless told otherwise. Logs: RUN_DIR.hH.log. fabric_stop (the EXIT trap)
+# stops every shim with SIGTERM (each must exit 0), removes the namespaces,
+# the links and every file, whatever happened before.
+FABRIC_PORT=7400
+FABRIC_HOSTS=()            # host numbers, in creation order
+declare -A HOST_NS=()      # H -> namespace
+declare -A HOST_GUESTS=()  # H -> "g1 g2"
+declare -A HOST_LID=()     # H -> lid base
+declare -A HOST_ADDR=()    # H -> listen address
+declare -A HOST_PEERS=()   # H -> "ADDR:PORT ..."
+declare -A HOST_KEY=()     # H -> key file
+declare -A HOST_PID=()     # H -> shim pid ("" when not running)
+declare -A HOST_IF=()      # H -> its interface on its first link
+FABRIC_LINKS=0
+FABRIC_NET=""
+
+# The run directory, log and vrdmactl of host H.
+host_run_dir() { echo "$RUN_DIR/h$1"; }
+host_log() { echo "$RUN_DIR.h$1.log"; }
+host_ctl() {
+    local h="$1"
+    shift
+    "$VRDMACTL" --run-dir "$(host_run_dir "$h")" "$@"
+}
+# guest_run_dir NAME: the run directory of the shim that serves guest NAME.
+guest_run_dir() {
+    local h
+    for h in "${FABRIC_HOSTS[@]}"; do
+        case " ${HOST_GUESTS[$h]} " in *" $1 "*) host_run_dir "$h"; return 0 ;; esac
+    done
+    echo "$RUN_DIR"
+}
+# guest_host NAME: the host number whose shim serves guest NAME.
+guest_host() {
+    local h
+    for h in "${FABRIC_HOSTS[@]}"; do
+        case " ${HOST_GUESTS[$h]} " in *" $1 "*) echo "$h"; return 0 ;; esac
+    done
+    fail "no host serves guest $1"
+}
+
+fabric_require() {
+    [ "$(id -u)" -eq 0 ] || { echo "SKIP: $TEST_NAME: two-hosts mode needs root (network namespaces)"; exit 77; }
+    command -v ip >/dev/null || { echo "SKIP: $TEST_NAME: no ip(8) (apt-get install iproute2)"; exit 77; }
+}
+
+# fabric_init: the run directory, the key and the address block of this run.
+fabric_init() {
+    fabric_require
+    [ -z "$RUN_DIR" ] || return 0
+    RUN_DIR="$(mktemp -d "/tmp/vrdma-$TEST_NAME.XXXXXX")"
+    SHIM_LOG="$RUN_DIR.h1.log"
+    trap stop_shim EXIT
+    fabric_key "$RUN_DIR/fabric.key"
+    local v=$(( ($$ % 1048576) * 16 ))
+    FABRIC_NET="10.$(( (v >> 16) & 255 )).$(( (v >> 8) & 255 )).$(( v & 255 ))"
+}
+
+# fabric_key FILE: 32 random bytes as one hex line, readable by root only.
+fabric_key() {
+    (umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$1" && echo >>"$1")
+}
+
+# fabric_addr N: the Nth address of this run's block.
+fabric_addr() {
+    local a=${FABRIC_NET##*.}
+    echo "${FABRIC_NET%.*}.$(( a + $1 ))"
+}
+
+# fabric_host H "GUEST..." LID_BASE: a namespace for host H (no shim yet).
+fabric_host() {
+    local h="$1"
+    local ns="vrdma-$$-h$h"
+    ip netns add "$ns" || fail "ip netns add $ns failed"
+    FABRIC_HOSTS+=("$h")
+    HOST_NS[$h]="$ns"
+    HOST_GUESTS[$h]="$2"
+    HOST_LID[$h]="$3"
+    HOST_KEY[$h]="$RUN_DIR/fabric.key"
+    HOST_PEERS[$h]=""
+    HOST_PID[$h]=""
+    ip -n "$ns" link set lo up
+    mkdir -p "$(host_run_dir "$h")"
+    local g
+    for g in $2; do ln -sfn "h$h/$g" "$RUN_DIR/$g"; done
+}
+
+# fabric_link HA HB: a veth pair between the two hosts with a /30 of its own.
+# A host's first link gives its listen address; a host reached over a later
+# link also routes to the other end's listen address through it.
+fabric_link() {
+    local ha="$1" hb="$2"
+    [ "$FABRIC_LINKS" -lt 4 ] || fail "at most 4 links per run"
+    local k=$FABRIC_LINKS
+    FABRIC_LINKS=$((k + 1))
+    local ia="vr$$l${k}a" ib="vr$$l${k}b"
+    local aa ab
+    aa="$(fabric_addr $((4 * k + 1)))"
+    ab="$(fabric_addr $((4 * k + 2)))"
+    ip link add "$ia" netns "${HOST_NS[$ha]}" type veth peer name "$ib" netns "${HOST_NS[$hb]}" ||
+        fail "cannot create the veth pair $ia/$ib"
+    ip -n "${HOST_NS[$ha]}" addr add "$aa/30" dev "$ia"
+    ip -n "${HOST_NS[$hb]}" addr add "$ab/30" dev "$ib"
+    ip -n "${HOST_NS[$ha]}" link set "$ia" up
+    ip -n "${HOST_NS[$hb]}" link set "$ib" up
+    local h a i
+    for h in "$ha" "$hb"; do
+        [ "$h" = "$ha" ] && { a="$aa"; i="$ia"; } || { a="$ab"; i="$ib"; }
+        if [ -z "${HOST_ADDR[$h]:-}" ]; then
+            HOST_ADDR[$h]="$a"
+            HOST_IF[$h]="$i"
+        fi
+    done
+    # Listen addresses that are not on this link: route them over it.
+    [ "${HOST_ADDR[$ha]}" = "$aa" ] || ip -n "${HOST_NS[$hb]}" route add "${HOST_ADDR[$ha]}/32" via "$aa"
+    [ "${HOST_ADDR[$hb]}" = "$ab" ] || ip -n "${HOST_NS[$ha]}" route add "${HOST_ADDR[$hb]}/32" via "$ab"
+}
+
+# fabric_peer H OTHER: host H's shim names OTHER's shim as a peer.
+fabric_peer() {
+    HOST_PEERS[$1]="${HOST_PEERS[$1]} ${HOST_ADDR[$2]}:$FABRIC_PORT"
+}
+
+# fabric_shim_cmd H: host H's shim command line, one word per line.
+fabric_shim_cmd() {
+    local h="$1" g p
+    printf '%s\n' ip netns exec "${HOST_NS[$h]}" "$SHIM" --run-dir "$(host_run_dir "$h")"
+    for g in ${HOST_GUESTS[$h]}; do printf '%s\n' --guest "$g"; done
+    printf '%s\n' --lid-base "${HOST_LID[$h]}" --fabric-listen "${HOST_ADDR[$h]}:$FABRIC_PORT"
+    for p in ${HOST_PEERS[$h]}; do printf '%s\n' --fabric-peer "$p"; done
+    printf '%s\n' --fabric-key "${HOST_KEY[$h]}"
+}
+
+# fabric_shim_start H: starts host H's shim (again, after a kill: the same
+# command line) and waits for its ready file to name it.
+fabric_shim_start() {
+    local h="$1" log
+    log="$(host_log "$h")"
+    local cmd=()
+    mapfile -t cmd < <(fabric_shim_cmd "$h")
+    echo "\$ ${cmd[*]}" >>"$log"
+    "${cmd[@]}" >>"$log" 2>&1 &
+    HOST_PID[$h]=$!
+    local ready
+    ready="$(host_run_dir "$h")/ready"
+    for _ in $(seq 1 100); do
+        [ "$(head -n1 "$ready" 2>/dev/null)" = "${HOST_PID[$h]}" ] && return 0
+        if ! kill -0 "${HOST_PID[$h]}" 2>/dev/null; then
+            wait "${HOST_PID[$h]}" || true
+            HOST_PID[$h]=""
+            cat "$log" >&2
+            grep -q "unknown argument '--fabric" "$log" &&
+                fail "this vrdma-shim has no TCP fabric yet (--fabric-* unknown): two-hosts mode needs it"
+            fail "the shim of host $h exited during start"
+        fi
+        sleep 0.1
+    done
+    cat "$log" >&2
+    fail "the shim of host $h is not ready after 10 s"
+}
+
+# fabric_wait_state H ADDR:PORT STATE [SECONDS]: until `vrdmactl peers` on
+# host H shows that peer in STATE, an extended regex such as 'down|connecting'
+# (default 20 s). Prints the line.
+fabric_wait_state() {
+    local h="$1" peer="$2" state="$3" limit="${4:-20}" out=""
+    local deadline=$(( $(date +%s) + limit ))
+    local peer_re="${peer//./\\.}"
+    while :; do
+        out="$(host_ctl "$h" peers 2>&1 || true)"
+        if grep -Eq "^peer $peer_re state ($state) " <<<"$out"; then
+            grep -E "^peer $peer_re " <<<"$out"
+            return 0
+        fi
+        [ "$(date +%s)" -lt "$deadline" ] || break
+        sleep 0.1
+    done
+    echo "--- vrdmactl peers on host $h:" >&2
+    echo "$out" >&2
+    echo "--- log of host $h:" >&2
+    tail -n 30 "$(host_log "$h")" >&2
+    fail "host $h: peer $peer not '$state' after $limit s"
+}
+
+# fabric_wait_up H...: every configured peer of every host H is up (both
+# directions of each link when both sides name each other).
+fabric_wait_up() {
+    local h p
+    for h in "$@"; do
+        for p in ${HOST_PEERS[$h]}; do fabric_wait_state "$h" "$p" up >/dev/null; done
+    done
+    for h in "$@"; do host_ctl "$h" peers | sed "s/^/  host $h| /"; done
+}
+
+# fabric_start "GUESTS OF HOST 1" "GUESTS OF HOST 2": the two-hosts fabric:
+# host 1 (lid-base 1) and host 2 (lid-base 10), one veth link, each naming
+# the other as a peer; waits for both shims ready and both peers up.
+fabric_start() {
+    [ -n "$2" ] || fail "two-hosts mode needs guests on both hosts (start_shim a b)"
+    fabric_init
+    fabric_host 1 "$1" 1
+    fabric_host 2 "$2" 10
+    fabric_link 1 2
+    fabric_peer 1 2
+    fabric_peer 2 1
+    fabric_shim_start 1
+    fabric_shim_start 2
+    SHIM_PID="${HOST_PID[1]}"
+    fabric_wait_up 1 2
+}
+
+# fabric_kill H SIGNAL: signals host H's shim and reaps it; its exit status
+# is left in FABRIC_KILL_RC (not a command substitution: the shim is a child
+# of this shell).
+FABRIC_KILL_RC=""
+fabric_kill() {
+    local h="$1" sig="$2"
+    [ -n "${HOST_PID[$h]}" ] || fail "host $h has no shim running"
+    FABRIC_KILL_RC=0
+    kill -"$sig" "${HOST_PID[$h]}"
+    # (braces: no "Killed" line from bash for the job)
+    { wait "${HOST_PID[$h]}"; } 2>/dev/null || FABRIC_KILL_RC=$?
+    HOST_PID[$h]=""
+}
+
+# fabric_stop RC: the EXIT path of two-hosts mode (called by stop_shim).
+fabric_stop() {
+    local rc="$1" h pid src
+    local pids=" ${HOST_PID[*]} "
+    local j
+    for j in $(jobs -p); do
+        case "$pids" in *" $j "*) ;; *) kill "$j" 2>/dev/null || true ;; esac
+    done
+    if [ "$rc" -ne 0 ]; then
+        for h in "${FABRIC_HOSTS[@]}"; do
+            [ -n "${HOST_PID[$h]}" ] || continue
+            echo "--- vrdmactl peers on host $h (before stopping):" >&2
+            host_ctl "$h" peers >&2 || true
+        done
+    fi
+    for h in "${FABRIC_HOSTS[@]}"; do
+        pid="${HOST_PID[$h]}"
+        [ -n "$pid" ] || continue
+        src=0
+        if kill -0 "$pid" 2>/dev/null; then
+            kill -TERM "$pid"
+            wait "$pid" || src=$?
+        else
+            wait "$pid" || src=$?
+        fi
+        if [ "$src" -ne 0 ]; then
+            echo "the shim of host $h exited with $src (0 expected on SIGTERM)" >&2
+            [ "$rc" -eq 0 ] && rc=1
+        fi
+        if [ -e "$(host_run_dir "$h")/ready" ]; then
+            echo "the shim of host $h left its ready file behind" >&2
+            [ "$rc" -eq 0 ] && rc=1
+        fi
+    done
+    if [ "$rc" -ne 0 ]; then
+        for h in "${FABRIC_HOSTS[@]}"; do
+            echo "--- log of host $h (${HOST_NS[$h]}):" >&2
+            tail -n 50 "$(host_log "$h")" >&2 2>/dev/null || true
+        done
+    fi
+    # A shim killed and never restarted leaves its /dev/infiniband links.
+    local link
+    for h in "${FABRIC_HOSTS[@]}"; do
+        for link in "$(host_run_dir "$h")"/*/sys/class/infiniband_verbs/uverbs_vrdma_*; do
+            [ -e "$link" ] || continue
+            link="/dev/infiniband/$(basename "$link")"
+            [ "$(readlink "$link" 2>/dev/null)" = /dev/null ] && rm -f "$link"
+        done
+        ip netns del "${HOST_NS[$h]}" 2>/dev/null || true
+    done
+    if [ -n "$RUN_DIR" ]; then
+        rm -rf "$RUN_DIR"
+        for h in "${FABRIC_HOSTS[@]}"; do rm -f "$(host_log "$h")"; done
+        rm -f "$RUN_DIR".*
+    fi
+    exit "$rc"
+}
+
+# ---------------------------------------------------------------------------
+# RC streams for the fabric tests (test/integration/fabric_stream.cpp).
+STREAM="$VRDMA_BUILD_DIR/test/integration/vrdma-fabric-stream"
+declare -A STREAM_SPID=() STREAM_CPID=()
+
+# stream_start NAME SERVER_GUEST CLIENT_GUEST PORT ARGS...: a stream server
+# in SERVER_GUEST and its client in CLIENT_GUEST, in the background, both
+# with ARGS; output in RUN_DIR.NAME.server and RUN_DIR.NAME.client.
+stream_start() {
+    local name="$1" sg="$2" cg="$3" port="$4"
+    shift 4
+    local out="$RUN_DIR.$name"
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$sg" -- "$STREAM" -p "$port" "$@" >"$out.server" 2>&1 &
+    STREAM_SPID[$name]=$!
+    wait_port "$port"
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$cg" -- "$STREAM" -p "$port" "$@" 127.0.0.1 \
+        >"$out.client" 2>&1 &
+    STREAM_CPID[$name]=$!
+}
+
+# stream_show NAME: both outputs, prefixed (progress lines left out).
+stream_show() {
+    local out="$RUN_DIR.$1"
+    grep -v '^progress ' "$out.server" | sed "s/^/  $1 server| /" || true
+    grep -v '^progress ' "$out.client" | sed "s/^/  $1 client| /" || true
+}
+
+# stream_wait NAME: both ends exit 0 (within their 300 s), the server checked
+# every byte and the client got the end of the stream.
+stream_wait() {
+    local name="$1" src=0 crc=0
+    local out="$RUN_DIR.$name"
+    wait "${STREAM_CPID[$name]}" || crc=$?
+    wait "${STREAM_SPID[$name]}" || src=$?
+    stream_show "$name"
+    [ "$crc" -eq 0 ] || fail "stream $name: the client exited with $crc"
+    [ "$src" -eq 0 ] || fail "stream $name: the server exited with $src"
+    grep -q '^server: verified [0-9]* messages' "$out.server" || fail "stream $name: the server did not verify the data"
+    grep -q '^client: done ' "$out.client" || fail "stream $name: the client did not finish"
+}
+
+# stream_run NAME SERVER_GUEST CLIENT_GUEST PORT ARGS...: start and wait.
+stream_run() {
+    stream_start "$@"
+    stream_wait "$1"
+}
+
+# wait_line FILE REGEX [SECONDS]: until FILE has a line matching the
+# extended REGEX (default 10 s).
+wait_line() {
+    local deadline=$(( $(date +%s) + ${3:-10} ))
+    until grep -Eq "$2" "$1" 2>/dev/null; do
+        if [ "$(date +%s)" -ge "$deadline" ]; then
+            echo "--- $1:" >&2
+            cat "$1" >&2 || true
+            fail "no line /$2/ in $(basename "$1") after ${3:-10} s"
+        fi
+        sleep 0.05
+    done
+}
+
+# now_ms: wall clock in milliseconds.
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }

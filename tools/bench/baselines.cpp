@@ -7,6 +7,11 @@
 //   shm-relay            sender -> relay -> receiver and back, three processes
 //                        (the shape of guest -> shim -> guest), one-way us
 //   tcp-pingpong         8 bytes over TCP loopback (TCP_NODELAY), one-way us
+//   tcp-pingpong --listen ADDR:PORT | --connect ADDR:PORT
+//                        the same between two processes started apart (two
+//                        network namespaces: scripts/bench-fabric.sh): the
+//                        listener answers one connection, the connecting side
+//                        measures and prints
 //
 // Waiting processes spin briefly and then yield the CPU, as vrdma's pollers
 // do, so that three processes on two cores are measured the same way.
@@ -157,42 +162,99 @@ int bench_shm_relay() {
     return 0;
 }
 
-int bench_tcp_pingpong() {
-    int ls = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
+bool parse_addr(const std::string& s, sockaddr_in& a) {
+    auto colon = s.rfind(':');
+    if (colon == std::string::npos) return false;
+    a = {};
     a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t alen = sizeof(a);
-    if (bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof(a)) || listen(ls, 1) ||
-        getsockname(ls, reinterpret_cast<sockaddr*>(&a), &alen)) {
+    a.sin_port = htons(uint16_t(strtoul(s.c_str() + colon + 1, nullptr, 10)));
+    return inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr) == 1 && a.sin_port != 0;
+}
+
+// 8 bytes back and forth kIters times; FIRST writes first.
+bool tcp_exchange(int fd, bool first) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    char buf[8] = {};
+    for (int i = 0; i < kIters; ++i) {
+        if (first && write(fd, buf, 8) != 8) return false;
+        size_t got = 0;
+        while (got < 8) {
+            ssize_t n = read(fd, buf + got, 8 - got);
+            if (n <= 0) return false;
+            got += size_t(n);
+        }
+        if (!first && write(fd, buf, 8) != 8) return false;
+    }
+    return true;
+}
+
+int tcp_listen(const sockaddr_in& at, sockaddr_in& bound) {
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    bound = at;
+    socklen_t alen = sizeof(bound);
+    if (bind(ls, reinterpret_cast<const sockaddr*>(&at), sizeof(at)) || listen(ls, 1) ||
+        getsockname(ls, reinterpret_cast<sockaddr*>(&bound), &alen)) {
         perror("tcp listen");
+        return -1;
+    }
+    return ls;
+}
+
+// The connecting side measures. Retries the connection for 10 s while the
+// listener starts.
+int tcp_connect_and_measure(const sockaddr_in& to) {
+    int fd = -1;
+    for (int tries = 0; tries < 200; ++tries) {
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof(to)) == 0) break;
+        close(fd);
+        fd = -1;
+        usleep(50000);
+    }
+    if (fd < 0) {
+        perror("tcp connect");
         return 1;
     }
-    auto exchange = [](int fd, bool first) {
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        char buf[8] = {};
-        for (int i = 0; i < kIters; ++i) {
-            if (first && write(fd, buf, 8) != 8) return false;
-            size_t got = 0;
-            while (got < 8) {
-                ssize_t n = read(fd, buf + got, 8 - got);
-                if (n <= 0) return false;
-                got += size_t(n);
-            }
-            if (!first && write(fd, buf, 8) != 8) return false;
-        }
-        return true;
-    };
+    auto t0 = Clock::now();
+    bool ok = tcp_exchange(fd, true);
+    if (ok) report_latency("tcp-pingpong", seconds_since(t0), kIters);
+    close(fd);
+    return ok ? 0 : 1;
+}
+
+int bench_tcp_pingpong(const std::string& mode, const std::string& addr) {
+    sockaddr_in a{};
+    if (!mode.empty() && !parse_addr(addr, a)) {
+        fprintf(stderr, "tcp-pingpong: %s needs IPV4:PORT, not '%s'\n", mode.c_str(), addr.c_str());
+        return 2;
+    }
+    if (mode == "--connect") return tcp_connect_and_measure(a);
+    if (mode == "--listen") {
+        sockaddr_in bound{};
+        int ls = tcp_listen(a, bound);
+        if (ls < 0) return 1;
+        int fd = accept(ls, nullptr, nullptr);
+        close(ls);
+        return fd >= 0 && tcp_exchange(fd, false) ? 0 : 1;
+    }
+    // Both ends here, over loopback.
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sockaddr_in bound{};
+    int ls = tcp_listen(a, bound);
+    if (ls < 0) return 1;
     pid_t child = fork();
     if (child == 0) {
         int fd = socket(AF_INET, SOCK_STREAM, 0);
-        if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a))) _exit(1);
-        _exit(exchange(fd, false) ? 0 : 1);
+        if (connect(fd, reinterpret_cast<sockaddr*>(&bound), sizeof(bound))) _exit(1);
+        _exit(tcp_exchange(fd, false) ? 0 : 1);
     }
     int fd = accept(ls, nullptr, nullptr);
     auto t0 = Clock::now();
-    bool ok = exchange(fd, true);
+    bool ok = tcp_exchange(fd, true);
     report_latency("tcp-pingpong", seconds_since(t0), kIters);
     waitpid(child, nullptr, 0);
     return ok ? 0 : 1;
@@ -205,9 +267,11 @@ int main(int argc, char** argv) {
     if (what == "memcpy") return bench_memcpy(argc > 2 ? strtoul(argv[2], nullptr, 0) : 65536);
     if (what == "shm-pingpong") return bench_shm_pingpong();
     if (what == "shm-relay") return bench_shm_relay();
-    if (what == "tcp-pingpong") return bench_tcp_pingpong();
+    if (what == "tcp-pingpong") return bench_tcp_pingpong(argc > 2 ? argv[2] : "", argc > 3 ? argv[3] : "");
     fprintf(stderr,
-            "usage: vrdma-baselines memcpy [SIZE] | shm-pingpong | shm-relay | tcp-pingpong\n"
-            "Prints one line: NAME SIZE VALUE UNIT. Used by scripts/bench.sh.\n");
+            "usage: vrdma-baselines memcpy [SIZE] | shm-pingpong | shm-relay |\n"
+            "                       tcp-pingpong [--listen IPV4:PORT | --connect IPV4:PORT]\n"
+            "Prints one line: NAME SIZE VALUE UNIT. Used by scripts/bench.sh and\n"
+            "scripts/bench-fabric.sh.\n");
     return 2;
 }
