@@ -410,7 +410,15 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
         qp.wait = SqWait::None;  // send again from the oldest WQE
     }
     if (qp.ack_deadline_ns && t >= qp.ack_deadline_ns) {
-        // The oldest request in flight got no response in time.
+        // The oldest request in flight got no response in time. Over a
+        // reliable stream whose other end is still talking, it is late, not
+        // lost (a drop is answered explicitly there): wait again.
+        const uint64_t timeout = ack_timeout_ns(qp.attr.timeout);
+        if (qp.transport && qp.transport->delivering_since(qp.ack_deadline_ns - timeout)) {
+            qp.ack_deadline_ns = t + timeout;
+            note_deadline(ctx, qp.ack_deadline_ns);
+            return progress;
+        }
         if (qp.retries_left == 0) {
             fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, nullptr);
             return true;

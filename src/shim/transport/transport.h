@@ -41,6 +41,17 @@ public:
     virtual SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
                             uint32_t nlocal, Pins* pins, Response& resp) = 0;
 
+    // True if the other end is known to be alive and delivering: something
+    // arrived from it after `since_ns`. A request in flight that has no
+    // response after the QP's timeout is then only slow (its bytes are in a
+    // reliable stream that is still moving), not lost: the requester waits
+    // another timeout without spending a retry. Transports that can lose a
+    // request silently answer false.
+    virtual bool delivering_since(uint64_t since_ns) const {
+        (void)since_ns;
+        return false;
+    }
+
     // RC QP (lid, qpn), connected to (peer_lid, peer_qpn) which this
     // transport reaches, vanished with its process: the peer QP goes to
     // error at once rather than wait for a timeout (protocol.md).

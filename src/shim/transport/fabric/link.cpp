@@ -225,6 +225,7 @@ bool Link::fill_buffer() {
             return false;
         }
         stats.rx_bytes += uint64_t(r);
+        last_rx_ns_ = monotonic_ns();
         seg_left_ -= uint64_t(r);
         seg_offset_ += uint64_t(r);
         if (cur_) cur_->received += uint64_t(r);
@@ -248,6 +249,7 @@ bool Link::fill_buffer() {
     }
     stats.rx_bytes += uint64_t(r);
     rend_ += size_t(r);
+    last_rx_ns_ = monotonic_ns();
     return true;
 }
 
@@ -454,7 +456,10 @@ void Link::finish_request(InMsg& m) {
     const Request& req = m.req;
     Delivery& d = m.d;
     if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(eng_, d)) responder_finish(d);
-    if (req.qp_type != IBV_QPT_RC || d.resp.syndrome == Syndrome::Drop) return;
+    if (req.qp_type != IBV_QPT_RC) return;
+    // A drop is answered too (the guest never sees it: its requester treats
+    // it as the loss it stands for), so that over a live connection silence
+    // only ever means a slow network, never a refused request.
     const bool ack = d.resp.syndrome == Syndrome::Ack;
     const bool read = ack && req.opcode == IBV_WR_RDMA_READ;
     const bool plain = ack && carries_payload(req.opcode);

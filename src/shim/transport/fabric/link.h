@@ -86,6 +86,8 @@ public:
     const Hello& peer_hello() const { return peer_; }
     const std::string& close_reason() const { return close_reason_; }
     bool auth_failed() const { return auth_failed_; }
+    // When bytes last arrived from the peer (monotonic ns).
+    uint64_t last_rx_ns() const { return last_rx_ns_; }
     LinkStats stats;
 
     // Reads and handles what the socket has (bounded work per call).
@@ -163,6 +165,7 @@ private:
     uint64_t seg_left_ = 0;      // payload bytes of the current segment still to come
     uint64_t seg_offset_ = 0;    // where they go in the message
     bool paused_ = false;        // a response queue is full: stop reading
+    uint64_t last_rx_ns_ = 0;
     std::vector<std::unique_ptr<InMsg>> inbound_, free_inbound_;
     std::vector<uint8_t> discard_;
 
