@@ -770,7 +770,9 @@ void Link::batch_done() {
 }
 
 bool Link::flush() {
-    while (state_ != LinkState::Closed) {
+    // Bounded: a link never holds the shim's thread for long (and a
+    // zero-progress write can never spin it).
+    for (int round = 0; round < 64 && state_ != LinkState::Closed; ++round) {
         if (iov_pos_ < iov_.size()) {
             int cnt = int(std::min<size_t>(iov_.size() - iov_pos_, IOV_MAX));
             ssize_t n = ::writev(fd_.get(), iov_.data() + iov_pos_, cnt);
@@ -819,7 +821,7 @@ bool Link::flush() {
         build_batch();
         if (iov_.empty()) return false;
     }
-    return false;
+    return wants_write();
 }
 
 }  // namespace vrdma::shim::fabric
