@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include "engine.h"
 #include "fabric_key.h"
 #include "link.h"
 #include "transport.h"
@@ -56,6 +57,15 @@ inline bool socket_pair(int fds[2]) {
 class LinkTransport final : public shim::Transport {
 public:
     fabric::Link* link = nullptr;
+    // The engine whose route table points here: the routes go with this
+    // object (an engine destroyed later must not call a dead transport).
+    shim::Engine* routed_in = nullptr;
+    LinkTransport() = default;
+    LinkTransport(const LinkTransport&) = delete;
+    LinkTransport& operator=(const LinkTransport&) = delete;
+    ~LinkTransport() override {
+        if (routed_in) routed_in->routes().remove(this);
+    }
 
     const char* name() const override { return "test-link"; }
     bool keeps_memory() const override { return true; }

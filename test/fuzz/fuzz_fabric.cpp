@@ -140,6 +140,7 @@ struct FabricWorld {
         eng.set_clock(fake_clock);
         if (!ft::load_key(key, kKey)) std::abort();
         if (!eng.routes().add(kPeerFirst, kPeerLast, &to_peer)) std::abort();
+        to_peer.routed_in = &eng;
         if (a.alloc_pd(a_pd) || b.alloc_pd(b_pd)) std::abort();
         guards.push_back(a.guard());
         a_remote = a.mr(a_pd, kRemoteLen, kAll, 0xa2);

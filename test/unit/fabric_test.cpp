@@ -57,6 +57,8 @@ struct Fabric2 {
         REQUIRE(load_key(B.key, key_b));
         REQUIRE(A.eng.routes().add(2, 2, &A.to_peer));
         REQUIRE(B.eng.routes().add(1, 1, &B.to_peer));
+        A.to_peer.routed_in = &A.eng;
+        B.to_peer.routed_in = &B.eng;
         connect();
     }
     ~Fabric2() {

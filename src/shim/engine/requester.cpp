@@ -145,7 +145,8 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
         qp.wait = SqWait::None;
         qp.retries_left = qp.attr.retry_cnt;
         qp.rnr_left = qp.attr.rnr_retry;
-        qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? eng.now() + ack_timeout_ns(qp.attr.timeout) : 0;
+        qp.ack_since_ns = eng.now();
+        qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
         return;
     }
     case Syndrome::RnrNak:
@@ -233,7 +234,10 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     qp.next_psn = psn_next(qp.next_psn);
     if (!req.resend) qp.sent_high = qp.next_psn;
     if (sent == SendResult::InFlight) {
-        if (!qp.ack_deadline_ns) qp.ack_deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
+        if (!qp.ack_deadline_ns) {
+            qp.ack_since_ns = eng.now();
+            qp.ack_deadline_ns = qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout);
+        }
         return Step::Next;
     }
     // Synchronous: the response is for this WQE, which is the head (a
@@ -414,7 +418,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
         // reliable stream whose other end is still talking, it is late, not
         // lost (a drop is answered explicitly there): wait again.
         const uint64_t timeout = ack_timeout_ns(qp.attr.timeout);
-        if (qp.transport && qp.transport->delivering_since(qp.ack_deadline_ns - timeout)) {
+        if (qp.transport && qp.transport->delivering_since(qp.ack_since_ns)) {
             qp.ack_deadline_ns = t + timeout;
             note_deadline(ctx, qp.ack_deadline_ns);
             return progress;

@@ -97,6 +97,7 @@ struct Qp {
     SqWait wait = SqWait::None;      // blocks new sends until deadline_ns
     uint64_t deadline_ns = 0;
     uint64_t ack_deadline_ns = 0;    // in flight: when the oldest request times out
+    uint64_t ack_since_ns = 0;       // when that timer started (a send, or progress)
     uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
     uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
     uint32_t drain_end = 0;          // SQD: the WQEs before this index still run

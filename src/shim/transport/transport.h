@@ -41,12 +41,12 @@ public:
     virtual SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
                             uint32_t nlocal, Pins* pins, Response& resp) = 0;
 
-    // True if the other end is known to be alive and delivering: something
-    // arrived from it after `since_ns`. A request in flight that has no
-    // response after the QP's timeout is then only slow (its bytes are in a
-    // reliable stream that is still moving), not lost: the requester waits
-    // another timeout without spending a retry. Transports that can lose a
-    // request silently answer false.
+    // True if the other end is known to be alive and delivering (the
+    // request that has waited since `since_ns` is in a reliable stream that
+    // is still moving): a request with no response after the QP's timeout
+    // is then late, not lost, and the requester waits another timeout
+    // without spending a retry. Transports that can lose a request
+    // silently answer false.
     virtual bool delivering_since(uint64_t since_ns) const {
         (void)since_ns;
         return false;

@@ -89,6 +89,22 @@ SendResult Peer::send(Engine&, Context& ctx, Qp&, const Request& req, const Span
     return SendResult::InFlight;
 }
 
+// Over TCP a lost segment stalls the stream for a retransmission timeout
+// (200 ms at least, doubling while losses repeat), and every refusal is
+// answered: a peer that is connected and was heard from within the last
+// kSilentNs (or since the request left) is taken to be delivering, late,
+// and the QP's timer does not count against retry_cnt; for at most
+// kLateNs in all. A peer that vanished without a reset (its host gone) is
+// thus reported kSilentNs later than its QPs' timeouts alone would say; a
+// killed shim resets the connection and is reported at once.
+bool Peer::delivering_since(uint64_t since_ns) const {
+    constexpr uint64_t kSilentNs = 3'000'000'000, kLateNs = 30'000'000'000;
+    if (!up()) return false;
+    const uint64_t now = monotonic_ns();
+    const uint64_t heard = std::max(link_->last_rx_ns(), since_ns);
+    return now - since_ns < kLateNs && now - heard < kSilentNs;
+}
+
 LinkStats Peer::totals() const {
     LinkStats t = past_;
     if (link_) {

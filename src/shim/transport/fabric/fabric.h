@@ -45,7 +45,7 @@ public:
     bool keeps_memory() const override { return true; }
     SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
                     Pins* pins, Response& resp) override;
-    bool delivering_since(uint64_t since_ns) const override { return up() && link_->last_rx_ns() > since_ns; }
+    bool delivering_since(uint64_t since_ns) const override;
     void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override {
         if (up()) link_->send_qp_gone(lid, qpn, peer_lid, peer_qpn);
     }
