@@ -6,9 +6,27 @@
 // in rxe. docs/protocol.md ("Transports") describes the semantics.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 
 namespace vrdma::shim {
+
+// The ibv_wr_opcode values a Request may carry.
+constexpr bool is_request_opcode(uint32_t op) {
+    switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        return true;
+    default:
+        return false;
+    }
+}
 
 // Every field is plain data: a frame from a peer shim is decoded into one
 // of these and validated by the responder exactly like a local request.

@@ -21,20 +21,6 @@ bool is_rdma_read_or_atomic(uint32_t op) {
     return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
-bool is_rc_opcode(uint32_t op) {
-    switch (op) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-        return true;
-    default:
-        return false;
-    }
-}
 
 uint32_t inflight_count(const Qp& qp) { return ring_count(qp.sq_next, qp.sq.cons, qp.sq.entries); }
 
@@ -196,7 +182,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
         return Step::Stop;
     };
     if (st != IBV_WC_SUCCESS) return local_error(st);
-    if (!is_rc_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
+    if (!is_request_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = transport_of(eng, qp);
     Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
     if (pins) pins->clear();

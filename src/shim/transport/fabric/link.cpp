@@ -215,17 +215,7 @@ bool Link::fill_buffer() {
             k = 1;
         }
         ssize_t r = ::readv(fd_.get(), iov, int(k));
-        if (r == 0) {
-            close("the peer closed the connection");
-            return false;
-        }
-        if (r < 0) {
-            if (errno == EAGAIN || errno == EINTR) return false;
-            close(std::string("read: ") + strerror(errno));
-            return false;
-        }
-        stats.rx_bytes += uint64_t(r);
-        last_rx_ns_ = monotonic_ns();
+        if (!took(r)) return false;
         seg_left_ -= uint64_t(r);
         seg_offset_ += uint64_t(r);
         if (cur_) cur_->received += uint64_t(r);
@@ -238,17 +228,23 @@ bool Link::fill_buffer() {
     }
     if (rend_ == rbuf_.size()) return false;
     ssize_t r = ::read(fd_.get(), rbuf_.data() + rend_, rbuf_.size() - rend_);
+    if (!took(r)) return false;
+    rend_ += size_t(r);
+    return true;
+}
+
+// The result of a read: bytes (counted, and the peer heard from), or
+// nothing now, or the end of the connection (closed here).
+bool Link::took(ssize_t r) {
     if (r == 0) {
         close("the peer closed the connection");
         return false;
     }
     if (r < 0) {
-        if (errno == EAGAIN || errno == EINTR) return false;
-        close(std::string("read: ") + strerror(errno));
+        if (errno != EAGAIN && errno != EINTR) close(std::string("read: ") + strerror(errno));
         return false;
     }
     stats.rx_bytes += uint64_t(r);
-    rend_ += size_t(r);
     last_rx_ns_ = monotonic_ns();
     return true;
 }

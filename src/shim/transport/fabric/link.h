@@ -122,6 +122,7 @@ private:
     struct InMsg;
 
     bool fill_buffer();
+    bool took(ssize_t r);
     bool parse();
     bool on_header();
     bool on_fixed();

@@ -39,18 +39,7 @@ WireRequest encode(const Request& r) {
 
 bool decode(const WireRequest& w, Request& r) {
     if (w.qp_type != IBV_QPT_RC && w.qp_type != IBV_QPT_UD) return false;
-    switch (w.opcode) {
-    case IBV_WR_SEND:
-    case IBV_WR_SEND_WITH_IMM:
-    case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-    case IBV_WR_RDMA_READ:
-    case IBV_WR_ATOMIC_CMP_AND_SWP:
-    case IBV_WR_ATOMIC_FETCH_AND_ADD:
-        break;
-    default:
-        return false;
-    }
+    if (!is_request_opcode(w.opcode)) return false;
     if (w.psn > kPsnMask || w.sqpn > kPsnMask || w.dqpn > kPsnMask) return false;
     if (w.sl > 15 || w.solicited > 1 || w.has_imm > 1 || w.grh > 1) return false;
     if (w.length > kMaxMsgSize) return false;
