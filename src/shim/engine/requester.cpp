@@ -283,10 +283,9 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
 
 // Completes every posted send WQE (in flight or not) with
 // IBV_WC_WR_FLUSH_ERR, signaled or not.
-bool flush_sq(Engine& eng, Context& ctx, Qp& qp) {
+bool flush_sq(Context& ctx, Qp& qp) {
     uint32_t n;
     if (!wq_pending(qp.sq, n) || n == 0) return false;
-    qp.sq_next = qp.sq.cons;
     for (uint32_t i = 0; i < n; ++i) {
         abi::SendWqe hdr;
         std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
@@ -299,7 +298,6 @@ bool flush_sq(Engine& eng, Context& ctx, Qp& qp) {
         cq_push(ctx, qp.send_cq, c);
     }
     qp.sq_next = qp.sq.cons;
-    (void)eng;
     return true;
 }
 
@@ -367,11 +365,11 @@ void requester_begin_drain(Qp& qp) {
 
 bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     if (qp.state == IBV_QPS_ERR) {
-        bool a = flush_sq(eng, ctx, qp);
+        bool a = flush_sq(ctx, qp);
         bool b = flush_rq(ctx, qp);
         return a || b;
     }
-    if (qp.state == IBV_QPS_SQE) return flush_sq(eng, ctx, qp);
+    if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
     // SQD: no new WQE starts; those started (in flight, or waiting for an
     // RNR or retry timer) finish, and then the send queue is drained.
     const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
