@@ -12,6 +12,10 @@
 //                        network namespaces: scripts/bench-fabric.sh): the
 //                        listener answers one connection, the connecting side
 //                        measures and prints
+//   tcp-pingpong-spin ...  the same, each reader polling its socket
+//                        (non-blocking reads, spin then yield) instead of
+//                        sleeping in read(): the floor for a TCP transport
+//                        that waits the way vrdma's shims do
 //
 // Waiting processes spin briefly and then yield the CPU, as vrdma's pollers
 // do, so that three processes on two cores are measured the same way.
@@ -26,6 +30,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +176,11 @@ bool parse_addr(const std::string& s, sockaddr_in& a) {
     return inet_pton(AF_INET, s.substr(0, colon).c_str(), &a.sin_addr) == 1 && a.sin_port != 0;
 }
 
+// Whether tcp-pingpong-spin was asked for: the reader polls the socket
+// (non-blocking reads, spin then yield, as vrdma's pollers and shims wait)
+// instead of sleeping in read() until the kernel wakes it.
+bool g_tcp_spin = false;
+
 // 8 bytes back and forth kIters times; FIRST writes first.
 bool tcp_exchange(int fd, bool first) {
     int one = 1;
@@ -179,8 +189,13 @@ bool tcp_exchange(int fd, bool first) {
     for (int i = 0; i < kIters; ++i) {
         if (first && write(fd, buf, 8) != 8) return false;
         size_t got = 0;
+        unsigned spins = 0;
         while (got < 8) {
-            ssize_t n = read(fd, buf + got, 8 - got);
+            ssize_t n = recv(fd, buf + got, 8 - got, g_tcp_spin ? MSG_DONTWAIT : 0);
+            if (n < 0 && g_tcp_spin && errno == EAGAIN) {
+                if (++spins > 64) sched_yield();
+                continue;
+            }
             if (n <= 0) return false;
             got += size_t(n);
         }
@@ -220,7 +235,7 @@ int tcp_connect_and_measure(const sockaddr_in& to) {
     }
     auto t0 = Clock::now();
     bool ok = tcp_exchange(fd, true);
-    if (ok) report_latency("tcp-pingpong", seconds_since(t0), kIters);
+    if (ok) report_latency(g_tcp_spin ? "tcp-pingpong-spin" : "tcp-pingpong", seconds_since(t0), kIters);
     close(fd);
     return ok ? 0 : 1;
 }
@@ -255,7 +270,7 @@ int bench_tcp_pingpong(const std::string& mode, const std::string& addr) {
     int fd = accept(ls, nullptr, nullptr);
     auto t0 = Clock::now();
     bool ok = tcp_exchange(fd, true);
-    report_latency("tcp-pingpong", seconds_since(t0), kIters);
+    report_latency(g_tcp_spin ? "tcp-pingpong-spin" : "tcp-pingpong", seconds_since(t0), kIters);
     waitpid(child, nullptr, 0);
     return ok ? 0 : 1;
 }
@@ -267,10 +282,13 @@ int main(int argc, char** argv) {
     if (what == "memcpy") return bench_memcpy(argc > 2 ? strtoul(argv[2], nullptr, 0) : 65536);
     if (what == "shm-pingpong") return bench_shm_pingpong();
     if (what == "shm-relay") return bench_shm_relay();
-    if (what == "tcp-pingpong") return bench_tcp_pingpong(argc > 2 ? argv[2] : "", argc > 3 ? argv[3] : "");
+    if (what == "tcp-pingpong" || what == "tcp-pingpong-spin") {
+        g_tcp_spin = what == "tcp-pingpong-spin";
+        return bench_tcp_pingpong(argc > 2 ? argv[2] : "", argc > 3 ? argv[3] : "");
+    }
     fprintf(stderr,
             "usage: vrdma-baselines memcpy [SIZE] | shm-pingpong | shm-relay |\n"
-            "                       tcp-pingpong [--listen IPV4:PORT | --connect IPV4:PORT]\n"
+            "                       tcp-pingpong[-spin] [--listen IPV4:PORT | --connect IPV4:PORT]\n"
             "Prints one line: NAME SIZE VALUE UNIT. Used by scripts/bench.sh and\n"
             "scripts/bench-fabric.sh.\n");
     return 2;

@@ -170,8 +170,9 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
 void Fabric::watch(Link& l, bool add) {
     epoll_event ev{};
     ev.events = EPOLLIN | (l.wants_write() ? uint32_t(EPOLLOUT) : 0u);
+    if (!add && ev.events == l.watched_events) return;
     ev.data.u64 = reinterpret_cast<uint64_t>(&l);
-    ::epoll_ctl(epoll_.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, l.fd(), &ev);
+    if (::epoll_ctl(epoll_.get(), add ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, l.fd(), &ev) == 0) l.watched_events = ev.events;
 }
 
 void Fabric::dial(Peer& p) {
@@ -258,6 +259,14 @@ void Fabric::poll() {
         }
         service();
     }
+    service();
+}
+
+void Fabric::poll_links() {
+    for (auto& p : peers_)
+        if (p->link_ && p->link_->state() == LinkState::Up) p->link_->on_readable();
+    // What the reads queued (ACKs, read responses) is watched for: the
+    // daemon may sleep before its next flush.
     service();
 }
 

@@ -85,6 +85,10 @@ public:
     int epoll_fd() const { return epoll_.get(); }
     // Handles ready sockets, dials, handshake timeouts. Never blocks.
     void poll();
+    // Reads what the connected peers sent, one read per link and no
+    // epoll_wait: the daemon's busy loop calls this every pass (poll()
+    // handles the rest when the fabric's epoll fd reports it).
+    void poll_links();
     // Writes what the requesters and responders queued.
     void flush();
     // Earliest dial or handshake deadline (0: none).

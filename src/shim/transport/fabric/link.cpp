@@ -52,6 +52,12 @@ size_t spans_to_iov(const Span* spans, uint32_t n, uint64_t off, uint64_t len, i
     return k;
 }
 
+uint64_t iov_bytes(const iovec* iov, size_t k) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < k; ++i) n += iov[i].iov_len;
+    return n;
+}
+
 }  // namespace
 
 struct Link::InMsg {
@@ -72,6 +78,25 @@ struct Link::InMsg {
     uint32_t local_error = 0;  // READ data with nowhere to go: the WQE fails with this
     Span spans[abi::kMaxSge];
     uint32_t nspans = 0;
+
+    // Ready for the next message. Field by field: assigning a fresh InMsg
+    // would also move-assign its 32 pins and clear its scatter list, per
+    // message (the pins were dropped when it was released).
+    void reset() {
+        type = 0;
+        lid = 0;
+        qpn = 0;
+        total = received = 0;
+        discard = false;
+        req = Request{};
+        d.reset();
+        pins.clear();
+        resp = Response{};
+        dst_lid = 0;
+        dst_qpn = 0;
+        local_error = 0;
+        nspans = 0;
+    }
 
     // Where payload byte `off` of the message lands.
     const Span* target(uint32_t& n, uint64_t& skip) const {
@@ -189,11 +214,18 @@ void Link::on_readable() {
     while (state_ != LinkState::Closed && handled < kReadBudget) {
         if (!parse() || paused_) return;
         size_t before = rend_ - rpos_;
+        short_read_ = false;
         if (!fill_buffer()) return;
         size_t after = rend_ - rpos_;
         if (after == before && rx_ != RxState::Payload) return;  // nothing new
         handled += after > before ? after - before : kDirectReadMin;
+        // A read that did not fill what it was offered emptied the socket:
+        // handle it without a read that would only say EAGAIN.
+        if (short_read_) break;
     }
+    // What the last read brought is handled now, not at the next event
+    // (there may be none: the peer waits for the answer).
+    parse();
 }
 
 // Reads from the socket: into the receive buffer, or (a long payload with
@@ -216,6 +248,7 @@ bool Link::fill_buffer() {
         }
         ssize_t r = ::readv(fd_.get(), iov, int(k));
         if (!took(r)) return false;
+        short_read_ = uint64_t(r) < iov_bytes(iov, k);
         seg_left_ -= uint64_t(r);
         seg_offset_ += uint64_t(r);
         if (cur_) cur_->received += uint64_t(r);
@@ -229,6 +262,7 @@ bool Link::fill_buffer() {
     if (rend_ == rbuf_.size()) return false;
     ssize_t r = ::read(fd_.get(), rbuf_.data() + rend_, rbuf_.size() - rend_);
     if (!took(r)) return false;
+    short_read_ = size_t(r) < rbuf_.size() - rend_;
     rend_ += size_t(r);
     return true;
 }
@@ -429,7 +463,7 @@ bool Link::on_payload_done() {
 
 void Link::begin_request(InMsg& m, const Request& req) {
     m.req = req;
-    m.d = Delivery{};
+    m.d.reset();
     m.pins.clear();
     const bool carries = carries_payload(req.opcode);
     m.total = carries ? req.length : 0;
@@ -512,7 +546,7 @@ Link::InMsg* Link::new_inbound() {
     if (!free_inbound_.empty()) {
         m = std::move(free_inbound_.back());
         free_inbound_.pop_back();
-        *m = InMsg{};
+        m->reset();
     } else {
         m = std::make_unique<InMsg>();
     }

@@ -95,6 +95,9 @@ public:
     // Writes what is queued. True if bytes remain queued (wait for EPOLLOUT).
     bool flush();
     bool wants_write() const;
+    // The epoll events the fabric last registered for this link's socket
+    // (changed only when they differ: an epoll_ctl per write is costly).
+    uint32_t watched_events = 0;
     // Whether the handshake just finished (cleared by the call).
     bool take_became_up();
 
@@ -166,6 +169,7 @@ private:
     uint64_t seg_left_ = 0;      // payload bytes of the current segment still to come
     uint64_t seg_offset_ = 0;    // where they go in the message
     bool paused_ = false;        // a response queue is full: stop reading
+    bool short_read_ = false;    // the last read emptied the socket
     uint64_t last_rx_ns_ = 0;
     std::vector<std::unique_ptr<InMsg>> inbound_, free_inbound_;
     std::vector<uint8_t> discard_;
