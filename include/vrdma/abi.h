@@ -17,7 +17,7 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: work slots (ControlBlock::work_bits)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -379,7 +379,9 @@ struct CmdCreateQpReq {
     uint32_t max_inline_data;
     uint32_t sq_sig_all;
 };
-struct CmdCreateQpResp { uint32_t qp_handle; uint32_t qpn; };
+// work_slot: the QP's bit in ControlBlock::work_bits (kNoWorkSlot: none;
+// the provider rings the doorbell counter instead).
+struct CmdCreateQpResp { uint32_t qp_handle; uint32_t qpn; uint32_t work_slot; uint32_t reserved; };
 
 struct CmdModifyQpReq { uint32_t qp_handle; uint32_t attr_mask; QpAttr attr; };
 struct CmdQueryQpResp { QpAttr attr; };
@@ -424,9 +426,20 @@ static_assert(sizeof(CmdQueryQpResp) <= kCmdRespBytes);
 
 enum ShimState : uint32_t { kShimRunning = 0, kShimFatal = 1 };
 
+// Which QPs have new work, so that the shim finds them without looking at
+// every queue: after moving a QP's producer index the provider sets bit
+// (slot % 64) of work_bits[slot / 64], then bit (slot / 64) of
+// work_summary (both seq_cst); the shim takes the summary and then each
+// word it names with exchange(0). Bits are hints the shim validates like
+// any guest input (a bit for no QP is ignored).
+constexpr uint32_t kWorkWords = 64;
+constexpr uint32_t kWorkSlots = kWorkWords * 64;
+constexpr uint32_t kNoWorkSlot = 0xffffffffu;
+
 struct ControlBlock {
-    // Written by the provider after any producer index moved or a command was
-    // posted (a plain counter; the shim only compares it with its last view).
+    // Written by the provider after a command was posted or a queue without
+    // a work slot moved (a plain counter; the shim only compares it with its
+    // last view, and then looks at every queue of the context).
     alignas(kCacheLine) std::atomic<uint32_t> doorbell;
     uint32_t pad0[15];
     // Written by the shim: nonzero while it sleeps; the provider then writes
@@ -438,6 +451,9 @@ struct ControlBlock {
     uint32_t pad2[15];
     alignas(kCacheLine) std::atomic<uint32_t> cmd_consumer;  // shim
     uint32_t pad3[15];
+    alignas(kCacheLine) std::atomic<uint64_t> work_summary;  // provider sets bits, shim takes them
+    uint64_t pad4[7];
+    alignas(kCacheLine) std::atomic<uint64_t> work_bits[kWorkWords];
     alignas(kCacheLine) CmdSlot cmd[kCmdSlots];
 };
 static_assert(sizeof(ControlBlock) <= 2 * kPageSize);

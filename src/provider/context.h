@@ -86,14 +86,30 @@ int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* 
 int sock_request(Context& ctx, const void* msg, size_t len, std::span<const int> fds,
                  abi::SockReply* reply);
 
-// After a producer index moved: doorbell, and kick the shim if it sleeps.
-inline void ring_doorbell(Context& ctx) {
-    ctx.cb->doorbell.fetch_add(1, std::memory_order_seq_cst);
+// Kicks the shim if it sleeps (after it was told where the work is).
+inline void kick_if_sleeping(Context& ctx) {
     if (ctx.cb->shim_sleeping.load(std::memory_order_seq_cst)) {
         uint64_t one = 1;
         ssize_t r = ::write(ctx.kick.get(), &one, sizeof(one));
         (void)r;  // EAGAIN: the counter is already nonzero, the shim will wake
     }
+}
+
+// After a command or a move of a queue without a work slot: the shim looks
+// at every queue of the context.
+inline void ring_doorbell(Context& ctx) {
+    ctx.cb->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    kick_if_sleeping(ctx);
+}
+
+// After a producer index of the QP with work slot `slot` moved: the shim
+// looks at that QP alone (ControlBlock::work_bits).
+inline void ring_work_slot(Context& ctx, uint32_t slot) {
+    if (slot >= abi::kWorkSlots) return ring_doorbell(ctx);
+    const uint64_t bit = uint64_t(1) << (slot % 64);
+    ctx.cb->work_bits[slot / 64].fetch_or(bit, std::memory_order_seq_cst);
+    ctx.cb->work_summary.fetch_or(uint64_t(1) << (slot / 64), std::memory_order_seq_cst);
+    kick_if_sleeping(ctx);
 }
 
 // Marks the context unusable (shim gone); later verbs fail with EIO.

@@ -46,7 +46,7 @@ inline bool wq_has_room(WorkQueue& wq, uint32_t prod, uint32_t* cons) {
 inline void wq_publish(Context& ctx, WorkQueue& wq, uint32_t prod) {
     wq.prod = prod;
     wq.hdr->producer.store(prod, std::memory_order_release);
-    ring_doorbell(ctx);
+    ring_work_slot(ctx, wq.work_slot);
 }
 
 }  // namespace vrdma::prov

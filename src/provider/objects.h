@@ -49,6 +49,7 @@ struct WorkQueue {
     uint32_t prod = 0;         // our producer index
     uint32_t max_sge = 0;
     uint32_t max_wr = 0;       // as reported to the application
+    uint32_t work_slot = abi::kNoWorkSlot;  // the QP's bit in ControlBlock::work_bits
     std::mutex mu;
 
     uint8_t* slot(uint32_t idx) { return slots + size_t(idx & (entries - 1)) * stride; }

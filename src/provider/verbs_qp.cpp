@@ -128,6 +128,10 @@ ibv_qp* create_common(const QpCreate& c) {
         return nullptr;
     }
     qp->handle = resp.qp_handle;
+    // A slot the shim cannot have given (a bad reply) is not used: such a
+    // QP rings the doorbell counter, which always works.
+    const uint32_t slot = resp.work_slot < abi::kWorkSlots ? resp.work_slot : abi::kNoWorkSlot;
+    qp->sq.work_slot = qp->rq.work_slot = slot;
 
     cap.max_send_wr = qp->sq.max_wr;
     cap.max_send_sge = qp->sq.max_sge;

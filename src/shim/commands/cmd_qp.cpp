@@ -81,15 +81,18 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     qp->sig_all = r.sq_sig_all != 0;
     qp->user_handle = r.user_handle;
     qp->state = IBV_QPS_RESET;
+    Qp* created = qp.get();
     uint32_t h = ctx.qps.insert(std::move(qp));
     if (!h) return ENOMEM;
+    created->handle = h;
     charge.keep();
     eng.register_qp(qpn, ctx, h);
     ++pd->users;
     ++scq->users;
     ++rcq->users;
     if (srq) ++srq->users;
-    store_resp(resp, abi::CmdCreateQpResp{h, qpn});
+    const uint32_t slot = ctx.qps.slot_of(h);
+    store_resp(resp, abi::CmdCreateQpResp{h, qpn, slot < abi::kWorkSlots ? slot : abi::kNoWorkSlot, 0});
     return 0;
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "device_model.h"
 #include "handle_table.h"
@@ -61,6 +62,20 @@ public:
     uint32_t cmd_cons = 0;
     uint32_t last_doorbell = 0;
     bool rescan = true;              // look at every queue on the next pass
+    // QPs to look at on the next pass (found in the guest's work bits, or
+    // marked by the shim: a response arrived, room freed). No allocation
+    // once the lists have grown to the number of QPs.
+    void mark_work(Qp& qp) {
+        if (qp.work_marked) return;
+        qp.work_marked = true;
+        work_marked_.push_back(qp.handle);
+    }
+    // The marked QPs, handed over for one pass (the list starts anew).
+    std::vector<uint32_t>& take_marked() {
+        work_batch_.clear();
+        work_batch_.swap(work_marked_);
+        return work_batch_;
+    }
     uint64_t next_deadline_ns = 0;   // earliest waiting QP deadline, 0: none
     bool dead = false;               // protocol violation: detach it
     // After a guest_fd_* call: marks the context dead when the call was
@@ -76,6 +91,7 @@ private:
     UniqueFd kick_, cmd_done_, async_;
     std::map<uint32_t, UniqueFd> channels_;
     bool warned_lost_event_ = false;  // one warning per context, not one per event
+    std::vector<uint32_t> work_marked_, work_batch_;
 };
 
 }  // namespace vrdma::shim

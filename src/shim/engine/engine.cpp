@@ -222,18 +222,47 @@ bool Engine::poll_once() {
     return progress;
 }
 
+// Finding work: the doorbell counter (commands, queues without a work
+// slot), a QP deadline that passed or a shim-side rescan make the pass look
+// at every QP; otherwise only the QPs named by the guest's work bits and
+// those the shim marked are looked at, so an idle QP costs nothing.
 bool Engine::process_context(Context& ctx) {
     if (ctx.dead) return false;
-    const uint32_t db = ctx.control()->doorbell.load(std::memory_order_seq_cst);
+    abi::ControlBlock* cb = ctx.control();
+    const uint32_t db = cb->doorbell.load(std::memory_order_seq_cst);
+    const uint64_t summary = cb->work_summary.exchange(0, std::memory_order_seq_cst);
     const uint64_t t = now();
     const bool due = ctx.next_deadline_ns && t >= ctx.next_deadline_ns;
-    if (db == ctx.last_doorbell && !ctx.rescan && !due) return false;
-    ctx.last_doorbell = db;
-    ctx.rescan = false;
-    ctx.next_deadline_ns = 0;
-    bool progress = process_commands(ctx);
-    if (ctx.dead) return true;
-    ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= requester_process(*this, ctx, qp, t); });
+    const bool full = db != ctx.last_doorbell || ctx.rescan || due;
+    // The words the summary names; a bit for a slot with no QP is ignored.
+    for (uint64_t words = summary; words; words &= words - 1) {
+        const uint32_t w = uint32_t(__builtin_ctzll(words));
+        for (uint64_t bits = cb->work_bits[w].exchange(0, std::memory_order_seq_cst); bits; bits &= bits - 1) {
+            uint32_t handle;
+            if (Qp* qp = ctx.qps.at_slot(w * 64 + uint32_t(__builtin_ctzll(bits)), handle)) ctx.mark_work(*qp);
+        }
+    }
+    std::vector<uint32_t>& marked = ctx.take_marked();
+    if (!full && marked.empty()) return false;
+    bool progress = false;
+    if (full) {
+        ctx.last_doorbell = db;
+        ctx.rescan = false;
+        ctx.next_deadline_ns = 0;
+        progress = process_commands(ctx);
+        if (ctx.dead) return true;
+        for (uint32_t h : marked)
+            if (Qp* qp = ctx.qps.get(h)) qp->work_marked = false;
+        ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= requester_process(*this, ctx, qp, t); });
+        return progress;
+    }
+    for (uint32_t h : marked) {
+        Qp* qp = ctx.qps.get(h);
+        if (!qp) continue;  // destroyed since it was marked
+        qp->work_marked = false;
+        progress |= requester_process(*this, ctx, *qp, t);
+        if (ctx.dead) return true;
+    }
     return progress;
 }
 

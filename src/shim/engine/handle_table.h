@@ -60,6 +60,19 @@ public:
         return obj;
     }
 
+    // The slot of a live handle (kNoSlot if it is not one), and the live
+    // object in a slot with its handle (null if none): slots are small,
+    // dense numbers a guest may name in a bitmap.
+    static constexpr uint32_t kNoSlot = 0xffffffffu;
+    uint32_t slot_of(uint32_t handle) const {
+        uint32_t slot;
+        return decode(handle, slot) ? slot : kNoSlot;
+    }
+    T* at_slot(uint32_t slot, uint32_t& handle) const {
+        if (slot >= slots_.size() || !slots_[slot].obj) return nullptr;
+        handle = make_handle(Type, slots_[slot].gen, slot);
+        return slots_[slot].obj.get();
+    }
     uint32_t size() const { return live_; }
     uint32_t limit() const { return limit_; }
 

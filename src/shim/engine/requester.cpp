@@ -467,14 +467,14 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
         }
     }
     on_head_response(eng, ctx, qp, resp, nullptr, nullptr, 0, 0);
-    ctx.rescan = true;
+    ctx.mark_work(qp);  // the next WQEs may go now
 }
 
 void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status) {
     if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons || psn != qp.una_psn) return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     fail_head(eng, ctx, qp, status, nullptr);
-    ctx.rescan = true;
+    ctx.mark_work(qp);
 }
 
 uint32_t requester_read_target(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, Span* out, uint32_t& spans,

@@ -74,6 +74,8 @@ class Transport;
 enum class SqWait : uint8_t { None, Rnr, Retry };
 
 struct Qp {
+    uint32_t handle = 0;          // its handle in the context's table
+    bool work_marked = false;     // in the context's list of QPs with work (Context::mark_work)
     uint32_t qpn = 0;
     uint32_t type = 0;            // IBV_QPT_RC or IBV_QPT_UD
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
