@@ -8,6 +8,10 @@
 #                              loopback ping-pong
 #   ib_send_lat -e at 8 B      event mode (completion channels: the tools
 #                              sleep in ibv_get_cq_event) beside polling mode
+#   RC ping-pong beside idle   vrdma-idle-qps: 8-byte RC ping-pong between
+#   QPs                        guests a and b with 0, 1000 and 4000 idle
+#                              connected QPs in one context (the cost of
+#                              finding work must not grow with them)
 # and prints a markdown table with the ratios (the table in
 # docs/performance.md comes from here).
 set -euo pipefail
@@ -48,6 +52,8 @@ memcpy_bw="$("$base" memcpy 65536 | awk '{print $3}')"
 shm_pp="$("$base" shm-pingpong | awk '{print $3}')"
 shm_relay="$("$base" shm-relay | awk '{print $3}')"
 tcp_pp="$("$base" tcp-pingpong | awk '{print $3}')"
+idle_lines="$("$build/tools/vrdma-run" --run-dir "$run_dir" --guest a --guest b -- "$build/tools/vrdma-idle-qps" 0 1000 4000)"
+idle() { awk -v n="$1" '$2 == n { print $3 }' <<<"$idle_lines"; }
 
 write_bw="$(echo "$bw_line" | awk '{print $4}')"      # BW average [MB/sec]
 send_lat="$(echo "$lat_line" | awk '{print $5}')"     # t_typical [usec]
@@ -67,4 +73,8 @@ cat <<TABLE
 | ib_send_lat -e 8 B, event mode (us, typical) | $ev_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$ev_lat" "$tcp_pp") x |
 
 ib_send_lat 8 B average: $send_lat_avg us (polling), $ev_lat_avg us (event mode). Machine: $(nproc) cores, $(uname -r).
+
+| RC ping-pong 8 B, one way (us, average; vrdma-idle-qps) | 0 idle QPs | 1000 idle QPs | 4000 idle QPs | 4000 against 0 |
+| --- | --- | --- | --- | --- |
+| one context holds the idle QPs (connected, RTS) | $(idle 0) | $(idle 1000) | $(idle 4000) | $(ratio "$(idle 4000)" "$(idle 0)") x |
 TABLE
