@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -17,12 +18,15 @@ namespace {
 // read into static memory and parsed in place.
 char g_maps[1 << 20];
 
+// Direct system calls: a library interposing on mmap (Open MPI's memory
+// hooks) would walk its data on the heap, which is not private yet.
 void privatize(uintptr_t start, uintptr_t end, int prot) {
     const size_t len = end - start;
-    void* copy = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* copy = reinterpret_cast<void*>(
+        ::syscall(SYS_mmap, nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (copy == MAP_FAILED) return;  // the child keeps sharing this range
     auto* src = reinterpret_cast<unsigned char*>(start);
-    if (!(prot & PROT_READ)) ::mprotect(src, len, prot | PROT_READ);
+    if (!(prot & PROT_READ)) ::syscall(SYS_mprotect, src, len, prot | PROT_READ);
     // Page by page, skipping holes of the memfd, so the copy stays sparse.
     for (size_t off = 0; off < len; off += 4096) {
         const uint64_t* w = reinterpret_cast<const uint64_t*>(src + off);
@@ -30,8 +34,8 @@ void privatize(uintptr_t start, uintptr_t end, int prot) {
         for (size_t k = 0; k < 4096 / 8 && zero; ++k) zero = w[k] == 0;
         if (!zero) std::memcpy(static_cast<unsigned char*>(copy) + off, src + off, 4096);
     }
-    ::mprotect(copy, len, prot);
-    ::mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, src);
+    ::syscall(SYS_mprotect, copy, len, prot);
+    ::syscall(SYS_mremap, copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, src);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "vrdma/abi.h"
@@ -67,7 +68,20 @@ struct Job {
     bool* registered;      // n entries: piece i is registered with userfaultfd
 };
 
-// Runs on the helper thread. No allocation, no locks, no stdio.
+// The helper calls the kernel directly: libraries that interpose on mmap
+// and friends (Open MPI's memory hooks walk their registration cache, on the
+// heap) would touch the range while its pages are away.
+void* raw_mmap(void* at, size_t len, int prot, int flags, int fd, off_t off) {
+    return reinterpret_cast<void*>(::syscall(SYS_mmap, at, len, prot, flags, fd, off));
+}
+void* raw_mremap(void* from, size_t len, void* to, int flags) {
+    return reinterpret_cast<void*>(::syscall(SYS_mremap, from, len, len, flags, to));
+}
+int raw_mprotect(void* at, size_t len, int prot) { return int(::syscall(SYS_mprotect, at, len, prot)); }
+int raw_madvise(void* at, size_t len, int advice) { return int(::syscall(SYS_madvise, at, len, advice)); }
+
+// Runs on the helper thread. No allocation, no locks, no stdio, no
+// interposable libc calls.
 void run_job(Job* job) {
     const uintptr_t base = job->pieces[0].start;
     const size_t n = job->n;
@@ -79,15 +93,15 @@ void run_job(Job* job) {
         unsigned char* dst = job->tmp + (p.start - base);
         if (job->registered[i]) {
             void* to = job->scratch + (p.start - base);
-            if (::mremap(reinterpret_cast<void*>(p.start), len, len, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP,
-                         to) == MAP_FAILED) {
+            if (raw_mremap(reinterpret_cast<void*>(p.start), len, to, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP) ==
+                MAP_FAILED) {
                 job->err = errno;
                 break;
             }
-            if (!(p.prot & PROT_READ)) ::mprotect(to, len, PROT_READ);
+            if (!(p.prot & PROT_READ)) raw_mprotect(to, len, PROT_READ);
             copy_pages(dst, static_cast<unsigned char*>(to), len);
         } else {
-            if (!(p.prot & PROT_READ) && ::mprotect(reinterpret_cast<void*>(p.start), len, p.prot | PROT_READ) != 0) {
+            if (!(p.prot & PROT_READ) && raw_mprotect(reinterpret_cast<void*>(p.start), len, p.prot | PROT_READ) != 0) {
                 job->err = errno;
                 break;
             }
@@ -101,12 +115,12 @@ void run_job(Job* job) {
     for (size_t i = 0; i < moved; ++i) {
         const MovePiece& p = job->pieces[i];
         void* at = reinterpret_cast<void*>(p.start);
-        if (::mmap(at, p.end - p.start, p.prot, MAP_SHARED | MAP_FIXED, job->fd, off_t(p.start - base)) ==
+        if (raw_mmap(at, p.end - p.start, p.prot, MAP_SHARED | MAP_FIXED, job->fd, off_t(p.start - base)) ==
             MAP_FAILED) {
             if (!job->err) job->err = errno;  // (not expected: the range was mapped a moment ago)
             continue;
         }
-        if (p.dontfork) ::madvise(at, p.end - p.start, MADV_DONTFORK);
+        if (p.dontfork) raw_madvise(at, p.end - p.start, MADV_DONTFORK);
     }
     if (job->uffd >= 0) {
         // Pieces left in place after an error leave userfaultfd's watch.
@@ -161,9 +175,13 @@ int move_private_pages(const MovePiece* pieces, size_t n, int fd) {
             job->registered[i] = ::ioctl(job->uffd, UFFDIO_REGISTER, &reg) == 0;
         }
         // A thread of its own: the caller's stack may be among the pages.
-        std::thread helper(run_job, job);
-        helper.join();
-        err = job->err;
+        try {
+            std::thread helper(run_job, job);
+            helper.join();
+            err = job->err;
+        } catch (const std::system_error&) {
+            err = EAGAIN;  // no page has moved (closing uffd unregisters)
+        }
         if (job->uffd >= 0) ::close(job->uffd);
     }
     if (tmp != MAP_FAILED) ::munmap(tmp, len);

@@ -150,6 +150,17 @@ TEST_CASE("ibv_reg_mr takes private memory of every kind", "[memory]") {
         std::vector<uint8_t> v(4 << 20);
         exercise(dev, peer, v.data() + (1 << 20), kLen, "large heap");
     }
+    SECTION("transparent huge pages") {
+        const size_t huge = 2 << 20;
+        auto* raw = static_cast<uint8_t*>(
+            mmap(nullptr, 2 * huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        REQUIRE(raw != MAP_FAILED);
+        auto* m = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + huge - 1) & ~(huge - 1));
+        madvise(m, huge, MADV_HUGEPAGE);  // a hint: the test holds whether or not the kernel complies
+        std::memset(m, 1, huge);
+        exercise(dev, peer, m + 12345, kLen, "transparent huge pages");
+        munmap(raw, 2 * huge);
+    }
     SECTION("MAP_PRIVATE file") {
         char path[] = "/tmp/vrdma-mem-XXXXXX";
         int fd = mkstemp(path);

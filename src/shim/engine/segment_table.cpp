@@ -44,7 +44,10 @@ int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::s
     if (rings && !sealed)
         return refuse(EPERM, "memfd not sealed with F_SEAL_SHRINK (create it with MFD_ALLOW_SEALING and seal it)");
     if (::fstat(fd.get(), &st) != 0) return refuse(EINVAL, "fstat failed");
-    if (uint64_t(st.st_size) < offset + len) return refuse(EINVAL, "file smaller than offset + length");
+    // A guest may map a file beyond its end (the pages there are not
+    // accessible to it either); only ring memory must be backed whole.
+    if ((rings || sealed) && uint64_t(st.st_size) < offset + len)
+        return refuse(EINVAL, "file smaller than offset + length");
     auto m = std::make_shared<Mapping>();
     m->charges.bind(usage);
     if (!m->charges.take(Res::Mappings, 1, "a memory segment") || !m->charges.take(Res::MapBytes, len, "a memory segment"))
