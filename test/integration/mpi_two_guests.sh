@@ -24,7 +24,7 @@ expect_guests() {
 }
 
 note "2 ranks, plain mpirun (MPMD): rank 0 in guest a, rank 1 in guest b"
-run_mpi 400 "$log" "${MPIRUN_BASE[@]}" "${OPENIB_ONLY[@]}" \
+run_mpi 400 "$log" "${MPIRUN_BASE[@]}" "${OPENIB_ONLY[@]}" "${OSC_VERBOSE[@]}" \
     -np 1 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "$MPI_TEST" : \
     -np 1 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "$MPI_TEST"
 expect_guests "$log" 0:a 1:b
@@ -34,7 +34,7 @@ expect_osc_rdma "$log"
 
 note "4 ranks, plain mpirun, vrdma-run --guest-by-rank a,b: ranks 0 and 2 in guest a, 1 and 3 in guest b"
 # shellcheck disable=SC2046
-run_mpi 480 "$log" "${MPIRUN_BASE[@]}" $(oversubscribe 4) "${OPENIB_ONLY[@]}" \
+run_mpi 480 "$log" "${MPIRUN_BASE[@]}" $(oversubscribe 4) "${OPENIB_ONLY[@]}" "${OSC_VERBOSE[@]}" \
     -np 4 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest-by-rank a,b -- "$MPI_TEST"
 expect_guests "$log" 0:a 1:b 2:a 3:b
 expect_passed "$log" 4

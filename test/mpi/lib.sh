@@ -13,11 +13,12 @@ MPIRUN="mpirun"
 # windows of ranks on one host are a /dev/shm file, which vrdma registers
 # like any shared memory: docs/protocol.md "Guest memory"), openib allowed on
 # an InfiniBand port, and verbose enough that Open MPI names the BTL it uses
-# to each peer and the osc component of each window.
+# to each peer (OSC_VERBOSE adds the osc component of each window).
 # (mpirun refuses an MCA parameter given twice: OPENIB_ONLY_BASE lacks
 # btl_openib_allow_ib for tests that set it otherwise.)
 OPENIB_ONLY_BASE=(--mca pml ob1 --mca btl openib,self
-    --mca btl_openib_warn_no_device_params_found 0 --mca btl_base_verbose 100 --mca osc_base_verbose 100)
+    --mca btl_openib_warn_no_device_params_found 0 --mca btl_base_verbose 100)
+OSC_VERBOSE=(--mca osc_base_verbose 100)
 OPENIB_ONLY=("${OPENIB_ONLY_BASE[@]}" --mca btl_openib_allow_ib 1)
 MPIRUN_BASE=("$MPIRUN")
 [ "$(id -u)" -eq 0 ] && MPIRUN_BASE+=(--allow-run-as-root)
