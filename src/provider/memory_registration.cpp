@@ -1,6 +1,7 @@
 #include "memory_registration.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -16,6 +17,10 @@
 #include <string>
 
 #include "context.h"
+#include "fork_child.h"
+#include "page_move.h"
+#include "proc_maps.h"
+#include "shared_object.h"
 #include "vrdma/abi.h"
 
 namespace vrdma::prov {
@@ -23,79 +28,6 @@ namespace {
 
 constexpr uintptr_t kPage = abi::kPageSize;
 constexpr size_t kMoveHeadroom = size_t(1) << 30;
-
-struct MapEntry {
-    uintptr_t start, end;
-    int prot;
-    bool shared;
-    uint64_t offset;
-    unsigned dev_major, dev_minor;
-    uint64_t inode;
-    std::string path;
-    bool dontfork = false;  // from smaps VmFlags "dc"
-};
-
-bool read_whole(const char* path, std::string& out) {
-    int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    out.clear();
-    char buf[65536];
-    for (;;) {
-        ssize_t n = ::read(fd, buf, sizeof(buf));
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        out.append(buf, size_t(n));
-    }
-    ::close(fd);
-    return true;
-}
-
-bool parse_map_line(const char* line, MapEntry& e) {
-    unsigned long start, end, offset, inode;
-    char perms[8];
-    unsigned maj, min;
-    int consumed = 0;
-    if (std::sscanf(line, "%lx-%lx %7s %lx %x:%x %lu %n", &start, &end, perms, &offset, &maj, &min,
-                    &inode, &consumed) < 7)
-        return false;
-    e.start = start;
-    e.end = end;
-    e.prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
-             (perms[2] == 'x' ? PROT_EXEC : 0);
-    e.shared = perms[3] == 's';
-    e.offset = offset;
-    e.dev_major = maj;
-    e.dev_minor = min;
-    e.inode = inode;
-    const char* p = line + consumed;
-    const char* nl = std::strchr(p, '\n');
-    e.path.assign(p, nl ? size_t(nl - p) : std::strlen(p));
-    return true;
-}
-
-// /proc/self/maps (or smaps, which also gives VmFlags), sorted by address.
-std::vector<MapEntry> read_maps(bool with_flags) {
-    std::vector<MapEntry> out;
-    std::string text;
-    if (!read_whole(with_flags ? "/proc/self/smaps" : "/proc/self/maps", text)) return out;
-    size_t pos = 0;
-    while (pos < text.size()) {
-        size_t nl = text.find('\n', pos);
-        if (nl == std::string::npos) nl = text.size();
-        std::string line = text.substr(pos, nl - pos);
-        pos = nl + 1;
-        if (with_flags && line.rfind("VmFlags:", 0) == 0) {
-            if (!out.empty()) out.back().dontfork = line.find(" dc") != std::string::npos;
-            continue;
-        }
-        MapEntry e;
-        // smaps detail lines ("Size:   4 kB") do not parse as a range.
-        if (line.empty() || !std::isxdigit(static_cast<unsigned char>(line[0]))) continue;
-        if (line.find('-') == std::string::npos || line.find(':') == std::string::npos) continue;
-        if (parse_map_line(line.c_str(), e)) out.push_back(std::move(e));
-    }
-    return out;
-}
 
 bool same_file(const MapEntry& e, const Segment& s) {
     return e.inode == s.ino && e.dev_major == major(s.dev) && e.dev_minor == minor(s.dev);
@@ -122,7 +54,45 @@ struct MovedFile {
 std::mutex g_moved_mu;
 std::vector<MovedFile> g_moved;
 
+// fork(): g_moved is consistent in the child (prepare takes the lock), and
+// the child gets private copies of the moved pages (fork_child.h) while the
+// forking thread of the parent waits for it to finish copying.
+int g_fork_pipe[2] = {-1, -1};
+
+void fork_prepare() {
+    g_moved_mu.lock();
+    if (!g_moved.empty() && ::pipe2(g_fork_pipe, O_CLOEXEC) != 0) g_fork_pipe[0] = g_fork_pipe[1] = -1;
+}
+
+void fork_parent() {
+    if (g_fork_pipe[0] >= 0) {
+        ::close(g_fork_pipe[1]);
+        char c;
+        while (::read(g_fork_pipe[0], &c, 1) < 0 && errno == EINTR) {
+        }
+        ::close(g_fork_pipe[0]);
+        g_fork_pipe[0] = g_fork_pipe[1] = -1;
+    }
+    g_moved_mu.unlock();
+}
+
+void fork_child() {
+    std::pair<dev_t, ino_t> ids[256];
+    size_t n = 0;
+    for (const MovedFile& m : g_moved)
+        if (n < std::size(ids)) ids[n++] = {m.dev, m.ino};
+    privatize_after_fork(ids, n);
+    if (g_fork_pipe[0] >= 0) {
+        ::close(g_fork_pipe[0]);
+        ::close(g_fork_pipe[1]);  // the parent reads end-of-file
+        g_fork_pipe[0] = g_fork_pipe[1] = -1;
+    }
+    g_moved_mu.unlock();
+}
+
 void remember_moved(const Segment& s) {
+    static std::once_flag atfork_once;
+    std::call_once(atfork_once, [] { ::pthread_atfork(fork_prepare, fork_parent, fork_child); });
     std::lock_guard lock(g_moved_mu);
     g_moved.push_back(MovedFile{s.dev, s.ino, UniqueFd(::fcntl(s.fd.get(), F_DUPFD_CLOEXEC, 0))});
 }
@@ -154,18 +124,49 @@ void sweep_moved(const std::vector<MapEntry>& maps) {
     });
 }
 
+// Private memory that can move onto a memfd: anonymous (heap, stacks,
+// anonymous mmap, bss) or a private file mapping (static data, MAP_PRIVATE
+// files). Not the kernel's special mappings, not hugetlb pages.
 bool movable(const MapEntry& e) {
-    if (e.shared || e.inode != 0 || e.dev_major != 0 || e.dev_minor != 0) return false;
-    return e.path.empty() || e.path == "[heap]" || e.path.rfind("[anon:", 0) == 0;
+    if (e.shared) return false;
+    if (e.path.find("anon_hugepage") != std::string::npos) return false;
+    if (e.inode != 0) return true;
+    return e.path.empty() || e.path == "[heap]" || e.path == "[stack]" || e.path.rfind("[anon:", 0) == 0 ||
+           e.path.rfind("[stack:", 0) == 0;
 }
 
+int fill_identity(Segment& s);
+int announce_segment(Context& ctx, Segment& s);
+
+bool anonymous(const MapEntry& e) { return e.inode == 0 && e.dev_major == 0 && e.dev_minor == 0; }
+
 const char* why_not_movable(const MapEntry& e) {
-    if (e.path.find("anon_hugepage") != std::string::npos) return "hugetlb memory";
-    if (e.shared && e.inode != 0) return "shared mapping of a file or shared memory";
-    if (e.inode != 0) return "file-backed memory";
-    if (e.path == "[stack]") return "the main thread's stack";
+    if (e.path.find("anon_hugepage") != std::string::npos) return "private hugetlb memory";
     if (!e.path.empty()) return "a special mapping";
     return "memory of an unsupported kind";
+}
+
+// A segment for the object behind shared mapping e (the whole mapping, so
+// that later registrations inside it reuse the segment).
+int share_object(Context& ctx, const MapEntry& e, uintptr_t addr, size_t len, uint32_t* seg_id) {
+    Segment s;
+    std::string why;
+    if (int rc = open_mapped_object(e, s.fd, why)) {
+        std::fprintf(stderr,
+                     "libvrdma: ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                     " is shared memory (%s) the shim cannot reach: %s\n",
+                     addr, len, e.start, e.path.empty() ? "anonymous" : e.path.c_str(), why.c_str());
+        return rc;
+    }
+    if (int rc = fill_identity(s)) return rc;
+    s.id = ctx.segments.next_id++;
+    s.gva = e.start;
+    s.len = e.end - e.start;
+    s.offset = e.offset;
+    if (int rc = announce_segment(ctx, s)) return rc;
+    *seg_id = s.id;
+    ctx.segments.segs.emplace(s.id, std::move(s));
+    return 0;
 }
 
 int remove_segment(Context& ctx, uint32_t id) {
@@ -214,22 +215,9 @@ void sweep(Context& ctx, const std::vector<MapEntry>& maps) {
     }
 }
 
-bool page_is_zero(const unsigned char* p) {
-    const uint64_t* w = reinterpret_cast<const uint64_t*>(p);
-    for (size_t i = 0; i < kPage / sizeof(uint64_t); ++i)
-        if (w[i]) return false;
-    return true;
-}
-
-struct Piece {
-    uintptr_t start, end;
-    int prot;
-    bool dontfork;
-};
-
-// Moves a run of adjacent private anonymous pieces onto one new memfd
-// segment, contents preserved. Returns 0 or a positive errno.
-int move_run(Context& ctx, const std::vector<Piece>& run, uint32_t* seg_id) {
+// Moves a run of adjacent private pieces onto one new memfd segment,
+// contents preserved (page_move.h). Returns 0 or a positive errno.
+int move_run(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) {
     uintptr_t run_start = run.front().start, run_end = run.back().end;
     size_t len = run_end - run_start;
     Segment s;
@@ -237,29 +225,7 @@ int move_run(Context& ctx, const std::vector<Piece>& run, uint32_t* seg_id) {
     // application later grows the mapping in place (realloc -> mremap), the
     // new pages exist instead of raising SIGBUS.
     if (int rc = create_shared_memfd("vrdma-mr", len + kMoveHeadroom, s.fd)) return rc;
-    void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
-    if (tmp == MAP_FAILED) return errno;
-    for (const Piece& p : run) {
-        if (!(p.prot & PROT_READ) && ::mprotect(reinterpret_cast<void*>(p.start), p.end - p.start,
-                                                p.prot | PROT_READ) != 0) {
-            int e = errno;
-            ::munmap(tmp, len);
-            return e;
-        }
-    }
-    auto* dst = static_cast<unsigned char*>(tmp);
-    for (uintptr_t a = run_start; a < run_end; a += kPage) {
-        auto* src = reinterpret_cast<const unsigned char*>(a);
-        if (!page_is_zero(src)) std::memcpy(dst + (a - run_start), src, kPage);
-    }
-    ::munmap(tmp, len);
-    for (const Piece& p : run) {
-        void* at = reinterpret_cast<void*>(p.start);
-        if (::mmap(at, p.end - p.start, p.prot, MAP_SHARED | MAP_FIXED, s.fd.get(),
-                   off_t(p.start - run_start)) == MAP_FAILED)
-            return errno;  // (not expected: the range was mapped a moment ago)
-        if (p.dontfork) ::madvise(at, p.end - p.start, MADV_DONTFORK);
-    }
+    if (int rc = move_private_pages(run.data(), run.size(), s.fd.get())) return rc;
     if (int rc = fill_identity(s)) return rc;
     s.id = ctx.segments.next_id++;
     s.gva = run_start;
@@ -334,6 +300,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
         int prot;
         uint32_t seg;  // valid when ours
         bool ours;
+        bool anonymous;
     };
     std::vector<Part> parts;
     uintptr_t cur = start;
@@ -343,7 +310,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
         if (cur >= end) break;
         if (e.start > cur) break;  // gap
         uintptr_t s = cur, t = std::min(end, e.end);
-        Part part{s, t, e.prot, 0, false};
+        Part part{s, t, e.prot, 0, false, anonymous(e)};
         bool found = false;
         for (auto& [id, seg] : ctx.segments.segs) {
             if (backed_by(e, seg)) {
@@ -359,6 +326,10 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
             part.seg = adopted.id;
             part.ours = found = true;
             ctx.segments.segs.emplace(adopted.id, std::move(adopted));
+        }
+        if (!found && e.shared) {
+            if (int rc = share_object(ctx, e, addr, len, &part.seg)) return rc;
+            part.ours = found = true;
         }
         if (!found) {
             if (!movable(e)) {
@@ -389,7 +360,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
                 if (e.start <= a && a < e.end) return e.dontfork;
             return false;
         };
-        std::vector<Piece> run;
+        std::vector<MovePiece> run;
         auto flush = [&]() -> int {
             if (run.empty()) return 0;
             uint32_t id = 0;
@@ -416,7 +387,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
             }
             if (!run.empty() && run.back().end != p.start)
                 if (int rc = flush()) return rc;
-            run.push_back(Piece{p.start, p.end, p.prot, dontfork_at(p.start)});
+            run.push_back(MovePiece{p.start, p.end, p.prot, dontfork_at(p.start), p.anonymous});
         }
         if (int rc = flush()) return rc;
     }

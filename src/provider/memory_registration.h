@@ -1,7 +1,9 @@
 // Guest memory shared with the shim (ARCHITECTURE.md "Guest memory: shared,
-// never bounced"): the table of memfd segments announced over the socket, the
-// arena segments rings live in, and the move of application pages onto
-// shared segments at ibv_reg_mr.
+// never bounced", docs/protocol.md "Guest memory"): the table of segments
+// announced over the socket, the arena segments rings live in, and
+// share_range, the one entry point of registration (ibv_reg_mr; a future
+// ibv_rereg_mr calls it too): shared objects are passed as they are
+// (shared_object.h), private pages moved onto memfds (page_move.h).
 //
 // Every function here expects the caller to hold Context::mem_mu.
 #pragma once
@@ -24,8 +26,8 @@ struct Segment {
     uintptr_t gva = 0;
     size_t len = 0;
     uint64_t offset = 0;   // file offset that backs gva
-    UniqueFd fd;           // the memfd (kept open while the shim may use it)
-    dev_t dev = 0;         // identity of the memfd, to recognise its mappings
+    UniqueFd fd;           // the memfd or shared object (kept open while the shim may use it)
+    dev_t dev = 0;         // identity of the file, to recognise its mappings
     ino_t ino = 0;
     uint32_t refs = 0;     // MRs using it
     bool arena = false;    // ring memory: never removed while the context lives
@@ -50,8 +52,9 @@ void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len);
 int add_arena_segment(Context& ctx, size_t len, void** base);
 
 // Makes [addr, addr+len) shared with the shim: pages already on this
-// context's live segments are reused, private anonymous pages are moved onto
-// new segments. On success appends the ids of the segments the range uses (one
+// context's live segments are reused, MAP_SHARED objects are announced as
+// they are, private pages (anonymous or file-backed) are moved onto new
+// segments. On success appends the ids of the segments the range uses (one
 // reference taken on each). 0 or a positive errno (message on stderr).
 int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids);
 

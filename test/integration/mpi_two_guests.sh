@@ -4,7 +4,8 @@
 # 16 MiB, collectives, one-sided) with 2 ranks (plain mpirun, MPMD, one
 # rank per guest) and with 4 ranks (plain mpirun, vrdma-run
 # --guest-by-rank a,b). Only openib and self are BTLs; Open MPI's verbose
-# output must show openib for every pair of ranks.
+# output must show openib for every pair of ranks and osc rdma, its default
+# one-sided component, for the windows (no --mca osc).
 source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/../mpi/lib.sh"
 require_mpi
@@ -23,19 +24,21 @@ expect_guests() {
 }
 
 note "2 ranks, plain mpirun (MPMD): rank 0 in guest a, rank 1 in guest b"
-run_mpi 400 "$log" "${MPIRUN_BASE[@]}" "${OPENIB_ONLY[@]}" \
+run_mpi 400 "$log" "${MPIRUN_BASE[@]}" "${OPENIB_ONLY[@]}" "${OSC_VERBOSE[@]}" \
     -np 1 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "$MPI_TEST" : \
     -np 1 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "$MPI_TEST"
 expect_guests "$log" 0:a 1:b
 expect_passed "$log" 2
 expect_openib_only "$log" 2
+expect_osc_rdma "$log"
 
 note "4 ranks, plain mpirun, vrdma-run --guest-by-rank a,b: ranks 0 and 2 in guest a, 1 and 3 in guest b"
 # shellcheck disable=SC2046
-run_mpi 480 "$log" "${MPIRUN_BASE[@]}" $(oversubscribe 4) "${OPENIB_ONLY[@]}" \
+run_mpi 480 "$log" "${MPIRUN_BASE[@]}" $(oversubscribe 4) "${OPENIB_ONLY[@]}" "${OSC_VERBOSE[@]}" \
     -np 4 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest-by-rank a,b -- "$MPI_TEST"
 expect_guests "$log" 0:a 1:b 2:a 3:b
 expect_passed "$log" 4
 expect_openib_only "$log" 4
+expect_osc_rdma "$log"
 rm -f "$log"
 echo "mpi_two_guests: ok"

@@ -9,14 +9,16 @@ MPIRUN="mpirun"
 [ -s "$VRDMA_BUILD_DIR/test/mpi/mpiexec.path" ] && MPIRUN="$(head -n1 "$VRDMA_BUILD_DIR/test/mpi/mpiexec.path")"
 
 # What every run uses: ob1 over openib and self only (no tcp, no vader),
-# one-sided through osc pt2pt (active messages over ob1, so over openib; osc
-# rdma puts windows of ranks on one host in /dev/shm files, which vrdma cannot
-# register: see docs/mpi.md), openib allowed on an InfiniBand port, and verbose enough that
-# Open MPI names the BTL it uses to each peer.
+# one-sided through Open MPI's default component for openib, osc rdma (its
+# windows of ranks on one host are a /dev/shm file, which vrdma registers
+# like any shared memory: docs/protocol.md "Guest memory"), openib allowed on
+# an InfiniBand port, and verbose enough that Open MPI names the BTL it uses
+# to each peer (OSC_VERBOSE adds the osc component of each window).
 # (mpirun refuses an MCA parameter given twice: OPENIB_ONLY_BASE lacks
 # btl_openib_allow_ib for tests that set it otherwise.)
-OPENIB_ONLY_BASE=(--mca pml ob1 --mca btl openib,self --mca osc pt2pt
+OPENIB_ONLY_BASE=(--mca pml ob1 --mca btl openib,self
     --mca btl_openib_warn_no_device_params_found 0 --mca btl_base_verbose 100)
+OSC_VERBOSE=(--mca osc_base_verbose 100)
 OPENIB_ONLY=("${OPENIB_ONLY_BASE[@]}" --mca btl_openib_allow_ib 1)
 MPIRUN_BASE=("$MPIRUN")
 [ "$(id -u)" -eq 0 ] && MPIRUN_BASE+=(--allow-run-as-root)
@@ -59,6 +61,16 @@ expect_openib_only() {
     grep -q 'select: init of component openib returned success' "$log" ||
         fail "openib did not report a successful init"
     note "Open MPI used openib for all $want ordered rank pairs (self only for a rank's messages to itself)"
+}
+
+# expect_osc_rdma LOG: Open MPI's own words (osc_base_verbose) say that the
+# one-sided windows were osc rdma's, no other component's.
+expect_osc_rdma() {
+    grep -q 'rdma component destroying window' "$1" || fail "osc rdma did not carry the one-sided windows"
+    if grep -E '(sm|pt2pt|ucx) component (creating|destroying) window' "$1" >/dev/null; then
+        fail "an osc component other than rdma carried a window"
+    fi
+    note "one-sided windows: osc rdma (Open MPI's default; no --mca osc)"
 }
 
 # expect_passed LOG NP: the test program's own verdict.

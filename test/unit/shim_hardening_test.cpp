@@ -9,11 +9,14 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <vector>
 
+#include "fault_guard.h"
 #include "guest_fd.h"
 #include "quota.h"
 #include "segment_table.h"
 #include "shim_harness.h"
+#include "work_queue.h"
 
 using namespace vrdma;
 using namespace vrdma::shim;
@@ -31,24 +34,56 @@ UniqueFd memfd(size_t len, bool allow_sealing, bool seal) {
 
 }  // namespace
 
-TEST_CASE("map_segment refuses memfds a guest could shrink", "[shim][hardening]") {
+TEST_CASE("only sealed memfds may hold rings; other files back MRs only", "[shim][hardening]") {
     std::shared_ptr<Mapping> map;
     std::string why;
-    CHECK(map_segment(memfd(8192, false, false), 0x100000, 8192, 0, map, nullptr, &why) == EPERM);
+    // Ring memory (the attach arena): a memfd sealed against shrinking.
+    CHECK(map_segment(memfd(8192, false, false), 0x100000, 8192, 0, map, nullptr, &why, true) == EPERM);
     CHECK(why.find("F_SEAL_SHRINK") != std::string::npos);
-    CHECK(map_segment(memfd(8192, true, false), 0x100000, 8192, 0, map) == EPERM);
-    CHECK(map_segment(memfd(8192, true, true), 0x100000, 8192, 0, map) == 0);
-    // Sealed but smaller than announced.
+    CHECK(map_segment(memfd(8192, true, false), 0x100000, 8192, 0, map, nullptr, nullptr, true) == EPERM);
+    CHECK(map_segment(memfd(8192, true, true), 0x100000, 8192, 0, map, nullptr, nullptr, true) == 0);
+    CHECK(map->ring_safe);
+    // MR memory: an unsealed memfd is mapped, but not for rings.
+    REQUIRE(map_segment(memfd(8192, true, false), 0x100000, 8192, 0, map) == 0);
+    CHECK_FALSE(map->ring_safe);
+    SegmentTable t;
+    REQUIRE(t.insert(1, map) == 0);
+    HostRange r;
+    CHECK(t.translate_ring(0x100000, 64, r) == EFAULT);
+    CHECK(t.translate_one(0x100000, 64, r) == 0);
+    // Smaller than announced.
     why.clear();
     CHECK(map_segment(memfd(4096, true, true), 0x100000, 8192, 0, map, nullptr, &why) == EINVAL);
     CHECK(why.find("smaller") != std::string::npos);
-    // A regular file (not shmem) is refused even if it were big enough.
+    // A regular file on another file system backs MRs, never rings.
     char path[] = "/tmp/vrdma-hard-XXXXXX";
     int f = mkstemp(path);
     REQUIRE(f >= 0);
     unlink(path);
     REQUIRE(ftruncate(f, 8192) == 0);
-    CHECK(map_segment(UniqueFd(f), 0x100000, 8192, 0, map) == EINVAL);
+    int f2 = dup(f);
+    CHECK(map_segment(UniqueFd(f), 0x100000, 8192, 0, map, nullptr, nullptr, true) == EINVAL);
+    REQUIRE(map_segment(UniqueFd(f2), 0x100000, 8192, 0, map) == 0);
+    CHECK_FALSE(map->ring_safe);
+}
+
+TEST_CASE("a copy from a truncated guest file fails instead of killing the shim", "[shim][hardening]") {
+    install_fault_guard();
+    UniqueFd fd = memfd(3 * 4096, true, false);
+    int raw = fd.get();
+    std::shared_ptr<Mapping> map;
+    REQUIRE(map_segment(std::move(fd), 0x100000, 3 * 4096, 0, map) == 0);
+    std::vector<uint8_t> local(8192, 7);
+    Span dst{map->base + 4096, 8192}, src{local.data(), 8192};
+    CHECK(copy_sg(&dst, 1, 0, &src, 1, 8192) == CopyFault::None);
+    REQUIRE(ftruncate(raw, 4096) == 0);
+    CHECK(copy_sg(&dst, 1, 0, &src, 1, 8192) == CopyFault::Dst);
+    CHECK(copy_sg(&src, 1, 0, &dst, 1, 8192) == CopyFault::Src);
+    uint64_t old = 0;
+    CHECK_FALSE(guarded_fetch_add(reinterpret_cast<uint64_t*>(map->base + 8192), 1, &old));
+    CHECK(guarded_fetch_add(reinterpret_cast<uint64_t*>(map->base), 5, &old));
+    CHECK(guarded_compare_swap(reinterpret_cast<uint64_t*>(map->base), 5, 9, &old));
+    CHECK(old == 5);
 }
 
 TEST_CASE("the attach arena must be sealed", "[shim][hardening]") {

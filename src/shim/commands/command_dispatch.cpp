@@ -100,7 +100,7 @@ int dispatch_command(Engine& eng, Context& ctx, uint32_t op, const uint8_t* req,
 
 int map_ring(const Context& ctx, uint64_t gva, uint64_t bytes, HostRange& out) {
     if (gva == 0 || gva % abi::kCacheLine || bytes == 0) return EINVAL;
-    return ctx.segments.translate_one(gva, bytes, out);
+    return ctx.segments.translate_ring(gva, bytes, out);
 }
 
 bool wq_geometry_ok(uint32_t entries, uint32_t limit, uint32_t stride, uint64_t min_stride) {

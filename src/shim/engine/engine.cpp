@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "cq_events.h"
 #include "cq_writer.h"
+#include "fault_guard.h"
 #include "requester.h"
 #include "transport.h"
 #include "qp_state.h"
@@ -37,6 +38,7 @@ uint64_t monotonic_ns() {
 }
 
 Engine::Engine(Quotas quotas) : quotas_(quotas) {
+    install_fault_guard();  // guest files behind MRs may be truncated under the shim
     // Leave the shim's own allocations room under vm.max_map_count.
     uint64_t max_maps = 65530;
     if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
@@ -78,7 +80,7 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
     }
     GuestUsage* usage = usage_of(guest);
     std::shared_ptr<Mapping> map;
-    if ((err = map_segment(std::move(arena), gva, len, 0, map, usage, why))) return nullptr;
+    if ((err = map_segment(std::move(arena), gva, len, 0, map, usage, why, true))) return nullptr;
     uint64_t id = next_ctx_id_++;
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
                                          std::move(async), usage);

@@ -111,7 +111,8 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
     case Syndrome::Ack: {
         if (w ? is_atomic(w->hdr.opcode) : false) {
             Span o{reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&r.atomic_orig)), 8};
-            copy_sg(loc, nl, 0, &o, 1, 8);
+            if (copy_sg(loc, nl, 0, &o, 1, 8) != CopyFault::None)
+                return fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, w);
         } else if (!w) {
             abi::SendWqe hdr;
             std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
@@ -124,7 +125,8 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
                 if (st == IBV_WC_SUCCESS) st = resolve_local(ctx, qp, s, l, n, total);
                 if (st != IBV_WC_SUCCESS || total != 8) return fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, nullptr);
                 Span o{reinterpret_cast<uint8_t*>(const_cast<uint64_t*>(&r.atomic_orig)), 8};
-                copy_sg(l, n, 0, &o, 1, 8);
+                if (copy_sg(l, n, 0, &o, 1, 8) != CopyFault::None)
+                    return fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, nullptr);
             }
         }
         complete_head(eng, ctx, qp, IBV_WC_SUCCESS, w, len);
@@ -158,6 +160,8 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
         return fail_head(eng, ctx, qp, IBV_WC_REM_OP_ERR, w);
     case Syndrome::Drop:
         return lost(eng, ctx, qp);
+    case Syndrome::LocalFault:
+        return fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, w);
     }
 }
 
@@ -274,8 +278,13 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.inline_payload = w.is_inline;
     // A datagram nobody can receive is lost; the send still succeeds.
     if (t && ctx.guest().port_active) {
-        Response ignored;
-        if (t->send(eng, ctx, qp, req, loc, nl, pins, ignored) == SendResult::Busy) return Step::Stop;
+        Response r;
+        if (t->send(eng, ctx, qp, req, loc, nl, pins, r) == SendResult::Busy) return Step::Stop;
+        // Only the sender's own memory failing is the sender's error.
+        if (r.syndrome == Syndrome::LocalFault) {
+            fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, &w);
+            return Step::Stop;
+        }
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;

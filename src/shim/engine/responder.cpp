@@ -8,6 +8,7 @@
 #include "async_events.h"
 #include "cq_writer.h"
 #include "engine.h"
+#include "fault_guard.h"
 #include "psn.h"
 #include "qp_state.h"
 
@@ -127,7 +128,11 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         uint8_t g[40];
         make_grh(req, g);
         Span gs{g, 40};
-        copy_sg(d.spans, d.nspans, 0, &gs, 1, 40);
+        if (copy_sg(d.spans, d.nspans, 0, &gs, 1, 40) != CopyFault::None) {
+            d.nspans = 0;
+            set_recv_cqe(d, req, wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+            return;
+        }
     }
     d.resp.syndrome = Syndrome::Ack;
     d.skip = abi::kUdGrhBytes;
@@ -233,13 +238,11 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         }
         if (is_atomic) {
             auto* target = reinterpret_cast<uint64_t*>(d.spans[0].p);
-            uint64_t old;
-            if (op == IBV_WR_ATOMIC_FETCH_AND_ADD) {
-                old = __atomic_fetch_add(target, req.compare_add, __ATOMIC_SEQ_CST);
-            } else {
-                old = req.compare_add;
-                __atomic_compare_exchange_n(target, &old, req.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-            }
+            uint64_t old = 0;
+            bool ok = op == IBV_WR_ATOMIC_FETCH_AND_ADD
+                          ? guarded_fetch_add(target, req.compare_add, &old)
+                          : guarded_compare_swap(target, req.compare_add, req.swap, &old);
+            if (!ok) return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
             d.resp.atomic_orig = old;
             d.nspans = 0;
             qp.atomic_replay_valid = true;
@@ -295,6 +298,20 @@ bool responder_revalidate(Engine& eng, Delivery& d) {
     d.ctx = ctx;
     d.qp = qp;
     return true;
+}
+
+void responder_memory_fault(Delivery& d) {
+    d.resp.syndrome = Syndrome::NakAccess;
+    d.nspans = 0;
+    if (!d.ctx || !d.qp) return;
+    if (d.recv_cqe) {
+        d.recv_cqe = false;
+        d.cqe.status = IBV_WC_LOC_PROT_ERR;
+        d.cqe.byte_len = 0;
+        d.cqe.wc_flags = 0;
+        cq_push(*d.ctx, d.qp->recv_cq, d.cqe, d.solicited);
+    }
+    if (d.qp->type == IBV_QPT_RC) qp_set_error(*d.ctx, *d.qp, IBV_EVENT_QP_ACCESS_ERR);
 }
 
 void responder_finish(Delivery& d, bool payload_ok) {

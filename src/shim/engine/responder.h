@@ -78,6 +78,12 @@ bool responder_revalidate(Engine& eng, Delivery& d);
 // IBV_WC_REM_ABORT_ERR and the QP goes to error.
 void responder_finish(Delivery& d, bool payload_ok = true);
 
+// The responder's memory lost a page while the payload moved (the guest
+// truncated the file behind its MR): the requester gets NakAccess
+// (IBV_WC_REM_ACCESS_ERR), a receive completes with IBV_WC_LOC_PROT_ERR and
+// an RC QP goes to error with IBV_EVENT_QP_ACCESS_ERR.
+void responder_memory_fault(Delivery& d);
+
 // The 40-byte GRH written in front of a UD payload from a global address.
 void make_grh(const Request& req, uint8_t out40[40]);
 

@@ -19,7 +19,7 @@ Mapping::~Mapping() {
 }
 
 int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out,
-                GuestUsage* usage, std::string* why) {
+                GuestUsage* usage, std::string* why, bool rings) {
     constexpr uint64_t page = abi::kPageSize;
     auto refuse = [&](int err, const char* reason) {
         if (why) *why = reason;
@@ -32,18 +32,22 @@ int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::s
         return refuse(EINVAL, "range wraps around");
     if (len > (1ull << 46)) return refuse(EINVAL, "segment longer than 64 TiB");
     struct stat st;
-    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse(EINVAL, "not a memfd");
-    // Only a memfd on shmem: hugetlbfs pages can fail to fault in (SIGBUS)
-    // once the guest punches holes, and other files support no seals.
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return refuse(EINVAL, "not a regular file");
+    // Ring memory must be a memfd on shmem sealed against shrinking: the
+    // shim reads rings without a fault guard. Seals are never removed, so
+    // checking them before the size is enough.
     struct statfs sfs;
-    if (::fstatfs(fd.get(), &sfs) != 0 || sfs.f_type != TMPFS_MAGIC) return refuse(EINVAL, "not a memfd on shmem");
-    // The guest keeps the file: it must not be able to shrink it under the
-    // shim's mapping. Seals are never removed; check them before the size.
-    int seals = ::fcntl(fd.get(), F_GET_SEALS);
-    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    const bool shmem = ::fstatfs(fd.get(), &sfs) == 0 && sfs.f_type == TMPFS_MAGIC;
+    int seals = shmem ? ::fcntl(fd.get(), F_GET_SEALS) : -1;
+    const bool sealed = seals >= 0 && (seals & F_SEAL_SHRINK);
+    if (rings && !shmem) return refuse(EINVAL, "not a memfd on shmem");
+    if (rings && !sealed)
         return refuse(EPERM, "memfd not sealed with F_SEAL_SHRINK (create it with MFD_ALLOW_SEALING and seal it)");
     if (::fstat(fd.get(), &st) != 0) return refuse(EINVAL, "fstat failed");
-    if (uint64_t(st.st_size) < offset + len) return refuse(EINVAL, "memfd smaller than offset + length");
+    // A guest may map a file beyond its end (the pages there are not
+    // accessible to it either); only ring memory must be backed whole.
+    if ((rings || sealed) && uint64_t(st.st_size) < offset + len)
+        return refuse(EINVAL, "file smaller than offset + length");
     auto m = std::make_shared<Mapping>();
     m->charges.bind(usage);
     if (!m->charges.take(Res::Mappings, 1, "a memory segment") || !m->charges.take(Res::MapBytes, len, "a memory segment"))
@@ -54,6 +58,7 @@ int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::s
     m->len = len;
     m->gva = gva;
     m->file_offset = offset;
+    m->ring_safe = shmem && sealed;
     m->fd = std::make_shared<UniqueFd>(std::move(fd));
     out = std::move(m);
     return 0;
@@ -108,6 +113,14 @@ const SegmentTable::Piece* SegmentTable::find_within_one(uint64_t gva, uint64_t 
 int SegmentTable::translate_one(uint64_t gva, uint64_t len, HostRange& out) const {
     const Piece* p = find_within_one(gva, len);
     if (!p) return EFAULT;
+    out.host = p->host() + (gva - p->gva);
+    out.keepalive = p->map;
+    return 0;
+}
+
+int SegmentTable::translate_ring(uint64_t gva, uint64_t len, HostRange& out) const {
+    const Piece* p = find_within_one(gva, len);
+    if (!p || !p->map->ring_safe) return EFAULT;
     out.host = p->host() + (gva - p->gva);
     out.keepalive = p->map;
     return 0;

@@ -23,7 +23,12 @@ struct Mapping {
     uint64_t len = 0;
     uint64_t gva = 0;                  // guest address of base
     uint64_t file_offset = 0;          // file offset of base (when fd is set)
-    std::shared_ptr<UniqueFd> fd;      // the backing memfd (segments only)
+    std::shared_ptr<UniqueFd> fd;      // the backing file (segments only)
+    // A sealed memfd: the guest cannot shrink it, so the shim may read and
+    // write it directly (rings, CQs). Any other file (a guest's /dev/shm
+    // file, SysV segment, shared anonymous memory) backs MRs only, and every
+    // access to it goes through fault_guard.h (the guest may truncate it).
+    bool ring_safe = false;
     Charges charges;                   // Mappings/MapBytes of the guest, given back at unmap
     Mapping() = default;
     Mapping(const Mapping&) = delete;
@@ -32,13 +37,14 @@ struct Mapping {
 };
 
 // Maps `len` bytes of `fd` from `offset` to stand for [gva, gva+len).
-// Validates alignment and overflow, and that fd is a memfd on shmem (not
-// hugetlbfs) already sealed with F_SEAL_SHRINK (a file shrunk under the
-// mapping would make the shim fault) whose size covers the range. Charges
-// one mapping and `len` bytes to `usage` (if given). Returns 0 or a positive
+// Validates alignment and overflow, and that fd is a regular file whose
+// size covers the range. The mapping is ring_safe when fd is a memfd on
+// shmem sealed with F_SEAL_SHRINK; `rings` true requires that (the attach
+// arena: a file shrunk under a ring would make the shim fault). Charges one
+// mapping and `len` bytes to `usage` (if given). Returns 0 or a positive
 // errno; `why` (if given) gets a one-line reason.
 int map_segment(UniqueFd fd, uint64_t gva, uint64_t len, uint64_t offset, std::shared_ptr<Mapping>& out,
-                GuestUsage* usage = nullptr, std::string* why = nullptr);
+                GuestUsage* usage = nullptr, std::string* why = nullptr, bool rings = false);
 
 // A guest range translated into the shim's address space.
 struct HostRange {
@@ -73,6 +79,8 @@ public:
     const Piece* find_within_one(uint64_t gva, uint64_t len) const;
     // Translates a range inside one piece; 0 or EFAULT.
     int translate_one(uint64_t gva, uint64_t len, HostRange& out) const;
+    // The same for rings and CQs: only inside a ring_safe piece; 0 or EFAULT.
+    int translate_ring(uint64_t gva, uint64_t len, HostRange& out) const;
     // Maps [gva, gva+len) as one contiguous shim range, composing several
     // segments when needed (MRs). 0, EFAULT (not covered), EINVAL, ENOMEM.
     // A composed range is charged to `usage` (1 + pieces mappings, its bytes).

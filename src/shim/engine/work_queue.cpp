@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "device_model.h"
+#include "fault_guard.h"
 #include "vrdma/ring.h"
 
 namespace vrdma::shim {
@@ -108,19 +109,24 @@ uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t a
     return mr->mem.host + (addr - mr->addr);
 }
 
-void copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes) {
+CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes) {
     uint32_t di = 0, si = 0;
     uint64_t doff = dst_skip, soff = 0;
     while (di < nd && doff >= dst[di].len) doff -= dst[di++].len;
     while (bytes > 0 && di < nd && si < ns) {
         uint64_t n = std::min({bytes, dst[di].len - doff, src[si].len - soff});
-        std::memmove(dst[di].p + doff, src[si].p + soff, n);
+        uintptr_t at = 0;
+        if (!guarded_memmove(dst[di].p + doff, src[si].p + soff, n, &at)) {
+            uintptr_t d0 = uintptr_t(dst[di].p + doff);
+            return at >= d0 && at - d0 < n ? CopyFault::Dst : CopyFault::Src;
+        }
         bytes -= n;
         doff += n;
         soff += n;
         if (doff == dst[di].len) ++di, doff = 0;
         if (soff == src[si].len) ++si, soff = 0;
     }
+    return CopyFault::None;
 }
 
 }  // namespace vrdma::shim

@@ -82,9 +82,14 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
 uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
                       uint32_t access, std::shared_ptr<Mapping>** keep = nullptr);
 
+// Which side of a copy_sg lost a page under it (fault_guard.h).
+enum class CopyFault { None, Dst, Src };
+
 // Copies `bytes` from the gather list to the scatter list, skipping the
-// first `dst_skip` bytes of the scatter list. One memmove per piece. The
-// caller has checked that both lists are long enough.
-void copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes);
+// first `dst_skip` bytes of the scatter list. One guarded memmove per piece;
+// a page the guest took away (a truncated file) stops the copy and says
+// which side it was on. The caller has checked that both lists are long
+// enough.
+CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes);
 
 }  // namespace vrdma::shim

@@ -1,0 +1,26 @@
+// The process's own memory map (/proc/self/maps), the source of truth for
+// what backs an address range at ibv_reg_mr time.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace vrdma::prov {
+
+struct MapEntry {
+    uintptr_t start = 0, end = 0;
+    int prot = 0;
+    bool shared = false;   // 's' in the permissions: MAP_SHARED (files, shm, shared anonymous)
+    uint64_t offset = 0;   // file offset of start
+    unsigned dev_major = 0, dev_minor = 0;
+    uint64_t inode = 0;
+    std::string path;
+    bool dontfork = false;  // VmFlags "dc" (smaps only)
+};
+
+// /proc/self/maps, or /proc/self/smaps when `with_flags` (which also gives
+// VmFlags), sorted by address; empty if it cannot be read.
+std::vector<MapEntry> read_maps(bool with_flags);
+
+}  // namespace vrdma::prov
