@@ -449,5 +449,6 @@ constexpr uint32_t kMaxCqEntries = 1u << 20;
 constexpr uint32_t kMaxSge = 32;
 constexpr uint32_t kMaxInline = 1024;
 constexpr uint32_t kUdGrhBytes = 40;
+constexpr uint32_t kCompVectors = 1;    // ibv_context::num_comp_vectors; a CQ's comp_vector is below it
 
 }  // namespace vrdma::abi

@@ -41,7 +41,12 @@ ibv_qp* create_common(const QpCreate& c) {
     ibv_qp_cap& cap = *c.cap;
     uint32_t max_sge = std::min(d.max_sge, abi::kMaxSge);
     uint32_t max_inline = std::min(d.max_inline_data, abi::kMaxInline);
-    if (!c.send_cq || (!c.recv_cq) || cap.max_send_wr > d.max_qp_wr || cap.max_send_sge > max_sge ||
+    // Objects of another context: their handles mean nothing to this one's
+    // shim (a kernel device answers EINVAL for a handle it does not know).
+    bool foreign = (c.send_cq && c.send_cq->context != c.pd->context) ||
+                   (c.recv_cq && c.recv_cq->context != c.pd->context) ||
+                   (c.srq && c.srq->context != c.pd->context);
+    if (foreign || !c.send_cq || (!c.recv_cq) || cap.max_send_wr > d.max_qp_wr || cap.max_send_sge > max_sge ||
         cap.max_inline_data > max_inline ||
         (!c.srq && (cap.max_recv_wr > d.max_qp_wr || cap.max_recv_sge > max_sge))) {
         errno = EINVAL;

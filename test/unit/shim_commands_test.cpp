@@ -19,7 +19,9 @@ TEST_CASE("device and port queries report the enforced limits", "[shim][commands
     CHECK(d.max_cqe == abi::kMaxCqEntries - 1);
     CHECK(d.atomic_cap == IBV_ATOMIC_HCA);
     CHECK(d.phys_port_cnt == 1);
-    CHECK(d.vendor_id == 0);
+    CHECK(d.vendor_id == 0xffffff);
+    CHECK(d.vendor_part_id == 0x7672);
+    CHECK(d.hw_ver == abi::kVersion);
     CHECK(d.node_guid == htobe64(0x1111));
     CHECK(std::string(d.fw_ver) == "0.1.0");
 
@@ -52,7 +54,7 @@ TEST_CASE("PD and MR commands validate handles, access and ranges", "[shim][comm
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd + 1, lw, buf, 4096}).status == EINVAL);
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 0}).status == EINVAL);
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_REMOTE_WRITE, buf, 4096}).status == EINVAL);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_ON_DEMAND, buf, 4096}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_ON_DEMAND, buf, 4096}).status == EOPNOTSUPP);
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, ~0ull - 10, 100}).status == EINVAL);  // wraps
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, 0x1000, 4096}).status == EFAULT);     // no segment
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 1ull << 41}).status == EINVAL);  // over max
@@ -84,13 +86,15 @@ TEST_CASE("PD and MR commands validate handles, access and ranges", "[shim][comm
 TEST_CASE("CQ creation validates entries and ring placement", "[shim][commands]") {
     TwoGuests t;
     uint64_t ring = t.a.alloc(abi::cq_ring_bytes(1024));
-    auto create = [&](uint64_t gva, uint32_t entries) {
+    auto create = [&](uint64_t gva, uint32_t entries, uint32_t comp_vector = 0) {
         abi::CmdCreateCqReq r{};
         r.ring_gva = gva;
         r.entries = entries;
+        r.comp_vector = comp_vector;
         return t.a.cmd(CmdOp::CreateCq, r).status;
     };
     CHECK(create(ring, 0) == EINVAL);
+    CHECK(create(ring, 16, abi::kCompVectors) == EINVAL);
     CHECK(create(ring, 12) == EINVAL);
     CHECK(create(ring, abi::kMaxCqEntries * 2) == EINVAL);
     CHECK(create(ring + 8, 16) == EINVAL);                         // unaligned

@@ -10,6 +10,7 @@ int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdCreateCqReq>(req);
     if (!is_pow2(r.entries) || r.entries > abi::kMaxCqEntries || r.entries - 1 > ctx.quotas().max_cqe)
         return EINVAL;
+    if (r.comp_vector >= abi::kCompVectors) return EINVAL;
     HostRange ring;
     if (int err = map_ring(ctx, r.ring_gva, abi::cq_ring_bytes(r.entries), ring)) return err;
     if (r.channel_id && !ctx.has_channel(r.channel_id)) return EINVAL;

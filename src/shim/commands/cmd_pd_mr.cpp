@@ -39,6 +39,7 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdRegMrReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
+    if (r.access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED)) return EOPNOTSUPP;  // as a device without ODP
     if (r.access & ~kMrAccess) return EINVAL;
     if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(r.access & IBV_ACCESS_LOCAL_WRITE))
         return EINVAL;
