@@ -55,6 +55,8 @@ const verbs_context_ops kContextOps = {
     .query_srq = query_srq,
     .reg_mr = reg_mr,
     .req_notify_cq = req_notify_cq,
+    .rereg_mr = rereg_mr,
+    .resize_cq = resize_cq,
 };
 
 bool read_socket_attr(const char* ibdev_path, std::string& out) {

@@ -214,9 +214,42 @@ bool cq_idle(Cq& cq) {
     return true;
 }
 
+int resize_cq(ibv_cq* ibcq, int cqe) {
+    Cq* cq = to_cq(ibcq);
+    Context& ctx = *cq->ctx;
+    if (cqe < 1 || uint32_t(cqe) > ctx.dev_attr.max_cqe) return EINVAL;
+    uint32_t entries = pow2_at_least(uint64_t(cqe) + 1);
+    if (entries == 0 || entries > abi::kMaxCqEntries) return EINVAL;
+    // No poll and no arming while the shim moves the completions.
+    std::lock_guard lock(cq->mu);
+    void* mem = alloc_ring(ctx, abi::cq_ring_bytes(entries));
+    if (!mem) return errno;
+    abi::CmdResizeCqReq req{};
+    req.ring_gva = reinterpret_cast<uintptr_t>(mem);
+    req.cq_handle = cq->handle;
+    req.entries = entries;
+    req.cqe = uint32_t(cqe);
+    abi::CmdResizeCqResp resp{};
+    if (int rc = command(ctx, abi::CmdOp::ResizeCq, &req, sizeof(req), &resp, sizeof(resp))) {
+        free_ring(ctx, mem);
+        return rc;
+    }
+    free_ring(ctx, cq->mem);
+    auto* base = static_cast<uint8_t*>(mem);
+    cq->mem = mem;
+    cq->hdr = reinterpret_cast<abi::RingHeader*>(base);
+    cq->notify = reinterpret_cast<abi::CqNotify*>(base + sizeof(abi::RingHeader));
+    cq->cqes = reinterpret_cast<abi::Cqe*>(base + abi::cq_slots_offset());
+    cq->entries = entries;
+    cq->cons = 0;
+    ibcq->cqe = int(entries - 1);
+    return 0;
+}
+
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
     Cq* cq = to_cq(ibcq);
     if (cq->ctx->dead.load(std::memory_order_relaxed)) return EIO;
+    std::lock_guard lock(cq->mu);  // the ring may be replaced by resize_cq
     cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
     cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
     ring_doorbell(*cq->ctx);

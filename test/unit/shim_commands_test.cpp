@@ -109,6 +109,71 @@ TEST_CASE("CQ creation validates entries and ring placement", "[shim][commands]"
     CHECK(t.a.cmd(CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle}).status == ENOENT);
 }
 
+TEST_CASE("CQ resize validates the CQ, the size and the new ring", "[shim][commands]") {
+    TwoGuests t;
+    auto cq = t.a.cq(16);
+    uint64_t ring = t.a.alloc(abi::cq_ring_bytes(64));
+    auto resize = [&](uint32_t handle, uint64_t gva, uint32_t entries, uint32_t cqe) {
+        abi::CmdResizeCqReq r{};
+        r.cq_handle = handle;
+        r.ring_gva = gva;
+        r.entries = entries;
+        r.cqe = cqe;
+        return t.a.cmd(CmdOp::ResizeCq, r).status;
+    };
+    CHECK(resize(0, ring, 64, 63) == EINVAL);
+    CHECK(resize(cq.handle + 1, ring, 64, 63) == EINVAL);
+    CHECK(resize(cq.handle, ring, 48, 47) == EINVAL);             // not a power of two
+    CHECK(resize(cq.handle, ring, 64, 64) == EINVAL);             // cqe over entries - 1
+    CHECK(resize(cq.handle, ring, 64, 0) == EINVAL);
+    CHECK(resize(cq.handle, ring, abi::kMaxCqEntries * 2, 1) == EINVAL);
+    CHECK(resize(cq.handle, cq.ring, 16, 15) == EINVAL);          // overlaps the current ring
+    CHECK(resize(cq.handle, cq.ring + 64, 64, 63) == EINVAL);
+    CHECK(resize(cq.handle, 0x10000, 64, 63) == EFAULT);          // outside every segment
+    CHECK(resize(cq.handle, ring, 64, 63) == 0);
+    // The other guest cannot name it.
+    abi::CmdResizeCqReq r{};
+    r.cq_handle = cq.handle;
+    r.ring_gva = t.b.alloc(abi::cq_ring_bytes(16));
+    r.entries = 16;
+    r.cqe = 15;
+    CHECK(t.b.cmd(CmdOp::ResizeCq, r).status == EINVAL);
+}
+
+TEST_CASE("MR re-registration validates flags, PD, access and range, and changes nothing on refusal",
+          "[shim][commands]") {
+    TwoGuests t;
+    uint32_t pd = t.a.pd(), pd2 = t.a.pd();
+    const uint32_t lw = IBV_ACCESS_LOCAL_WRITE;
+    auto mr = t.a.mr(pd, 4096, lw);
+    uint64_t other = t.a.alloc(8192, 4096);
+    auto rereg = [&](uint32_t h, uint32_t flags, uint32_t p, uint32_t access, uint64_t addr, uint64_t len) {
+        return t.a.cmd(CmdOp::ReregMr, abi::CmdReregMrReq{h, flags, p, access, addr, len}).status;
+    };
+    CHECK(rereg(0, IBV_REREG_MR_CHANGE_ACCESS, 0, lw, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, 0, 0, 0, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, 8, 0, 0, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_PD, pd2 + 7, 0, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, IBV_ACCESS_REMOTE_WRITE, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, IBV_ACCESS_ON_DEMAND, 0, 0) == EOPNOTSUPP);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, other, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, ~0ull - 10, 100) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, 0x1000, 4096) == EFAULT);
+    // A refused PD change with a good translation changes neither.
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD, 0, 0, other, 8192) == EINVAL);
+    CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd2}).status == 0);
+    pd2 = t.a.pd();
+    // PD change: the MR now holds the new PD, not the old one.
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_TRANSLATION, pd2, 0, other, 8192) == 0);
+    CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd2}).status == EBUSY);
+    CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd}).status == 0);
+    CHECK(t.a.ctx().mrs.get(mr.handle)->length == 8192);
+    CHECK(t.a.ctx().mrs.get(mr.handle)->addr == other);
+    // Another guest cannot touch it.
+    CHECK(t.b.cmd(CmdOp::ReregMr, abi::CmdReregMrReq{mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, lw, 0, 0}).status ==
+          EINVAL);
+}
+
 TEST_CASE("QP creation validates every field", "[shim][commands]") {
     TwoGuests t;
     uint32_t pd = t.a.pd();
