@@ -34,7 +34,7 @@ struct QpCreate {
 ibv_qp* create_common(const QpCreate& c) {
     Context& ctx = ctx_of(c.pd->context);
     const abi::DeviceAttr& d = ctx.dev_attr;
-    if (c.type != IBV_QPT_RC && c.type != IBV_QPT_UD) {
+    if (c.type != IBV_QPT_RC && c.type != IBV_QPT_UC && c.type != IBV_QPT_UD) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -210,9 +210,10 @@ ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* attr) {
     bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     uint64_t ops = ex ? attr->send_ops_flags : 0;
     uint64_t supported = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC)
+        supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
     if (attr->qp_type == IBV_QPT_RC)
-        supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-                     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+        supported |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
     if (ops & ~supported) {
         errno = EOPNOTSUPP;
         return nullptr;

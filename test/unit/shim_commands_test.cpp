@@ -186,7 +186,8 @@ TEST_CASE("QP creation validates every field", "[shim][commands]") {
         mutate(r);
         return t.a.cmd(CmdOp::CreateQp, r).status;
     };
-    CHECK(try_create([](auto& r) { r.qp_type = IBV_QPT_UC; }) == EINVAL);
+    CHECK(try_create([](auto& r) { r.qp_type = IBV_QPT_XRC_SEND; }) == EINVAL);
+    CHECK(try_create([](auto& r) { r.qp_type = IBV_QPT_RAW_PACKET; }) == EINVAL);
     CHECK(try_create([](auto& r) { r.qp_type = 77; }) == EINVAL);
     CHECK(try_create([](auto& r) { r.pd_handle = 0; }) == EINVAL);
     CHECK(try_create([&](auto& r) { r.pd_handle = cq.handle; }) == EINVAL);  // wrong type

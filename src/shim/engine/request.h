@@ -32,8 +32,8 @@ constexpr bool is_request_opcode(uint32_t op) {
 // of these and validated by the responder exactly like a local request.
 struct Request {
     uint32_t opcode = 0;       // enum ibv_wr_opcode
-    uint32_t qp_type = 0;      // IBV_QPT_RC or IBV_QPT_UD
-    uint32_t psn = 0;          // RC: one PSN per message (24 bits)
+    uint32_t qp_type = 0;      // IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD
+    uint32_t psn = 0;          // RC, UC: one PSN per message (24 bits)
     uint16_t slid = 0;         // source (LID, QPN)
     uint16_t dlid = 0;         // destination (LID, QPN)
     uint32_t sqpn = 0;
@@ -63,7 +63,8 @@ struct Request {
     bool resend = false;
 };
 
-// The responder's answer to an RC request (UD requests get none).
+// The responder's answer to an RC request (UD and UC requests get none:
+// the local transport computes one, and the requester ignores it).
 enum class Syndrome : uint8_t {
     Ack = 0,        // executed; READ data or the atomic's original value follow
     RnrNak = 1,     // no receive posted: retry after rnr_timer

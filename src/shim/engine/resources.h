@@ -75,7 +75,7 @@ enum class SqWait : uint8_t { None, Rnr, Retry };
 
 struct Qp {
     uint32_t qpn = 0;
-    uint32_t type = 0;            // IBV_QPT_RC or IBV_QPT_UD
+    uint32_t type = 0;            // IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
     WorkQueue sq, rq;             // rq unused when srq != 0
     uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;
