@@ -1,5 +1,7 @@
 // The device's identity and the errno of each bad argument, as a generic
 // verbs test program checks them (man pages; rxe and the kernel's uverbs).
+#include <fcntl.h>
+
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
@@ -230,4 +232,83 @@ TEST_CASE("modify_qp and create_ah: out-of-range attributes are EINVAL", "[api][
     ibv_ah* ok = ibv_create_ah(dev.pd, &ah);
     REQUIRE(ok);
     CHECK(ibv_destroy_ah(ok) == 0);
+}
+
+// What README.md ("Verbs not offered") says each unsupported verb returns.
+TEST_CASE("verbs not offered return the errno the README documents", "[api][unsupported]") {
+    Device dev;
+    errno = 0;
+    CHECK(ibv_alloc_mw(dev.pd, IBV_MW_TYPE_1) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    errno = 0;
+    CHECK(ibv_alloc_mw(dev.pd, IBV_MW_TYPE_2) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    ibv_xrcd_init_attr xa{};
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.fd = -1;
+    xa.oflags = O_CREAT;
+    errno = 0;
+    CHECK(ibv_open_xrcd(dev.ctx, &xa) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    errno = 0;
+    CHECK(ibv_alloc_td(dev.ctx, nullptr) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    ibv_values_ex rt{};
+    rt.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+    CHECK(ibv_query_rt_values_ex(dev.ctx, &rt) == EOPNOTSUPP);
+
+    ibv_device_attr da{};
+    REQUIRE(ibv_query_device(dev.ctx, &da) == 0);
+    CHECK((da.device_cap_flags & (IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2A |
+                                  IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC | IBV_DEVICE_SRQ_RESIZE |
+                                  IBV_DEVICE_MEM_MGT_EXTENSIONS)) == 0);
+
+    // Send opcodes of windows, invalidation and atomic write: EINVAL at post.
+    Qp q(dev);
+    connect_rc(q.qp, dev.lid, q.qpn());
+    Buffer buf(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+    ibv_sge s = sge(buf, 0, 8);
+    for (ibv_wr_opcode op : {IBV_WR_BIND_MW, IBV_WR_LOCAL_INV, IBV_WR_SEND_WITH_INV, IBV_WR_ATOMIC_WRITE,
+                             IBV_WR_TSO, IBV_WR_DRIVER1}) {
+        ibv_send_wr wr{}, *bad = nullptr;
+        wr.opcode = op;
+        wr.sg_list = &s;
+        wr.num_sge = 1;
+        INFO("opcode " << int(op));
+        CHECK(ibv_post_send(q.qp, &wr, &bad) == EINVAL);
+        CHECK(bad == &wr);
+    }
+    ibv_qp_init_attr_ex ia{};
+    ia.qp_type = IBV_QPT_RC;
+    ia.send_cq = q.send_cq;
+    ia.recv_cq = q.recv_cq;
+    ia.cap = {4, 4, 1, 1, 0};
+    ia.pd = dev.pd;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    for (uint64_t op : {uint64_t(IBV_QP_EX_WITH_BIND_MW), uint64_t(IBV_QP_EX_WITH_LOCAL_INV),
+                        uint64_t(IBV_QP_EX_WITH_SEND_WITH_INV), uint64_t(IBV_QP_EX_WITH_ATOMIC_WRITE)}) {
+        ia.send_ops_flags = IBV_QP_EX_WITH_SEND | op;
+        errno = 0;
+        INFO("send_ops_flags " << op);
+        CHECK(ibv_create_qp_ex(dev.ctx, &ia) == nullptr);
+        CHECK(errno == EOPNOTSUPP);
+    }
+    ibv_qp_init_attr xi{};
+    xi.qp_type = IBV_QPT_XRC_SEND;
+    xi.send_cq = q.send_cq;
+    xi.recv_cq = q.recv_cq;
+    xi.cap = {4, 0, 1, 0, 0};
+    errno = 0;
+    CHECK(ibv_create_qp(dev.pd, &xi) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+
+    // SRQ resizing (no IBV_DEVICE_SRQ_RESIZE).
+    ibv_srq_init_attr si{};
+    si.attr = {16, 1, 0};
+    ibv_srq* srq = ibv_create_srq(dev.pd, &si);
+    REQUIRE(srq);
+    ibv_srq_attr sa{};
+    sa.max_wr = si.attr.max_wr * 2;
+    CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_MAX_WR) == EINVAL);
+    CHECK(ibv_destroy_srq(srq) == 0);
 }
