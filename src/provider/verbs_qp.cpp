@@ -213,7 +213,8 @@ ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* attr) {
     if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC)
         supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
     if (attr->qp_type == IBV_QPT_RC)
-        supported |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+        supported |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
     if (ops & ~supported) {
         errno = EOPNOTSUPP;
         return nullptr;

@@ -22,6 +22,7 @@ constexpr bool is_request_opcode(uint32_t op) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:  // its 8 bytes travel in compare_add, not as payload
         return true;
     default:
         return false;
@@ -45,7 +46,7 @@ struct Request {
     uint64_t length = 0;       // payload (SEND, WRITE), bytes to read (READ), 8 (atomics)
     uint32_t rkey = 0;         // RDMA and atomics
     uint64_t remote_addr = 0;
-    uint64_t compare_add = 0;  // atomics
+    uint64_t compare_add = 0;  // atomics; ATOMIC_WRITE: the value stored
     uint64_t swap = 0;
     // UD only.
     uint32_t qkey = 0;

@@ -191,6 +191,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     uint64_t len = 0;
     if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return local_error(e);
     if (is_atomic(op) && len != 8) return local_error(IBV_WC_LOC_LEN_ERR);
+    if (op == IBV_WR_ATOMIC_WRITE && len != 0) return local_error(IBV_WC_LOC_QP_OP_ERR);  // its value is in the WQE
 
     Request req;
     req.opcode = op;
@@ -204,7 +205,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.solicited = (w.hdr.send_flags & IBV_SEND_SOLICITED) != 0;
     req.has_imm = op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     req.imm = w.hdr.imm_data;
-    req.length = len;
+    req.length = op == IBV_WR_ATOMIC_WRITE ? 8 : len;
     req.rkey = w.hdr.rkey;
     req.remote_addr = w.hdr.remote_addr;
     req.compare_add = w.hdr.compare_add;
@@ -374,6 +375,8 @@ uint32_t wc_opcode_for(uint32_t wr_opcode) {
         return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
         return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE:
+        return IBV_WC_ATOMIC_WRITE;
     default:
         return IBV_WC_SEND;
     }

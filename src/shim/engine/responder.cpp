@@ -228,7 +228,9 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
 
     const uint32_t op = req.opcode;
     const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
-    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    // An atomic write is a write of 8 aligned bytes, stored at once.
+    const bool is_atomic_write = op == IBV_WR_ATOMIC_WRITE;
+    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_atomic_write;
     const bool is_read = op == IBV_WR_RDMA_READ;
     const bool is_atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 
@@ -288,7 +290,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         // RDMA and atomics: an rkey of the responder's context, in the QP's
         // PD, with the access both the QP and the MR grant.
         uint32_t need = is_write ? IBV_ACCESS_REMOTE_WRITE : is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_ATOMIC;
-        if (is_atomic && (req.length != 8 || (req.remote_addr & 7)))
+        if ((is_atomic || is_atomic_write) && (req.length != 8 || (req.remote_addr & 7)))
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         if (req.length > 0) {
             if ((qp.attr.qp_access_flags & need) != need)
@@ -315,6 +317,10 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             qp.atomic_replay_psn = req.psn;
             qp.atomic_replay_orig = old;
         }
+        if (is_atomic_write) {
+            __atomic_store_n(reinterpret_cast<uint64_t*>(d.spans[0].p), req.compare_add, __ATOMIC_SEQ_CST);
+            d.nspans = 0;
+        }
         if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
             uint64_t wr_id, cap;
             Delivery scratch;  // the receive WQE's SGEs are not used by a write
@@ -327,7 +333,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         }
     }
     d.resp.syndrome = Syndrome::Ack;
-    d.length = is_atomic ? 0 : req.length;
+    d.length = is_atomic || is_atomic_write ? 0 : req.length;
     if (!duplicate) qp.epsn = psn_next(qp.epsn);
 }
 
