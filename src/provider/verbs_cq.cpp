@@ -222,6 +222,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
     if (entries == 0 || entries > abi::kMaxCqEntries) return EINVAL;
     // No poll and no arming while the shim moves the completions.
     std::lock_guard lock(cq->mu);
+    std::lock_guard arm_lock(cq->arm_mu);
     void* mem = alloc_ring(ctx, abi::cq_ring_bytes(entries));
     if (!mem) return errno;
     abi::CmdResizeCqReq req{};
@@ -249,7 +250,9 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
     Cq* cq = to_cq(ibcq);
     if (cq->ctx->dead.load(std::memory_order_relaxed)) return EIO;
-    std::lock_guard lock(cq->mu);  // the ring may be replaced by resize_cq
+    // Not cq->mu: a poller may hold that between start_poll and end_poll
+    // and arm the CQ meanwhile.
+    std::lock_guard lock(cq->arm_mu);  // the ring may be replaced by resize_cq
     cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
     cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
     ring_doorbell(*cq->ctx);

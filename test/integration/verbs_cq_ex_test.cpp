@@ -195,6 +195,8 @@ TEST_CASE("extended CQ: an error completion and end_poll after next_poll ran dry
         while (ids.size() < 2 && std::chrono::steady_clock::now() < deadline) {
             ibv_poll_cq_attr attr{};
             if (ibv_start_poll(cq, &attr) != 0) continue;
+            // Arming inside a batch is allowed (and must not wait for end_poll).
+            CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(cq), 0) == 0);
             do {
                 ids.push_back(cq->wr_id);
                 CHECK(cq->status == IBV_WC_WR_FLUSH_ERR);
