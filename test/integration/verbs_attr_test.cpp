@@ -155,6 +155,7 @@ TEST_CASE("reg_mr: access flags as the kernel checks them", "[api][attr]") {
     CHECK(attempt(IBV_ACCESS_REMOTE_WRITE) == EINVAL);   // remote write needs local write
     CHECK(attempt(IBV_ACCESS_REMOTE_ATOMIC) == EINVAL);  // so does remote atomic
     CHECK(attempt(IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE) == EOPNOTSUPP);
+    CHECK(attempt(IBV_ACCESS_LOCAL_WRITE | (1 << 12)) == EINVAL);  // no such flag
     CHECK(attempt(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING) == 0);  // optional: ignored
     errno = 0;
     CHECK(ibv_reg_mr(dev.pd, scratch.data, 0, IBV_ACCESS_LOCAL_WRITE) == nullptr);
@@ -217,6 +218,14 @@ TEST_CASE("modify_qp and create_ah: out-of-range attributes are EINVAL", "[api][
     CHECK(ibv_modify_qp(q.qp, &s, rts_mask) == 0);
 
     ibv_ah_attr ah{};
+    ah.port_num = 1;
+    errno = 0;
+    CHECK(ibv_create_ah(dev.pd, &ah) == nullptr);  // LID 0
+    CHECK(errno == EINVAL);
+    ah.dlid = 0xc001;  // multicast
+    errno = 0;
+    CHECK(ibv_create_ah(dev.pd, &ah) == nullptr);
+    CHECK(errno == EINVAL);
     ah.dlid = dev.lid;
     ah.port_num = 2;
     errno = 0;
