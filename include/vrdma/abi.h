@@ -223,6 +223,8 @@ enum class CmdOp : uint32_t {
     DestroySrq,
     CreateAh,
     DestroyAh,
+    ResizeCq,
+    ReregMr,
     kMax
 };
 
@@ -354,6 +356,32 @@ struct CmdCreateCqReq {
 };
 struct CmdCreateCqResp { uint32_t cq_handle; };
 
+// ResizeCq: the provider holds the CQ (no polling) and supplies a new,
+// zeroed ring; the shim moves the completions not yet consumed (per the
+// old ring's consumer index) to slots 0..moved-1 of the new one, copies the
+// arming state, and writes from there on. Refused (EINVAL) when more than
+// `cqe` completions are outstanding.
+struct CmdResizeCqReq {
+    uint64_t ring_gva;        // cq_ring_bytes(entries) bytes inside one segment
+    uint32_t cq_handle;
+    uint32_t entries;         // power of two
+    uint32_t cqe;             // what the application asked for (<= entries - 1)
+    uint32_t reserved;
+};
+struct CmdResizeCqResp { uint32_t moved; };
+
+// ReregMr: flags as ibv_rereg_mr_flags; pd_handle, access and addr/length
+// are read only under CHANGE_PD, CHANGE_ACCESS and CHANGE_TRANSLATION. The
+// MR keeps its handle and keys.
+struct CmdReregMrReq {
+    uint32_t mr_handle;
+    uint32_t flags;
+    uint32_t pd_handle;
+    uint32_t access;
+    uint64_t addr;
+    uint64_t length;
+};
+
 // Response of DestroyCq, DestroyQp and DestroySrq: how many event records
 // the shim wrote for the object over its life (completion events into its
 // channel, async events into the context's async pipe). The provider
@@ -465,5 +493,6 @@ constexpr uint32_t kMaxCqEntries = 1u << 20;
 constexpr uint32_t kMaxSge = 32;
 constexpr uint32_t kMaxInline = 1024;
 constexpr uint32_t kUdGrhBytes = 40;
+constexpr uint32_t kCompVectors = 1;    // ibv_context::num_comp_vectors; a CQ's comp_vector is below it
 
 }  // namespace vrdma::abi

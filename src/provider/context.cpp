@@ -32,6 +32,7 @@ const verbs_context_ops kContextOps = {
     .cq_event = cq_event,
     .create_ah = create_ah,
     .create_cq = create_cq,
+    .create_cq_ex = create_cq_ex,
     .create_qp = create_qp,
     .create_qp_ex = create_qp_ex,
     .create_srq = create_srq,
@@ -54,6 +55,8 @@ const verbs_context_ops kContextOps = {
     .query_srq = query_srq,
     .reg_mr = reg_mr,
     .req_notify_cq = req_notify_cq,
+    .rereg_mr = rereg_mr,
+    .resize_cq = resize_cq,
 };
 
 bool read_socket_attr(const char* ibdev_path, std::string& out) {
@@ -193,7 +196,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
         errno = rc;
         return nullptr;
     }
-    vctx->context.num_comp_vectors = 1;
+    vctx->context.num_comp_vectors = int(abi::kCompVectors);
     verbs_set_ops(vctx, &kContextOps);
     register_context(&vctx->context, ctx);
     return vctx;

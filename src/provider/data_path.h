@@ -18,6 +18,7 @@ inline bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
         return true;
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
+        return type == IBV_QPT_RC || type == IBV_QPT_UC;
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:

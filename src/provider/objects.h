@@ -32,7 +32,12 @@ struct Cq {
     uint32_t cons = 0;         // our consumer index
     uint32_t empty_polls = 0;
     uint32_t idle_polls = 0;   // empty polls that yielded the CPU (shim liveness checks)
-    std::mutex mu;
+    std::mutex mu;             // held by poll_cq, and from start_poll to end_poll
+    std::mutex arm_mu;         // req_notify_cq against resize_cq (which holds mu, then this)
+    // Extended CQ (ibv_create_cq_ex): the completion start_poll/next_poll
+    // made current, and the index past it (published at end_poll).
+    const abi::Cqe* cur = nullptr;
+    uint32_t poll_cons = 0;
     // Events handed to the application (under Context::ev_mu): ibv_destroy_cq
     // waits until as many are acknowledged.
     uint32_t comp_read = 0;

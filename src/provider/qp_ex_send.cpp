@@ -3,6 +3,7 @@
 // WQEs are built in place between wr_start and wr_complete and published
 // together; any error makes wr_complete discard the whole batch.
 #include <cerrno>
+#include <cstring>
 
 #include "data_path.h"
 #include "verbs.h"
@@ -19,7 +20,9 @@ abi::SendWqe* begin(ibv_qp_ex* qpx, ibv_wr_opcode op) {
     Qp* qp = qp_of(qpx);
     qp->wr_cur = nullptr;
     if (qp->wr_err) return nullptr;
-    if (!opcode_allowed(qp->vqp.qp.qp_type, op)) {
+    // Atomic write exists only here: ibv_send_wr has no field for its value.
+    const ibv_qp_type type = qp->vqp.qp.qp_type;
+    if (op == IBV_WR_ATOMIC_WRITE ? type != IBV_QPT_RC : !opcode_allowed(type, op)) {
         qp->wr_err = EINVAL;
         return nullptr;
     }
@@ -109,6 +112,16 @@ void wr_atomic_fetch_add(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, uint64_t 
     }
 }
 
+// The 8 bytes travel in the WQE (compare_add) and are stored at the target
+// by one 8-byte store; no SGE is read.
+void wr_atomic_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, const void* atomic_wr) {
+    if (auto* w = begin(qpx, IBV_WR_ATOMIC_WRITE)) {
+        w->rkey = rkey;
+        w->remote_addr = addr;
+        std::memcpy(&w->compare_add, atomic_wr, sizeof(w->compare_add));
+    }
+}
+
 void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
     Qp* qp = qp_of(qpx);
     auto* w = cur(qp);
@@ -190,6 +203,7 @@ void install_qp_ex_ops(Qp& qp, uint64_t ops) {
     if (ops & IBV_QP_EX_WITH_RDMA_READ) x.wr_rdma_read = wr_rdma_read;
     if (ops & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP) x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     if (ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) x.wr_atomic_fetch_add = wr_atomic_fetch_add;
+    if (ops & IBV_QP_EX_WITH_ATOMIC_WRITE) x.wr_atomic_write = wr_atomic_write;
 }
 
 }  // namespace vrdma::prov

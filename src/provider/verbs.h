@@ -14,6 +14,7 @@ ibv_pd* alloc_pd(ibv_context*);
 int dealloc_pd(ibv_pd*);
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int);
 int dereg_mr(verbs_mr*);
+int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int);
 ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*);
 int destroy_ah(ibv_ah*);
 
@@ -22,6 +23,16 @@ ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int);
 int destroy_cq(ibv_cq*);
 int poll_cq(ibv_cq*, int, ibv_wc*);
 int req_notify_cq(ibv_cq*, int);
+ibv_cq_ex* create_cq_ex(ibv_context*, ibv_cq_init_attr_ex*);
+int resize_cq(ibv_cq*, int);
+struct Cq;
+// After an empty poll past the spin: yields the CPU; false if the shim is gone.
+bool cq_idle(Cq& cq);
+
+// cq_ex_poll.cpp: start_poll/next_poll/end_poll and the read_* functions
+// over the same completion ring. The completion fields offered:
+constexpr uint64_t kCqExWcFlags = IBV_WC_STANDARD_FLAGS;
+void install_cq_ex_ops(Cq& cq);
 
 // verbs_qp.cpp
 ibv_qp* create_qp(ibv_pd*, ibv_qp_init_attr*);

@@ -20,23 +20,35 @@ uint32_t pow2_at_least(uint64_t v) {
 }
 }  // namespace
 
-ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector) {
+namespace {
+
+struct CqCreate {
+    int cqe;
+    ibv_comp_channel* channel;
+    int comp_vector;
+};
+
+// Both creation verbs: the ring, the shim's CQ. The caller fills in what
+// libibverbs would (ibv_create_cq) or what it leaves to the provider
+// (ibv_create_cq_ex).
+Cq* create_common(ibv_context* ibctx, const CqCreate& c) {
     Context& ctx = ctx_of(ibctx);
-    if (cqe < 1 || uint32_t(cqe) > ctx.dev_attr.max_cqe) {
+    if (c.cqe < 1 || uint32_t(c.cqe) > ctx.dev_attr.max_cqe || c.comp_vector < 0 ||
+        c.comp_vector >= ibctx->num_comp_vectors) {
         errno = EINVAL;
         return nullptr;
     }
     uint32_t channel_id = 0;
-    if (channel) {
+    if (c.channel) {
         // Only a channel this library made for this context (events.h);
         // a kernel channel could never be written by the shim.
-        channel_id = channel_id_of(channel, ctx);
+        channel_id = channel_id_of(c.channel, ctx);
         if (!channel_id) {
             errno = EINVAL;
             return nullptr;
         }
     }
-    uint32_t entries = pow2_at_least(uint64_t(cqe) + 1);
+    uint32_t entries = pow2_at_least(uint64_t(c.cqe) + 1);
     if (entries == 0 || entries > abi::kMaxCqEntries) {
         errno = EINVAL;
         return nullptr;
@@ -65,7 +77,7 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
     req.user_handle = reinterpret_cast<uintptr_t>(&cq->vcq.cq);
     req.entries = entries;
     req.channel_id = channel_id;
-    req.comp_vector = uint32_t(comp_vector);
+    req.comp_vector = uint32_t(c.comp_vector);
     abi::CmdCreateCqResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateCq, &req, sizeof(req), &resp, sizeof(resp))) {
         free_ring(ctx, cq->mem);
@@ -74,13 +86,56 @@ ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int co
         return nullptr;
     }
     cq->handle = resp.cq_handle;
-    ibv_cq& c = cq->vcq.cq;
-    c.context = ibctx;
-    c.handle = resp.cq_handle;
-    c.cqe = int(entries - 1);
+    ibv_cq& ib = cq->vcq.cq;
+    ib.context = ibctx;
+    ib.handle = resp.cq_handle;
+    ib.cqe = int(entries - 1);
     std::lock_guard lock(ctx.ev_mu);
-    ctx.live_cqs.insert(&c);
-    return &c;
+    ctx.live_cqs.insert(&ib);
+    return cq;
+}
+
+}  // namespace
+
+ibv_cq* create_cq(ibv_context* ibctx, int cqe, ibv_comp_channel* channel, int comp_vector) {
+    Cq* cq = create_common(ibctx, CqCreate{cqe, channel, comp_vector});
+    return cq ? &cq->vcq.cq : nullptr;
+}
+
+ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) {
+    if (attr->comp_mask & ~uint32_t(IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD)) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    // Single-threaded use is a hint (polling is locked anyway); ignoring
+    // overruns and parent domains are not offered.
+    uint32_t flags = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? attr->flags : 0;
+    if ((flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) || (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ||
+        (attr->wc_flags & ~kCqExWcFlags)) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if (attr->cqe > uint32_t(INT32_MAX)) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Cq* cq = create_common(ibctx, CqCreate{int(attr->cqe), attr->channel, int(attr->comp_vector)});
+    if (!cq) return nullptr;
+    // What libibverbs does after ibv_create_cq, and leaves to the provider here.
+    ibv_cq& ib = cq->vcq.cq;
+    ib.channel = attr->channel;
+    ib.cq_context = attr->cq_context;
+    ib.comp_events_completed = 0;
+    ib.async_events_completed = 0;
+    pthread_mutex_init(&ib.mutex, nullptr);
+    pthread_cond_init(&ib.cond, nullptr);
+    if (attr->channel) {
+        pthread_mutex_lock(&ibctx->mutex);
+        ++attr->channel->refcnt;
+        pthread_mutex_unlock(&ibctx->mutex);
+    }
+    install_cq_ex_ops(*cq);
+    return &cq->vcq.cq_ex;
 }
 
 int destroy_cq(ibv_cq* ibcq) {
@@ -147,17 +202,57 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
             return 0;
         }
     }
+    return cq_idle(*cq) ? 0 : -1;
+}
+
+bool cq_idle(Cq& cq) {
     // An idle poller gives the CPU to the shim and the peer (cores are
     // shared). Now and then it also checks that the shim is still there: a
     // poller waiting for completions that can no longer come gets an error.
-    if ((++cq->idle_polls & 255) == 0 && shim_lost(*cq->ctx)) return -1;
+    if ((++cq.idle_polls & 255) == 0 && shim_lost(*cq.ctx)) return false;
     sched_yield();
+    return true;
+}
+
+int resize_cq(ibv_cq* ibcq, int cqe) {
+    Cq* cq = to_cq(ibcq);
+    Context& ctx = *cq->ctx;
+    if (cqe < 1 || uint32_t(cqe) > ctx.dev_attr.max_cqe) return EINVAL;
+    uint32_t entries = pow2_at_least(uint64_t(cqe) + 1);
+    if (entries == 0 || entries > abi::kMaxCqEntries) return EINVAL;
+    // No poll and no arming while the shim moves the completions.
+    std::lock_guard lock(cq->mu);
+    std::lock_guard arm_lock(cq->arm_mu);
+    void* mem = alloc_ring(ctx, abi::cq_ring_bytes(entries));
+    if (!mem) return errno;
+    abi::CmdResizeCqReq req{};
+    req.ring_gva = reinterpret_cast<uintptr_t>(mem);
+    req.cq_handle = cq->handle;
+    req.entries = entries;
+    req.cqe = uint32_t(cqe);
+    abi::CmdResizeCqResp resp{};
+    if (int rc = command(ctx, abi::CmdOp::ResizeCq, &req, sizeof(req), &resp, sizeof(resp))) {
+        free_ring(ctx, mem);
+        return rc;
+    }
+    free_ring(ctx, cq->mem);
+    auto* base = static_cast<uint8_t*>(mem);
+    cq->mem = mem;
+    cq->hdr = reinterpret_cast<abi::RingHeader*>(base);
+    cq->notify = reinterpret_cast<abi::CqNotify*>(base + sizeof(abi::RingHeader));
+    cq->cqes = reinterpret_cast<abi::Cqe*>(base + abi::cq_slots_offset());
+    cq->entries = entries;
+    cq->cons = 0;
+    ibcq->cqe = int(entries - 1);
     return 0;
 }
 
 int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
     Cq* cq = to_cq(ibcq);
     if (cq->ctx->dead.load(std::memory_order_relaxed)) return EIO;
+    // Not cq->mu: a poller may hold that between start_poll and end_poll
+    // and arm the CQ meanwhile.
+    std::lock_guard lock(cq->arm_mu);  // the ring may be replaced by resize_cq
     cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
     cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
     ring_doorbell(*cq->ctx);

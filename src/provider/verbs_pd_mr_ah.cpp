@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "context.h"
 #include "objects.h"
@@ -94,6 +95,42 @@ int dereg_mr(verbs_mr* vmr) {
     if (rc && rc != EIO) return rc;  // shim gone: the MR is gone with it
     release_segments(ctx, mr->segments);
     delete mr;
+    return 0;
+}
+
+// ibv_rereg_mr: the new range (CHANGE_TRANSLATION) is shared as ibv_reg_mr
+// shares it, then the shim changes the MR in place (same keys). libibverbs
+// updates mr->pd, addr and length when this returns 0.
+int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+    Mr* mr = to_mr(vmr);
+    Context& ctx = ctx_of(vmr->ibv_mr.context);
+    auto fail = [](int e) {
+        errno = e;
+        return e;
+    };
+    if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != vmr->ibv_mr.context)) return fail(EINVAL);
+    std::lock_guard lock(ctx.mem_mu);
+    std::vector<uint32_t> segments;
+    bool translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+    if (translate) {
+        if (int rc = share_range(ctx, reinterpret_cast<uintptr_t>(addr), length, &segments)) return fail(rc);
+    }
+    abi::CmdReregMrReq req{};
+    req.mr_handle = mr->handle;
+    req.flags = uint32_t(flags);
+    req.pd_handle = (flags & IBV_REREG_MR_CHANGE_PD) ? pd->handle : 0;
+    req.access = uint32_t(access);
+    req.addr = reinterpret_cast<uintptr_t>(addr);
+    req.length = length;
+    if (int rc = command(ctx, abi::CmdOp::ReregMr, &req, sizeof(req), nullptr, 0)) {
+        if (translate) release_segments(ctx, segments);
+        return fail(rc);
+    }
+    if (translate) {
+        release_segments(ctx, mr->segments);
+        mr->segments = std::move(segments);
+    }
+    if (flags & IBV_REREG_MR_CHANGE_ACCESS) vmr->access = access;
     return 0;
 }
 

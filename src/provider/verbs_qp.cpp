@@ -34,14 +34,19 @@ struct QpCreate {
 ibv_qp* create_common(const QpCreate& c) {
     Context& ctx = ctx_of(c.pd->context);
     const abi::DeviceAttr& d = ctx.dev_attr;
-    if (c.type != IBV_QPT_RC && c.type != IBV_QPT_UD) {
+    if (c.type != IBV_QPT_RC && c.type != IBV_QPT_UC && c.type != IBV_QPT_UD) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
     ibv_qp_cap& cap = *c.cap;
     uint32_t max_sge = std::min(d.max_sge, abi::kMaxSge);
     uint32_t max_inline = std::min(d.max_inline_data, abi::kMaxInline);
-    if (!c.send_cq || (!c.recv_cq) || cap.max_send_wr > d.max_qp_wr || cap.max_send_sge > max_sge ||
+    // Objects of another context: their handles mean nothing to this one's
+    // shim (a kernel device answers EINVAL for a handle it does not know).
+    bool foreign = (c.send_cq && c.send_cq->context != c.pd->context) ||
+                   (c.recv_cq && c.recv_cq->context != c.pd->context) ||
+                   (c.srq && c.srq->context != c.pd->context);
+    if (foreign || !c.send_cq || (!c.recv_cq) || cap.max_send_wr > d.max_qp_wr || cap.max_send_sge > max_sge ||
         cap.max_inline_data > max_inline ||
         (!c.srq && (cap.max_recv_wr > d.max_qp_wr || cap.max_recv_sge > max_sge))) {
         errno = EINVAL;
@@ -209,9 +214,11 @@ ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* attr) {
     bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     uint64_t ops = ex ? attr->send_ops_flags : 0;
     uint64_t supported = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
+    if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC)
+        supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
     if (attr->qp_type == IBV_QPT_RC)
-        supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ |
-                     IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+        supported |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
     if (ops & ~supported) {
         errno = EOPNOTSUPP;
         return nullptr;

@@ -107,7 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 r.user_handle = in.u64();
                 r.entries = pow2ish(in, 12);
                 r.channel_id = in.u8() < 230 ? 0 : in.u32();
-                r.comp_vector = in.u8();
+                r.comp_vector = in.u8() < 230 ? 0 : in.u8();
                 put(r);
                 break;
             }
@@ -155,6 +155,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 r.stride = pow2ish(in, 10);
                 r.max_sge = in.u8() % 40;
                 r.srq_limit = in.u16();
+                put(r);
+                break;
+            }
+            case abi::CmdOp::ResizeCq: {
+                abi::CmdResizeCqReq r{};
+                r.ring_gva = gva(in);
+                r.cq_handle = pool.pick(in);
+                r.entries = pow2ish(in, 12);
+                r.cqe = in.u8() < 200 ? r.entries - 1 : in.u32();
+                put(r);
+                break;
+            }
+            case abi::CmdOp::ReregMr: {
+                abi::CmdReregMrReq r{};
+                r.mr_handle = pool.pick(in);
+                r.flags = in.u8() & 15;
+                r.pd_handle = pool.pick(in);
+                uint8_t acc = in.u8();
+                r.access = acc < 240 ? acc & 0x1f : in.u32();
+                r.addr = gva(in);
+                uint8_t l = in.u8();
+                r.length = l < 200 ? uint64_t(in.u16()) * (l & 1 ? 64 : 1) : in.u64();
                 put(r);
                 break;
             }

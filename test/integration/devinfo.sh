@@ -26,6 +26,11 @@ expect 'max_cq:[[:space:]]+16384'
 expect 'max_srq:[[:space:]]+8192'
 expect 'atomic_cap:[[:space:]]+ATOMIC_HCA'
 expect 'active_mtu:[[:space:]]+4096'
+# Identity (docs/protocol.md, "Device identity"): no IEEE OUI, vrdma's part id.
+expect 'vendor_id:[[:space:]]+0xffffff$'
+expect 'vendor_part_id:[[:space:]]+30322$'
+expect 'hw_ver:[[:space:]]+0x2$'
+expect 'fw_ver:[[:space:]]+0\.1\.0$'
 
 # The second guest has its own LID.
 in_guest b ibv_devinfo | grep -E >/dev/null 'port_lid:[[:space:]]+2$' || fail "guest b does not have LID 2"

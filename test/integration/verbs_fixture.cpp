@@ -60,8 +60,9 @@ Buffer::~Buffer() {
 }
 
 Qp::Qp(Device& dev, const QpOptions& opt) {
-    send_cq = ibv_create_cq(dev.ctx, 256, nullptr, nullptr, 0);
-    recv_cq = ibv_create_cq(dev.ctx, 256, nullptr, nullptr, 0);
+    owns_cqs = !opt.send_cq;
+    send_cq = owns_cqs ? ibv_create_cq(dev.ctx, 256, nullptr, nullptr, 0) : opt.send_cq;
+    recv_cq = owns_cqs ? ibv_create_cq(dev.ctx, 256, nullptr, nullptr, 0) : opt.recv_cq;
     if (!send_cq || !recv_cq) die("ibv_create_cq");
     ibv_qp_init_attr ia{};
     ia.send_cq = send_cq;
@@ -80,8 +81,8 @@ Qp::Qp(Device& dev, const QpOptions& opt) {
 
 Qp::~Qp() {
     if (qp) ibv_destroy_qp(qp);
-    if (send_cq) ibv_destroy_cq(send_cq);
-    if (recv_cq) ibv_destroy_cq(recv_cq);
+    if (send_cq && owns_cqs) ibv_destroy_cq(send_cq);
+    if (recv_cq && owns_cqs) ibv_destroy_cq(recv_cq);
 }
 
 void connect_rc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn, const RcParams& p) {

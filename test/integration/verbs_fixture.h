@@ -56,6 +56,9 @@ struct QpOptions {
     uint32_t max_inline = 64;
     ibv_srq* srq = nullptr;
     int sq_sig_all = 0;
+    // CQs the caller made and keeps (e.g. extended CQs); null: the Qp makes its own.
+    ibv_cq* send_cq = nullptr;
+    ibv_cq* recv_cq = nullptr;
 };
 
 struct Qp {
@@ -67,6 +70,7 @@ struct Qp {
     ibv_cq* send_cq = nullptr;
     ibv_cq* recv_cq = nullptr;
     ibv_qp* qp = nullptr;
+    bool owns_cqs = true;
     uint32_t qpn() const { return qp->qp_num; }
 };
 

@@ -42,6 +42,8 @@ const Expected kExpected[] = {
     {CmdOp::DestroySrq, "DestroySrq", cmd_destroy_srq, sizeof(abi::CmdHandleReq), sizeof(abi::CmdDestroyResp)},
     {CmdOp::CreateAh, "CreateAh", cmd_create_ah, sizeof(abi::CmdCreateAhReq), sizeof(abi::CmdCreateAhResp)},
     {CmdOp::DestroyAh, "DestroyAh", cmd_destroy_ah, sizeof(abi::CmdHandleReq), 0},
+    {CmdOp::ResizeCq, "ResizeCq", cmd_resize_cq, sizeof(abi::CmdResizeCqReq), sizeof(abi::CmdResizeCqResp)},
+    {CmdOp::ReregMr, "ReregMr", cmd_rereg_mr, sizeof(abi::CmdReregMrReq), 0},
 };
 
 }  // namespace

@@ -19,7 +19,9 @@ TEST_CASE("device and port queries report the enforced limits", "[shim][commands
     CHECK(d.max_cqe == abi::kMaxCqEntries - 1);
     CHECK(d.atomic_cap == IBV_ATOMIC_HCA);
     CHECK(d.phys_port_cnt == 1);
-    CHECK(d.vendor_id == 0);
+    CHECK(d.vendor_id == 0xffffff);
+    CHECK(d.vendor_part_id == 0x7672);
+    CHECK(d.hw_ver == abi::kVersion);
     CHECK(d.node_guid == htobe64(0x1111));
     CHECK(std::string(d.fw_ver) == "0.1.0");
 
@@ -52,7 +54,7 @@ TEST_CASE("PD and MR commands validate handles, access and ranges", "[shim][comm
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd + 1, lw, buf, 4096}).status == EINVAL);
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 0}).status == EINVAL);
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_REMOTE_WRITE, buf, 4096}).status == EINVAL);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_ON_DEMAND, buf, 4096}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_ON_DEMAND, buf, 4096}).status == EOPNOTSUPP);
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, ~0ull - 10, 100}).status == EINVAL);  // wraps
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, 0x1000, 4096}).status == EFAULT);     // no segment
     CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 1ull << 41}).status == EINVAL);  // over max
@@ -84,13 +86,15 @@ TEST_CASE("PD and MR commands validate handles, access and ranges", "[shim][comm
 TEST_CASE("CQ creation validates entries and ring placement", "[shim][commands]") {
     TwoGuests t;
     uint64_t ring = t.a.alloc(abi::cq_ring_bytes(1024));
-    auto create = [&](uint64_t gva, uint32_t entries) {
+    auto create = [&](uint64_t gva, uint32_t entries, uint32_t comp_vector = 0) {
         abi::CmdCreateCqReq r{};
         r.ring_gva = gva;
         r.entries = entries;
+        r.comp_vector = comp_vector;
         return t.a.cmd(CmdOp::CreateCq, r).status;
     };
     CHECK(create(ring, 0) == EINVAL);
+    CHECK(create(ring, 16, abi::kCompVectors) == EINVAL);
     CHECK(create(ring, 12) == EINVAL);
     CHECK(create(ring, abi::kMaxCqEntries * 2) == EINVAL);
     CHECK(create(ring + 8, 16) == EINVAL);                         // unaligned
@@ -105,6 +109,71 @@ TEST_CASE("CQ creation validates entries and ring placement", "[shim][commands]"
     CHECK(t.a.cmd(CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle}).status == ENOENT);
 }
 
+TEST_CASE("CQ resize validates the CQ, the size and the new ring", "[shim][commands]") {
+    TwoGuests t;
+    auto cq = t.a.cq(16);
+    uint64_t ring = t.a.alloc(abi::cq_ring_bytes(64));
+    auto resize = [&](uint32_t handle, uint64_t gva, uint32_t entries, uint32_t cqe) {
+        abi::CmdResizeCqReq r{};
+        r.cq_handle = handle;
+        r.ring_gva = gva;
+        r.entries = entries;
+        r.cqe = cqe;
+        return t.a.cmd(CmdOp::ResizeCq, r).status;
+    };
+    CHECK(resize(0, ring, 64, 63) == EINVAL);
+    CHECK(resize(cq.handle + 1, ring, 64, 63) == EINVAL);
+    CHECK(resize(cq.handle, ring, 48, 47) == EINVAL);             // not a power of two
+    CHECK(resize(cq.handle, ring, 64, 64) == EINVAL);             // cqe over entries - 1
+    CHECK(resize(cq.handle, ring, 64, 0) == EINVAL);
+    CHECK(resize(cq.handle, ring, abi::kMaxCqEntries * 2, 1) == EINVAL);
+    CHECK(resize(cq.handle, cq.ring, 16, 15) == EINVAL);          // overlaps the current ring
+    CHECK(resize(cq.handle, cq.ring + 64, 64, 63) == EINVAL);
+    CHECK(resize(cq.handle, 0x10000, 64, 63) == EFAULT);          // outside every segment
+    CHECK(resize(cq.handle, ring, 64, 63) == 0);
+    // The other guest cannot name it.
+    abi::CmdResizeCqReq r{};
+    r.cq_handle = cq.handle;
+    r.ring_gva = t.b.alloc(abi::cq_ring_bytes(16));
+    r.entries = 16;
+    r.cqe = 15;
+    CHECK(t.b.cmd(CmdOp::ResizeCq, r).status == EINVAL);
+}
+
+TEST_CASE("MR re-registration validates flags, PD, access and range, and changes nothing on refusal",
+          "[shim][commands]") {
+    TwoGuests t;
+    uint32_t pd = t.a.pd(), pd2 = t.a.pd();
+    const uint32_t lw = IBV_ACCESS_LOCAL_WRITE;
+    auto mr = t.a.mr(pd, 4096, lw);
+    uint64_t other = t.a.alloc(8192, 4096);
+    auto rereg = [&](uint32_t h, uint32_t flags, uint32_t p, uint32_t access, uint64_t addr, uint64_t len) {
+        return t.a.cmd(CmdOp::ReregMr, abi::CmdReregMrReq{h, flags, p, access, addr, len}).status;
+    };
+    CHECK(rereg(0, IBV_REREG_MR_CHANGE_ACCESS, 0, lw, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, 0, 0, 0, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, 8, 0, 0, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_PD, pd2 + 7, 0, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, IBV_ACCESS_REMOTE_WRITE, 0, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, IBV_ACCESS_ON_DEMAND, 0, 0) == EOPNOTSUPP);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, other, 0) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, ~0ull - 10, 100) == EINVAL);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, 0x1000, 4096) == EFAULT);
+    // A refused PD change with a good translation changes neither.
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD, 0, 0, other, 8192) == EINVAL);
+    CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd2}).status == 0);
+    pd2 = t.a.pd();
+    // PD change: the MR now holds the new PD, not the old one.
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_TRANSLATION, pd2, 0, other, 8192) == 0);
+    CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd2}).status == EBUSY);
+    CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd}).status == 0);
+    CHECK(t.a.ctx().mrs.get(mr.handle)->length == 8192);
+    CHECK(t.a.ctx().mrs.get(mr.handle)->addr == other);
+    // Another guest cannot touch it.
+    CHECK(t.b.cmd(CmdOp::ReregMr, abi::CmdReregMrReq{mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, lw, 0, 0}).status ==
+          EINVAL);
+}
+
 TEST_CASE("QP creation validates every field", "[shim][commands]") {
     TwoGuests t;
     uint32_t pd = t.a.pd();
@@ -117,7 +186,8 @@ TEST_CASE("QP creation validates every field", "[shim][commands]") {
         mutate(r);
         return t.a.cmd(CmdOp::CreateQp, r).status;
     };
-    CHECK(try_create([](auto& r) { r.qp_type = IBV_QPT_UC; }) == EINVAL);
+    CHECK(try_create([](auto& r) { r.qp_type = IBV_QPT_XRC_SEND; }) == EINVAL);
+    CHECK(try_create([](auto& r) { r.qp_type = IBV_QPT_RAW_PACKET; }) == EINVAL);
     CHECK(try_create([](auto& r) { r.qp_type = 77; }) == EINVAL);
     CHECK(try_create([](auto& r) { r.pd_handle = 0; }) == EINVAL);
     CHECK(try_create([&](auto& r) { r.pd_handle = cq.handle; }) == EINVAL);  // wrong type

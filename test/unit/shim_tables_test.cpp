@@ -177,5 +177,17 @@ TEST_CASE("QP state machine follows the IB rules", "[shim][qp]") {
     CHECK_FALSE(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, rc, 0));
     CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RTR, IBV_QPS_RTR, rc, 0));
     CHECK_FALSE(qp_modify_is_ok(7, IBV_QPS_RTS, rc, 0));
-    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPT_UC, init_rc));
+    // UC: RC's path without what acknowledgements need; SQE like UD.
+    const uint32_t uc = IBV_QPT_UC;
+    const uint32_t rtr_uc = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    CHECK(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, uc, init_rc));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, uc, init_ud));
+    CHECK(qp_modify_is_ok(IBV_QPS_INIT, IBV_QPS_RTR, uc, rtr_uc));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_INIT, IBV_QPS_RTR, uc, rtr_rc));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_INIT, IBV_QPS_RTR, uc, rtr_uc & ~IBV_QP_RQ_PSN));
+    CHECK(qp_modify_is_ok(IBV_QPS_RTR, IBV_QPS_RTS, uc, IBV_QP_SQ_PSN));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RTR, IBV_QPS_RTS, uc, IBV_QP_SQ_PSN | IBV_QP_TIMEOUT));
+    CHECK(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, uc, IBV_QP_ACCESS_FLAGS));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, uc, IBV_QP_QKEY));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPT_XRC_SEND, init_rc));
 }

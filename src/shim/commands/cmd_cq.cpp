@@ -1,5 +1,6 @@
-// CreateCq, DestroyCq.
+// CreateCq, DestroyCq, ResizeCq.
 #include <cerrno>
+#include <cstring>
 
 #include "commands.h"
 #include "vrdma/ring.h"
@@ -10,6 +11,7 @@ int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdCreateCqReq>(req);
     if (!is_pow2(r.entries) || r.entries > abi::kMaxCqEntries || r.entries - 1 > ctx.quotas().max_cqe)
         return EINVAL;
+    if (r.comp_vector >= abi::kCompVectors) return EINVAL;
     HostRange ring;
     if (int err = map_ring(ctx, r.ring_gva, abi::cq_ring_bytes(r.entries), ring)) return err;
     if (r.channel_id && !ctx.has_channel(r.channel_id)) return EINVAL;
@@ -40,6 +42,47 @@ int cmd_destroy_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     store_resp(resp, abi::CmdDestroyResp{cq->comp_events, cq->async_events});
     ctx.cqs.erase(r.handle);
     ctx.charges.give(Res::Cq, 1);
+    return 0;
+}
+
+int cmd_resize_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdResizeCqReq>(req);
+    Cq* cq = ctx.cqs.get(r.cq_handle);
+    if (!cq) return EINVAL;
+    if (!is_pow2(r.entries) || r.entries > abi::kMaxCqEntries || r.entries - 1 > ctx.quotas().max_cqe ||
+        r.cqe == 0 || r.cqe > r.entries - 1)
+        return EINVAL;
+    if (cq->error) return EIO;  // overrun: its completions are already lost
+    uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
+    if (!ring_valid_consumer(cons, cq->prod, cq->entries)) return EINVAL;
+    uint32_t outstanding = ring_count(cq->prod, cons, cq->entries);
+    if (outstanding > r.cqe) return EINVAL;  // as rxe: never below what waits to be polled
+    HostRange ring;
+    if (int err = map_ring(ctx, r.ring_gva, abi::cq_ring_bytes(r.entries), ring)) return err;
+    {
+        // The new ring must not overlap the old one (the copy would read what it wrote).
+        auto old_lo = reinterpret_cast<uintptr_t>(cq->ring);
+        auto new_lo = reinterpret_cast<uintptr_t>(ring.host);
+        if (new_lo < old_lo + abi::cq_ring_bytes(cq->entries) && old_lo < new_lo + abi::cq_ring_bytes(r.entries))
+            return EINVAL;
+    }
+    auto* hdr = reinterpret_cast<abi::RingHeader*>(ring.host);
+    auto* notify = reinterpret_cast<abi::CqNotify*>(ring.host + sizeof(abi::RingHeader));
+    auto* slots = reinterpret_cast<abi::Cqe*>(ring.host + abi::cq_slots_offset());
+    // Completions in flight keep their order; the new ring starts at index 0.
+    for (uint32_t i = 0, idx = cons; i < outstanding; ++i, idx = ring_next(idx, cq->entries))
+        std::memcpy(&slots[i], &cq->slots[ring_slot(idx, cq->entries)], sizeof(abi::Cqe));
+    notify->arm_solicited.store(cq->notify->arm_solicited.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    notify->arm_seq.store(cq->notify->arm_seq.load(std::memory_order_acquire), std::memory_order_release);
+    hdr->consumer.store(0, std::memory_order_relaxed);
+    hdr->producer.store(outstanding, std::memory_order_release);
+    cq->ring = hdr;
+    cq->notify = notify;
+    cq->slots = slots;
+    cq->entries = r.entries;
+    cq->prod = outstanding;
+    cq->keep = std::move(ring.keepalive);
+    store_resp(resp, abi::CmdResizeCqResp{outstanding});
     return 0;
 }
 

@@ -1,4 +1,4 @@
-// AllocPd, DeallocPd, RegMr, DeregMr.
+// AllocPd, DeallocPd, RegMr, DeregMr, ReregMr.
 #include <infiniband/verbs.h>
 
 #include <cerrno>
@@ -12,6 +12,20 @@ constexpr uint32_t kOptionalAccess = IBV_ACCESS_OPTIONAL_RANGE;  // may be ignor
 constexpr uint32_t kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB |
                                kOptionalAccess;
+
+// The access flags of a registration: 0, EOPNOTSUPP or EINVAL, as the
+// kernel checks them (ib_check_mr_access) on a device without ODP.
+int check_access(uint32_t access) {
+    if (access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED)) return EOPNOTSUPP;
+    if (access & ~kMrAccess) return EINVAL;
+    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
+        return EINVAL;
+    return 0;
+}
+
+bool range_ok(const Context& ctx, uint64_t addr, uint64_t length) {
+    return length != 0 && length <= ctx.quotas().max_mr_size && addr + length >= addr;
+}
 
 }  // namespace
 
@@ -39,10 +53,8 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdRegMrReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
-    if (r.access & ~kMrAccess) return EINVAL;
-    if ((r.access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(r.access & IBV_ACCESS_LOCAL_WRITE))
-        return EINVAL;
-    if (r.length == 0 || r.length > ctx.quotas().max_mr_size || r.addr + r.length < r.addr) return EINVAL;
+    if (int err = check_access(r.access)) return err;
+    if (!range_ok(ctx, r.addr, r.length)) return EINVAL;
     PendingCharges charge(ctx);
     if (!charge.take(Res::Mr, 1, "RegMr") || !charge.take(Res::MrBytes, r.length, "RegMr")) return ENOMEM;
     auto mr = std::make_unique<Mr>();
@@ -67,6 +79,46 @@ int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     ctx.charges.give(Res::Mr, 1);
     ctx.charges.give(Res::MrBytes, mr->length);
     if (Pd* pd = ctx.pds.get(mr->pd)) --pd->users;
+    return 0;
+}
+
+// Changes an MR in place: it keeps its handle and keys. Everything is
+// checked and the new mapping made before anything changes, so a refusal
+// leaves the MR as it was.
+int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdReregMrReq>(req);
+    Mr* mr = ctx.mrs.get(r.mr_handle);
+    if (!mr) return EINVAL;
+    constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+    if (r.flags == 0 || (r.flags & ~kFlags)) return EINVAL;
+    Pd* new_pd = nullptr;
+    if (r.flags & IBV_REREG_MR_CHANGE_PD) {
+        new_pd = ctx.pds.get(r.pd_handle);
+        if (!new_pd) return EINVAL;
+    }
+    if (r.flags & IBV_REREG_MR_CHANGE_ACCESS) {
+        if (int err = check_access(r.access)) return err;
+    }
+    HostRange mem;
+    PendingCharges charge(ctx);
+    if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        if (!range_ok(ctx, r.addr, r.length)) return EINVAL;
+        if (!charge.take(Res::MrBytes, r.length, "ReregMr")) return ENOMEM;
+        if (int err = ctx.segments.map_range(r.addr, r.length, mem, ctx.charges.usage())) return err;
+    }
+    if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+        ctx.charges.give(Res::MrBytes, mr->length);
+        charge.keep();
+        mr->addr = r.addr;
+        mr->length = r.length;
+        mr->mem = std::move(mem);
+    }
+    if (r.flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = r.access & ~kOptionalAccess;
+    if (new_pd) {
+        if (Pd* old_pd = ctx.pds.get(mr->pd)) --old_pd->users;
+        ++new_pd->users;
+        mr->pd = r.pd_handle;
+    }
     return 0;
 }
 

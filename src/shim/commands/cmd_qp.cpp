@@ -38,7 +38,7 @@ int setup_wq(const Context& ctx, uint64_t gva, uint32_t entries, uint32_t stride
 int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdCreateQpReq>(req);
     const Quotas& q = ctx.quotas();
-    if (r.qp_type != IBV_QPT_RC && r.qp_type != IBV_QPT_UD) return EINVAL;
+    if (r.qp_type != IBV_QPT_RC && r.qp_type != IBV_QPT_UD && r.qp_type != IBV_QPT_UC) return EINVAL;
     Pd* pd = ctx.pds.get(r.pd_handle);
     Cq* scq = ctx.cqs.get(r.send_cq_handle);
     Cq* rcq = ctx.cqs.get(r.recv_cq_handle);

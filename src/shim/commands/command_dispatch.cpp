@@ -49,6 +49,8 @@ constexpr CommandSpec kCommands[] = {
     command<abi::CmdHandleReq, abi::CmdDestroyResp>(CmdOp::DestroySrq, "DestroySrq", cmd_destroy_srq),
     command<abi::CmdCreateAhReq, abi::CmdCreateAhResp>(CmdOp::CreateAh, "CreateAh", cmd_create_ah),
     command<abi::CmdHandleReq, NoRecord>(CmdOp::DestroyAh, "DestroyAh", cmd_destroy_ah),
+    command<abi::CmdResizeCqReq, abi::CmdResizeCqResp>(CmdOp::ResizeCq, "ResizeCq", cmd_resize_cq),
+    command<abi::CmdReregMrReq, NoRecord>(CmdOp::ReregMr, "ReregMr", cmd_rereg_mr),
 };
 constexpr uint32_t kOps = uint32_t(CmdOp::kMax);
 constexpr size_t kCommandCount = sizeof(kCommands) / sizeof(kCommands[0]);

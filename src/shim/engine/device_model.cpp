@@ -74,9 +74,9 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.sys_image_guid = htobe64(id.guid);
     a.max_mr_size = q.max_mr_size < q.max_mr_bytes ? q.max_mr_size : q.max_mr_bytes;
     a.page_size_cap = abi::kPageSize;
-    a.vendor_id = 0;
-    a.vendor_part_id = 0;
-    a.hw_ver = 1;
+    a.vendor_id = kVendorId;
+    a.vendor_part_id = kVendorPartId;
+    a.hw_ver = kHwVersion;
     a.max_qp = q.max_qp;
     a.max_qp_wr = q.max_qp_wr;
     a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SHUTDOWN_PORT | IBV_DEVICE_PORT_ACTIVE_EVENT |
@@ -99,7 +99,7 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 16;
     a.phys_port_cnt = 1;
-    std::snprintf(a.fw_ver, sizeof(a.fw_ver), "0.1.0");
+    std::snprintf(a.fw_ver, sizeof(a.fw_ver), "%s", kFwVersion);
     return a;
 }
 

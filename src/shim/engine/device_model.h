@@ -35,6 +35,21 @@ struct Quotas {
     uint64_t max_map_bytes = 2ull << 40;   // bytes of guest memory mapped
 };
 
+// Identity of the device. vendor_id 0xFFFFFF is the value IBTA leaves to a
+// vendor without an IEEE OUI; Soft-RoCE (rxe) reports it for its software
+// device too, and vrdma, having no OUI of its own, does the same rather
+// than borrow another vendor's. vendor_part_id tells vrdma apart within
+// it (rxe leaves it 0): ASCII "vr". hw_ver is the version of the device
+// ABI the guest speaks (abi::kVersion); fw_ver is the shim's release
+// (the CMake project version), also published as sysfs fw_ver.
+constexpr uint32_t kVendorId = 0xffffff;
+constexpr uint32_t kVendorPartId = 0x7672;
+constexpr uint32_t kHwVersion = abi::kVersion;
+#ifndef VRDMA_VERSION
+#error "VRDMA_VERSION (the CMake project version) must be defined"
+#endif
+constexpr const char* kFwVersion = VRDMA_VERSION;
+
 constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 

@@ -11,8 +11,8 @@ constexpr uint32_t kStates = IBV_QPS_ERR + 1;
 
 struct Rule {
     bool valid = false;
-    uint32_t req_rc = 0, req_ud = 0;
-    uint32_t opt_rc = 0, opt_ud = 0;
+    uint32_t req_rc = 0, req_ud = 0, req_uc = 0;
+    uint32_t opt_rc = 0, opt_ud = 0, opt_uc = 0;
 };
 
 struct Table {
@@ -26,11 +26,13 @@ struct Table {
         ri.valid = true;
         ri.req_rc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
         ri.req_ud = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+        ri.req_uc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 
         Rule& ii = r[IBV_QPS_INIT][IBV_QPS_INIT];
         ii.valid = true;
         ii.opt_rc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
         ii.opt_ud = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+        ii.opt_uc = IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
 
         Rule& ir = r[IBV_QPS_INIT][IBV_QPS_RTR];
         ir.valid = true;
@@ -38,6 +40,9 @@ struct Table {
                     IBV_QP_MIN_RNR_TIMER;
         ir.opt_rc = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
         ir.opt_ud = IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
+        // UC: no acknowledgements, so no RNR timer and no RDMA reads.
+        ir.req_uc = IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+        ir.opt_uc = IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX;
 
         Rule& rs = r[IBV_QPS_RTR][IBV_QPS_RTS];
         rs.valid = true;
@@ -46,22 +51,26 @@ struct Table {
         rs.opt_rc = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
                     IBV_QP_PATH_MIG_STATE;
         rs.opt_ud = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+        rs.req_uc = IBV_QP_SQ_PSN;  // no timeout, retries or reads
+        rs.opt_uc = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE;
 
         Rule& ss = r[IBV_QPS_RTS][IBV_QPS_RTS];
         ss.valid = true;
         ss.opt_rc = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE |
                     IBV_QP_MIN_RNR_TIMER;
         ss.opt_ud = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+        ss.opt_uc = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
 
         Rule& sd = r[IBV_QPS_RTS][IBV_QPS_SQD];
         sd.valid = true;
-        sd.opt_rc = sd.opt_ud = IBV_QP_EN_SQD_ASYNC_NOTIFY;
+        sd.opt_rc = sd.opt_ud = sd.opt_uc = IBV_QP_EN_SQD_ASYNC_NOTIFY;
 
         Rule& ds = r[IBV_QPS_SQD][IBV_QPS_RTS];
         ds.valid = true;
         ds.opt_rc = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER |
                     IBV_QP_PATH_MIG_STATE;
         ds.opt_ud = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+        ds.opt_uc = IBV_QP_CUR_STATE | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PATH_MIG_STATE;
 
         Rule& dd = r[IBV_QPS_SQD][IBV_QPS_SQD];
         dd.valid = true;
@@ -69,11 +78,13 @@ struct Table {
                     IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_ALT_PATH |
                     IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_MIN_RNR_TIMER | IBV_QP_PATH_MIG_STATE;
         dd.opt_ud = IBV_QP_PKEY_INDEX | IBV_QP_QKEY;
+        dd.opt_uc = IBV_QP_AV | IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PATH_MIG_STATE;
 
-        // SQE exists for UD only (RC send errors go straight to ERR).
+        // SQE exists for UD and UC (RC send errors go straight to ERR).
         Rule& es = r[IBV_QPS_SQE][IBV_QPS_RTS];
         es.valid = true;
         es.opt_ud = IBV_QP_CUR_STATE | IBV_QP_QKEY;
+        es.opt_uc = IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS;
     }
 };
 constexpr Table kTable;
@@ -92,13 +103,13 @@ bool ah_ok(const abi::AhAttr& ah) {
 
 bool qp_modify_is_ok(uint32_t cur, uint32_t next, uint32_t qp_type, uint32_t mask) {
     if (cur >= kStates || next >= kStates) return false;
-    if (qp_type != IBV_QPT_RC && qp_type != IBV_QPT_UD) return false;
+    if (qp_type != IBV_QPT_RC && qp_type != IBV_QPT_UD && qp_type != IBV_QPT_UC) return false;
     const Rule& rule = kTable.r[cur][next];
     if (!rule.valid) return false;
-    if (cur == IBV_QPS_SQE && qp_type != IBV_QPT_UD && next == IBV_QPS_RTS) return false;
+    if (cur == IBV_QPS_SQE && qp_type == IBV_QPT_RC && next == IBV_QPS_RTS) return false;
     mask &= ~uint32_t(IBV_QP_STATE);
-    uint32_t req = qp_type == IBV_QPT_RC ? rule.req_rc : rule.req_ud;
-    uint32_t opt = qp_type == IBV_QPT_RC ? rule.opt_rc : rule.opt_ud;
+    uint32_t req = qp_type == IBV_QPT_RC ? rule.req_rc : qp_type == IBV_QPT_UD ? rule.req_ud : rule.req_uc;
+    uint32_t opt = qp_type == IBV_QPT_RC ? rule.opt_rc : qp_type == IBV_QPT_UD ? rule.opt_ud : rule.opt_uc;
     if ((mask & req) != req) return false;
     if (mask & ~(req | opt)) return false;
     return true;

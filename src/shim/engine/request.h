@@ -22,6 +22,7 @@ constexpr bool is_request_opcode(uint32_t op) {
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_ATOMIC_WRITE:  // its 8 bytes travel in compare_add, not as payload
         return true;
     default:
         return false;
@@ -32,8 +33,8 @@ constexpr bool is_request_opcode(uint32_t op) {
 // of these and validated by the responder exactly like a local request.
 struct Request {
     uint32_t opcode = 0;       // enum ibv_wr_opcode
-    uint32_t qp_type = 0;      // IBV_QPT_RC or IBV_QPT_UD
-    uint32_t psn = 0;          // RC: one PSN per message (24 bits)
+    uint32_t qp_type = 0;      // IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD
+    uint32_t psn = 0;          // RC, UC: one PSN per message (24 bits)
     uint16_t slid = 0;         // source (LID, QPN)
     uint16_t dlid = 0;         // destination (LID, QPN)
     uint32_t sqpn = 0;
@@ -45,7 +46,7 @@ struct Request {
     uint64_t length = 0;       // payload (SEND, WRITE), bytes to read (READ), 8 (atomics)
     uint32_t rkey = 0;         // RDMA and atomics
     uint64_t remote_addr = 0;
-    uint64_t compare_add = 0;  // atomics
+    uint64_t compare_add = 0;  // atomics; ATOMIC_WRITE: the value stored
     uint64_t swap = 0;
     // UD only.
     uint32_t qkey = 0;
@@ -63,7 +64,8 @@ struct Request {
     bool resend = false;
 };
 
-// The responder's answer to an RC request (UD requests get none).
+// The responder's answer to an RC request (UD and UC requests get none:
+// the local transport computes one, and the requester ignores it).
 enum class Syndrome : uint8_t {
     Ack = 0,        // executed; READ data or the atomic's original value follow
     RnrNak = 1,     // no receive posted: retry after rnr_timer

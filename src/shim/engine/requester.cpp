@@ -70,7 +70,7 @@ void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const Sen
     wq_consume(qp.sq);
     if (!in_flight) qp.sq_next = qp.sq.cons;
     qp.una_psn = psn_next(qp.una_psn);
-    if (qp.type == IBV_QPT_UD) qp.next_psn = qp.una_psn;
+    if (qp.type != IBV_QPT_RC) qp.next_psn = qp.una_psn;  // nothing stays in flight
     bool signaled = qp.sig_all || (hdr.send_flags & IBV_SEND_SIGNALED);
     if (status == IBV_WC_SUCCESS && !signaled) return;
     abi::Cqe c{};
@@ -83,11 +83,11 @@ void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const Sen
 }
 
 // The head WQE fails with `status`: RC QPs go to error (the rest is
-// flushed), UD QPs to SQE.
+// flushed), UD and UC QPs to SQE.
 void fail_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const SendWork* w) {
     complete_head(eng, ctx, qp, status, w, 0);
     rewind(qp);
-    if (qp.type == IBV_QPT_UD)
+    if (qp.type != IBV_QPT_RC)
         qp_set_sq_error(ctx, qp);
     else
         qp_set_error(ctx, qp, -1);
@@ -195,6 +195,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     uint64_t len = 0;
     if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return local_error(e);
     if (is_atomic(op) && len != 8) return local_error(IBV_WC_LOC_LEN_ERR);
+    if (op == IBV_WR_ATOMIC_WRITE && len != 0) return local_error(IBV_WC_LOC_QP_OP_ERR);  // its value is in the WQE
 
     Request req;
     req.opcode = op;
@@ -208,7 +209,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.solicited = (w.hdr.send_flags & IBV_SEND_SOLICITED) != 0;
     req.has_imm = op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     req.imm = w.hdr.imm_data;
-    req.length = len;
+    req.length = op == IBV_WR_ATOMIC_WRITE ? 8 : len;
     req.rkey = w.hdr.rkey;
     req.remote_addr = w.hdr.remote_addr;
     req.compare_add = w.hdr.compare_add;
@@ -290,6 +291,48 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     return Step::Next;
 }
 
+// UC: the message goes to the connected QP with the next PSN and completes
+// as soon as the transport took it; no acknowledgement, no retry.
+Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
+    const abi::SendWqe& h = w.hdr;
+    if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
+    const bool send = h.opcode == IBV_WR_SEND || h.opcode == IBV_WR_SEND_WITH_IMM;
+    const bool write = h.opcode == IBV_WR_RDMA_WRITE || h.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (!send && !write) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    Transport* t = transport_of(eng, qp);
+    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
+    if (pins) pins->clear();
+    Span loc[abi::kMaxSge];
+    uint32_t nl = 0;
+    uint64_t len = 0;
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS)
+        return fail_head(eng, ctx, qp, e, &w), Step::Stop;
+
+    Request req;
+    req.opcode = h.opcode;
+    req.qp_type = IBV_QPT_UC;
+    req.psn = qp.next_psn;
+    req.slid = ctx.guest().lid;
+    req.sqpn = qp.qpn;
+    req.dlid = qp.attr.ah.dlid;
+    req.dqpn = qp.attr.dest_qp_num;
+    req.sl = qp.attr.ah.sl;
+    req.solicited = (h.send_flags & IBV_SEND_SOLICITED) != 0;
+    req.has_imm = h.opcode == IBV_WR_SEND_WITH_IMM || h.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+    req.imm = h.imm_data;
+    req.length = len;
+    req.rkey = h.rkey;
+    req.remote_addr = h.remote_addr;
+    req.inline_payload = w.is_inline;
+    // A message nobody receives is lost; the send still succeeds.
+    if (t && ctx.guest().port_active) {
+        Response ignored;
+        if (t->send(eng, ctx, qp, req, loc, nl, pins, ignored) == SendResult::Busy) return Step::Stop;
+    }
+    complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
+    return Step::Next;
+}
+
 // Completes every posted send WQE (in flight or not) with
 // IBV_WC_WR_FLUSH_ERR, signaled or not.
 bool flush_sq(Context& ctx, Qp& qp) {
@@ -341,6 +384,8 @@ uint32_t wc_opcode_for(uint32_t wr_opcode) {
         return IBV_WC_COMP_SWAP;
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
         return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_WRITE:
+        return IBV_WC_ATOMIC_WRITE;
     default:
         return IBV_WC_SEND;
     }
@@ -440,7 +485,9 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     SendWork& w = eng.scratch();
     for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.wait == SqWait::None; ++i) {
         uint32_t st = read_send_wqe(qp.sq, qp.sq_next, qp.max_send_sge, qp.max_inline, w);
-        Step s = qp.type == IBV_QPT_UD ? start_ud(eng, ctx, qp, w, st) : start_rc(eng, ctx, qp, w, st);
+        Step s = qp.type == IBV_QPT_UD   ? start_ud(eng, ctx, qp, w, st)
+                 : qp.type == IBV_QPT_UC ? start_uc(eng, ctx, qp, w, st)
+                                         : start_rc(eng, ctx, qp, w, st);
         progress = true;
         if (s == Step::Stop) break;
     }

@@ -77,7 +77,7 @@ struct Qp {
     uint32_t handle = 0;          // its handle in the context's table
     bool work_marked = false;     // in the context's list of QPs with work (Context::mark_work)
     uint32_t qpn = 0;
-    uint32_t type = 0;            // IBV_QPT_RC or IBV_QPT_UD
+    uint32_t type = 0;            // IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
     WorkQueue sq, rq;             // rq unused when srq != 0
     uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;

@@ -140,6 +140,75 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(abi::kUdGrhBytes + req.length));
 }
 
+// UC: no acknowledgements, so nothing is ever answered and nothing waits.
+// What RC would NAK or RNR-NAK is dropped here (the message is lost, as on
+// a real fabric); the PSN only resynchronises (a gap is a lost message).
+void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
+    d.resp.syndrome = Syndrome::Drop;
+    d.resp.psn = req.psn;
+    Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
+    if (!dst || dst.qp->type != IBV_QPT_UC || !responder_ready(dst.qp->state)) return;
+    Context& ctx = *dst.ctx;
+    Qp& qp = *dst.qp;
+    // Only the QP this one is connected to may talk to it.
+    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid || !ctx.guest().port_active) return;
+    const uint32_t op = req.opcode;
+    const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if ((!is_send && !is_write) || req.length > kMaxMsgSize) return;
+    qp.epsn = psn_next(req.psn);
+    qp_request_arrived(ctx, qp);
+    d.ctx = &ctx;
+    d.qp = &qp;
+    d.ctx_id = ctx.id();
+    d.qp_handle = dst.handle;
+    d.qpn = qp.qpn;
+
+    RecvQueue rq;
+    const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    if (consumes && !recv_available(ctx, qp, rq)) return;  // no receive posted: lost
+    if (is_send) {
+        uint64_t wr_id, cap;
+        uint32_t st = take_recv_wqe(ctx, qp, rq, d, wr_id, cap, pins);
+        if (st == IBV_WC_SUCCESS && cap < req.length) st = IBV_WC_LOC_LEN_ERR;
+        if (st != IBV_WC_SUCCESS) {
+            // The receive completes in error; a bad receive WQE (not a
+            // short buffer) also puts the QP in error.
+            d.nspans = 0;
+            set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV, 0);
+            if (st != IBV_WC_LOC_LEN_ERR) qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+            return;
+        }
+        set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
+    } else {
+        // An rkey, range or access violation drops the message, leaving the
+        // receive queue untouched.
+        if (req.length > 0) {
+            if ((qp.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) == 0) return;
+            std::shared_ptr<Mapping>* keep = nullptr;
+            uint8_t* p = resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
+            if (!p) return;
+            if (pins && keep) pins->add(*keep);
+            d.spans[0] = Span{p, req.length};
+            d.nspans = 1;
+        }
+        if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+            uint64_t wr_id, cap;
+            Delivery scratch;  // the receive WQE's SGEs are not used by a write
+            uint32_t st = take_recv_wqe(ctx, qp, rq, scratch, wr_id, cap, nullptr);
+            if (st != IBV_WC_SUCCESS) {
+                d.nspans = 0;
+                set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV_RDMA_WITH_IMM, 0);
+                qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+                return;
+            }
+            set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(req.length));
+        }
+    }
+    d.resp.syndrome = Syndrome::Ack;  // never sent: it tells the transport to move the payload
+    d.length = req.length;
+}
+
 // The responder QP fails with `event` and the requester gets `syndrome`.
 void nak(Delivery& d, Context& ctx, Qp& qp, Syndrome syndrome, int event) {
     d.resp.syndrome = syndrome;
@@ -164,7 +233,9 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
 
     const uint32_t op = req.opcode;
     const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
-    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
+    // An atomic write is a write of 8 aligned bytes, stored at once.
+    const bool is_atomic_write = op == IBV_WR_ATOMIC_WRITE;
+    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_atomic_write;
     const bool is_read = op == IBV_WR_RDMA_READ;
     const bool is_atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 
@@ -224,7 +295,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         // RDMA and atomics: an rkey of the responder's context, in the QP's
         // PD, with the access both the QP and the MR grant.
         uint32_t need = is_write ? IBV_ACCESS_REMOTE_WRITE : is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_ATOMIC;
-        if (is_atomic && (req.length != 8 || (req.remote_addr & 7)))
+        if ((is_atomic || is_atomic_write) && (req.length != 8 || (req.remote_addr & 7)))
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         if (req.length > 0) {
             if ((qp.attr.qp_access_flags & need) != need)
@@ -249,6 +320,10 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             qp.atomic_replay_psn = req.psn;
             qp.atomic_replay_orig = old;
         }
+        if (is_atomic_write) {
+            __atomic_store_n(reinterpret_cast<uint64_t*>(d.spans[0].p), req.compare_add, __ATOMIC_SEQ_CST);
+            d.nspans = 0;
+        }
         if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
             uint64_t wr_id, cap;
             Delivery scratch;  // the receive WQE's SGEs are not used by a write
@@ -261,7 +336,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         }
     }
     d.resp.syndrome = Syndrome::Ack;
-    d.length = is_atomic ? 0 : req.length;
+    d.length = is_atomic || is_atomic_write ? 0 : req.length;
     if (!duplicate) qp.epsn = psn_next(qp.epsn);
 }
 
@@ -284,6 +359,8 @@ void responder_begin(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.opcode = req.opcode;
     if (req.qp_type == IBV_QPT_UD)
         respond_ud(eng, req, d, pins);
+    else if (req.qp_type == IBV_QPT_UC)
+        respond_uc(eng, req, d, pins);
     else
         respond_rc(eng, req, d, pins);
 }

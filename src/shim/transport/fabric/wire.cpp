@@ -38,7 +38,7 @@ WireRequest encode(const Request& r) {
 }
 
 bool decode(const WireRequest& w, Request& r) {
-    if (w.qp_type != IBV_QPT_RC && w.qp_type != IBV_QPT_UD) return false;
+    if (w.qp_type != IBV_QPT_RC && w.qp_type != IBV_QPT_UD && w.qp_type != IBV_QPT_UC) return false;
     if (!is_request_opcode(w.opcode)) return false;
     if (w.psn > kPsnMask || w.sqpn > kPsnMask || w.dqpn > kPsnMask) return false;
     if (w.sl > 15 || w.solicited > 1 || w.has_imm > 1 || w.grh > 1) return false;

@@ -1,0 +1,246 @@
+// Extended CQs (ibv_create_cq_ex): the start_poll / next_poll / end_poll
+// interface and the read_* fields over the same completion ring as
+// ibv_poll_cq, between two guests; and the flags that are refused.
+#include <arpa/inet.h>
+
+#include <catch2/catch.hpp>
+#include <cerrno>
+#include <chrono>
+#include <thread>
+
+#include "verbs_fixture.h"
+
+using namespace vt;
+
+namespace {
+
+ibv_cq_ex* make_cq_ex(ibv_context* ctx, uint32_t cqe, uint64_t wc_flags = IBV_WC_STANDARD_FLAGS) {
+    ibv_cq_init_attr_ex a{};
+    a.cqe = cqe;
+    a.wc_flags = wc_flags;
+    return ibv_create_cq_ex(ctx, &a);
+}
+
+// What a generic program reads from an extended CQ.
+struct ExWc {
+    uint64_t wr_id;
+    ibv_wc_status status;
+    ibv_wc_opcode opcode;
+    uint32_t byte_len, qp_num, src_qp, slid;
+    unsigned wc_flags;
+    uint32_t imm;
+    uint8_t sl, dlid_path_bits;
+};
+
+ExWc read_current(ibv_cq_ex* cq) {
+    ExWc w{};
+    w.wr_id = cq->wr_id;
+    w.status = cq->status;
+    w.opcode = ibv_wc_read_opcode(cq);
+    w.byte_len = ibv_wc_read_byte_len(cq);
+    w.qp_num = ibv_wc_read_qp_num(cq);
+    w.src_qp = ibv_wc_read_src_qp(cq);
+    w.slid = ibv_wc_read_slid(cq);
+    w.wc_flags = ibv_wc_read_wc_flags(cq);
+    w.imm = ntohl(ibv_wc_read_imm_data(cq));
+    w.sl = ibv_wc_read_sl(cq);
+    w.dlid_path_bits = ibv_wc_read_dlid_path_bits(cq);
+    return w;
+}
+
+// Polls until `n` completions were read in one start/next/end batch or
+// across batches, within 2 s.
+std::vector<ExWc> poll_ex(ibv_cq_ex* cq, size_t n) {
+    std::vector<ExWc> out;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+        ibv_poll_cq_attr attr{};
+        int rc = ibv_start_poll(cq, &attr);
+        if (rc == ENOENT) {
+            std::this_thread::yield();
+            continue;
+        }
+        REQUIRE(rc == 0);
+        do out.push_back(read_current(cq));
+        while (out.size() < n && (rc = ibv_next_poll(cq)) == 0);
+        ibv_end_poll(cq);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("extended CQ: start/next/end poll reads every field of send and receive completions", "[cq_ex]") {
+    Device dev, peer(Device::kPeer);
+    ibv_cq_ex* scq = make_cq_ex(dev.ctx, 64);
+    ibv_cq_ex* rcq = make_cq_ex(peer.ctx, 64);
+    REQUIRE(scq);
+    REQUIRE(rcq);
+    QpOptions oa, ob;
+    oa.send_cq = oa.recv_cq = ibv_cq_ex_to_cq(scq);
+    ob.send_cq = ob.recv_cq = ibv_cq_ex_to_cq(rcq);
+    {
+        Qp a(dev, oa), b(peer, ob);
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+        int all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        Buffer src(dev.pd, 4096, all), dst(peer.pd, 4096, all);
+        for (size_t i = 0; i < src.size; ++i) src.data[i] = uint8_t(i * 13 + 1);
+
+        // Three receives: a send with immediate, a plain send, a write with immediate.
+        for (uint64_t id = 100; id < 103; ++id) REQUIRE(post_recv(b.qp, id, {sge(dst, 0, 2048)}) == 0);
+        ibv_send_wr wr{};
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr_id = 1;
+        wr.opcode = IBV_WR_SEND_WITH_IMM;
+        wr.imm_data = htonl(0x01020304);
+        REQUIRE(post_send(a.qp, wr, {sge(src, 0, 1500)}) == 0);
+        wr.wr_id = 2;
+        wr.opcode = IBV_WR_SEND;
+        REQUIRE(post_send(a.qp, wr, {sge(src, 0, 700)}) == 0);
+        wr.wr_id = 3;
+        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.imm_data = htonl(0xa0b0c0d0);
+        wr.wr.rdma.remote_addr = dst.addr(2048);
+        wr.wr.rdma.rkey = dst.mr->rkey;
+        REQUIRE(post_send(a.qp, wr, {sge(src, 100, 512)}) == 0);
+
+        auto s = poll_ex(scq, 3);
+        REQUIRE(s.size() == 3);
+        const ibv_wc_opcode sops[3] = {IBV_WC_SEND, IBV_WC_SEND, IBV_WC_RDMA_WRITE};
+        for (int i = 0; i < 3; ++i) {
+            CHECK(s[i].wr_id == uint64_t(i + 1));
+            CHECK(s[i].status == IBV_WC_SUCCESS);
+            CHECK(s[i].opcode == sops[i]);
+            CHECK(s[i].qp_num == a.qpn());
+            CHECK((s[i].wc_flags & IBV_WC_WITH_IMM) == 0);
+        }
+
+        auto r = poll_ex(rcq, 3);
+        REQUIRE(r.size() == 3);
+        CHECK(r[0].wr_id == 100);
+        CHECK(r[0].status == IBV_WC_SUCCESS);
+        CHECK(r[0].opcode == IBV_WC_RECV);
+        CHECK(r[0].byte_len == 1500);
+        CHECK((r[0].wc_flags & IBV_WC_WITH_IMM) != 0);
+        CHECK(r[0].imm == 0x01020304);
+        CHECK(r[1].wr_id == 101);
+        CHECK(r[1].opcode == IBV_WC_RECV);
+        CHECK(r[1].byte_len == 700);
+        CHECK((r[1].wc_flags & IBV_WC_WITH_IMM) == 0);
+        CHECK(r[2].wr_id == 102);
+        CHECK(r[2].opcode == IBV_WC_RECV_RDMA_WITH_IMM);
+        CHECK(r[2].byte_len == 512);
+        CHECK(r[2].imm == 0xa0b0c0d0);
+        for (auto& w : r) {
+            CHECK(w.qp_num == b.qpn());
+            CHECK(w.src_qp == a.qpn());
+            CHECK(w.slid == dev.lid);
+            CHECK(w.sl == 0);
+            CHECK(w.dlid_path_bits == 0);
+        }
+        bool intact = true;
+        for (size_t i = 0; i < 700; ++i) intact &= dst.data[i] == src.data[i];
+        for (size_t i = 0; i < 512; ++i) intact &= dst.data[2048 + i] == src.data[100 + i];
+        CHECK(intact);
+
+        // The ring is empty now, by either interface; ibv_poll_cq works on
+        // the same CQ, and arming it works.
+        ibv_poll_cq_attr attr{};
+        CHECK(ibv_start_poll(rcq, &attr) == ENOENT);
+        ibv_wc wc{};
+        CHECK(ibv_poll_cq(ibv_cq_ex_to_cq(rcq), 1, &wc) == 0);
+        REQUIRE(post_recv(b.qp, 200, {sge(dst, 0, 64)}) == 0);
+        wr.wr_id = 4;
+        wr.opcode = IBV_WR_SEND;
+        REQUIRE(post_send(a.qp, wr, {sge(src, 0, 64)}) == 0);
+        auto plain = poll_one(ibv_cq_ex_to_cq(rcq));
+        REQUIRE(plain);
+        CHECK(plain->wr_id == 200);
+        CHECK(plain->byte_len == 64);
+        CHECK(poll_ex(scq, 1).size() == 1);
+        CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(scq), 0) == 0);
+    }
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(scq)) == 0);
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(rcq)) == 0);
+}
+
+TEST_CASE("extended CQ: an error completion and end_poll after next_poll ran dry", "[cq_ex]") {
+    Device dev, peer(Device::kPeer);
+    ibv_cq_ex* cq = make_cq_ex(dev.ctx, 16, IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM);
+    REQUIRE(cq);
+    QpOptions o;
+    o.send_cq = o.recv_cq = ibv_cq_ex_to_cq(cq);
+    {
+        Qp a(dev, o), b(peer);
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+        Buffer src(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+        ibv_send_wr wr{};
+        wr.wr_id = 9;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        // A bad lkey: a local protection error, then the QP is in error.
+        REQUIRE(post_send(a.qp, wr, {ibv_sge{src.addr(), 8, src.mr->lkey + 1}}) == 0);
+        auto w = poll_ex(cq, 1);
+        REQUIRE(w.size() == 1);
+        CHECK(w[0].wr_id == 9);
+        CHECK(w[0].status == IBV_WC_LOC_PROT_ERR);
+        CHECK(w[0].qp_num == a.qpn());
+        // A batch that ends with next_poll's ENOENT consumes only what it read.
+        REQUIRE(post_recv(a.qp, 10, {sge(src, 0, 8)}) == 0);
+        REQUIRE(post_recv(a.qp, 11, {sge(src, 0, 8)}) == 0);
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+        std::vector<uint64_t> ids;
+        while (ids.size() < 2 && std::chrono::steady_clock::now() < deadline) {
+            ibv_poll_cq_attr attr{};
+            if (ibv_start_poll(cq, &attr) != 0) continue;
+            // Arming inside a batch is allowed (and must not wait for end_poll).
+            CHECK(ibv_req_notify_cq(ibv_cq_ex_to_cq(cq), 0) == 0);
+            do {
+                ids.push_back(cq->wr_id);
+                CHECK(cq->status == IBV_WC_WR_FLUSH_ERR);
+            } while (ibv_next_poll(cq) == 0);
+            ibv_end_poll(cq);
+        }
+        CHECK(ids == std::vector<uint64_t>{10, 11});
+        ibv_poll_cq_attr attr{};
+        CHECK(ibv_start_poll(cq, &attr) == ENOENT);
+    }
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+}
+
+TEST_CASE("extended CQ: unsupported completion fields and flags are refused", "[cq_ex][api]") {
+    Device dev;
+    errno = 0;
+    CHECK(make_cq_ex(dev.ctx, 8, uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    errno = 0;
+    CHECK(make_cq_ex(dev.ctx, 8, IBV_WC_EX_WITH_CVLAN) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    errno = 0;
+    CHECK(make_cq_ex(dev.ctx, 8, IBV_WC_EX_WITH_FLOW_TAG) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    ibv_cq_init_attr_ex a{};
+    a.cqe = 8;
+    a.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+    a.flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+    errno = 0;
+    CHECK(ibv_create_cq_ex(dev.ctx, &a) == nullptr);
+    CHECK(errno == EOPNOTSUPP);
+    a.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;  // a hint: accepted
+    ibv_cq_ex* ok = ibv_create_cq_ex(dev.ctx, &a);
+    REQUIRE(ok);
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(ok)) == 0);
+    a = {};
+    a.cqe = 8;
+    a.comp_vector = 1;
+    errno = 0;
+    CHECK(ibv_create_cq_ex(dev.ctx, &a) == nullptr);
+    CHECK(errno == EINVAL);
+    a.comp_vector = 0;
+    a.cqe = 0;
+    errno = 0;
+    CHECK(ibv_create_cq_ex(dev.ctx, &a) == nullptr);
+    CHECK(errno == EINVAL);
+}
