@@ -14,6 +14,7 @@
 #include "cq_events.h"
 #include "cq_writer.h"
 #include "requester.h"
+#include "secure_random.h"
 #include "transport.h"
 #include "qp_state.h"
 #include "vrdma/ring.h"
@@ -151,17 +152,37 @@ std::vector<uint64_t> Engine::dead_contexts() const {
 }
 
 uint32_t Engine::alloc_qpn() {
-    if (qpns_.size() >= 0xfffff0) return 0;
+    // Live and quarantined QPNs together stay far below 2^24 (the QP quota
+    // of all guests is), so a few draws find a free one.
+    if (qpns_.size() + recent_qpns_.size() >= 0xc00000) return 0;
     for (;;) {
-        uint32_t q = next_qpn_;
-        next_qpn_ = (next_qpn_ + 1) & 0xffffff;
-        if (next_qpn_ < 2) next_qpn_ = 2;
-        if (!qpns_.count(q)) return q;
+        uint32_t q = secure_random_u32() & 0xffffff;
+        if (q < 2 || qpns_.count(q) || recent_qpns_.contains(q)) continue;  // 0 and 1: IB's special QPs
+        return q;
     }
 }
 
 void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) { qpns_[qpn] = QpLoc{&ctx, handle}; }
-void Engine::unregister_qp(uint32_t qpn) { qpns_.erase(qpn); }
+void Engine::unregister_qp(uint32_t qpn) {
+    if (qpns_.erase(qpn)) recent_qpns_.add(qpn);
+}
+
+void Engine::qp_vanished(Context& ctx, const Qp& qp) {
+    if (qp.type != IBV_QPT_RC || !connected_state(qp.state)) return;
+    const uint16_t lid = ctx.guest().lid;
+    Transport* t = routes_.lookup(qp.attr.ah.dlid);
+    if (!t) return;
+    if (t != &local_) {
+        t->qp_gone(lid, qp.qpn, qp.attr.ah.dlid, qp.attr.dest_qp_num);
+        return;
+    }
+    QpRef peer = find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num);
+    if (!peer || peer.qp == &qp || peer.qp->type != IBV_QPT_RC || !connected_state(peer.qp->state)) return;
+    if (peer.qp->attr.ah.dlid != lid || peer.qp->attr.dest_qp_num != qp.qpn) return;
+    LOG_INFO("guest %s: QP %u to error: its peer QP %u was destroyed", peer.ctx->guest().name.c_str(),
+             peer.qp->qpn, qp.qpn);
+    qp_set_error(*peer.ctx, *peer.qp, IBV_EVENT_QP_FATAL);
+}
 
 Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     auto it = qpns_.find(qpn);

@@ -17,6 +17,7 @@
 #include "device_model.h"
 #include "local_transport.h"
 #include "quota.h"
+#include "recent_ids.h"
 #include "route_table.h"
 #include "work_queue.h"
 
@@ -63,7 +64,10 @@ public:
     bool set_port_active(const std::string& guest, bool active);
     std::vector<int> kick_fds() const;
 
-    // QPN registry (QPNs are unique per shim).
+    // QPN registry. QPNs are unique per shim, drawn at random (24 bits, never
+    // 0 or 1) and not handed out again until kQpnQuarantine other QPNs were
+    // freed after them: a stale QPN names nothing rather than a newcomer.
+    static constexpr size_t kQpnQuarantine = 1u << 16;
     struct QpRef {
         Context* ctx = nullptr;
         Qp* qp = nullptr;
@@ -74,6 +78,13 @@ public:
     void register_qp(uint32_t qpn, Context& ctx, uint32_t handle);
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
+    // Each QP created is a new incarnation: an RC connection binds the two
+    // incarnations it joined (responder.cpp), not just their QPNs.
+    uint64_t new_incarnation() { return next_incarnation_++; }
+    // An RC QP is destroyed: the QP it was connected to goes to error (on
+    // this shim: QP_FATAL now; on another: told by the transport), as when
+    // the process that owned it dies.
+    void qp_vanished(Context& ctx, const Qp& qp);
     uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
     // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
     // of this shim connected to exactly it goes to error (QP_FATAL).
@@ -109,7 +120,8 @@ private:
         uint32_t handle;
     };
     std::unordered_map<uint32_t, QpLoc> qpns_;
-    uint32_t next_qpn_ = 2;  // 0 and 1 are the special QPs of IB
+    RecentIds recent_qpns_{kQpnQuarantine};
+    uint64_t next_incarnation_ = 1;
     uint32_t next_srqn_ = 1;
     uint64_t (*clock_)() = monotonic_ns;
     RouteTable routes_;

@@ -75,6 +75,11 @@ enum class SqWait : uint8_t { None, Rnr, Retry };
 
 struct Qp {
     uint32_t qpn = 0;
+    // This QP's incarnation (Engine::new_incarnation) and, for RC, the one it
+    // was connected to at RTR when that peer is on this shim (0: none found,
+    // or the peer is on another shim).
+    uint64_t incarnation = 0;
+    uint64_t peer_incarnation = 0;
     uint32_t type = 0;            // IBV_QPT_RC or IBV_QPT_UD
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
     WorkQueue sq, rq;             // rq unused when srq != 0

@@ -151,6 +151,16 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     Qp& qp = *dst.qp;
     // Only the QP this one is connected to may talk to it.
     if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid || !ctx.guest().port_active) return;
+    // A sender on this shim must also be the very incarnation this QP was
+    // connected to, and be connected to this one: a QP that got a vanished
+    // peer's QPN is a stranger. (A peer shim's sender is vouched for by
+    // the fabric, which tells of QPs that vanish: Engine::fail_peer_qp.)
+    if (eng.routes().lookup(req.slid) == &eng.local_transport()) {
+        Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
+        if (!src || !qp.peer_incarnation || src.qp->incarnation != qp.peer_incarnation ||
+            src.qp->peer_incarnation != qp.incarnation)
+            return;
+    }
     d.ctx = &ctx;
     d.qp = &qp;
     d.ctx_id = ctx.id();

@@ -1,0 +1,146 @@
+// Tenant isolation in the engine (docs/reliability.md "What a tenant can do
+// to another"): a QP that gets the QPN of a vanished peer cannot talk to
+// the peer's old partner, QPNs are unpredictable and not reused soon.
+#include <catch2/catch.hpp>
+
+#include <bitset>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "shim_harness.h"
+
+using namespace vrdma;
+using namespace vrdma::shim;
+using namespace vrdma::shim::test;
+using abi::CmdOp;
+
+namespace {
+
+constexpr uint32_t kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// Guest a's QP connected to guest b's QP X; a second process of guest b
+// (the attacker) ready to take X's number.
+struct Hijack : TwoGuests {
+    FakeProvider b2{eng, gb};
+    uint32_t pd_a, pd_b, pd_c;
+    FakeProvider::CqView cq_a, cq_b, cq_c;
+    FakeProvider::QpView qa, qb, qc;
+    FakeProvider::MrInfo ma, mc;
+    Hijack() {
+        pd_a = a.pd();
+        pd_b = b.pd();
+        pd_c = b2.pd();
+        cq_a = a.cq(64);
+        cq_b = b.cq(64);
+        cq_c = b2.cq(64);
+        qa = a.qp(pd_a, cq_a, cq_a);
+        qb = b.qp(pd_b, cq_b, cq_b);
+        qc = b2.qp(pd_c, cq_c, cq_c);
+        ma = a.mr(pd_a, 4096, kAllAccess);
+        mc = b2.mr(pd_c, 4096, kAllAccess);
+        std::memset(a.at(ma.addr), 0x5a, 4096);
+        std::memset(b2.at(mc.addr), 0xee, 4096);
+        a.connect_rc(qa, 2, qb.qpn, kAllAccess, 7, 1);
+        b.connect_rc(qb, 1, qa.qpn, kAllAccess, 7, 1);
+        a.post_recv(qa.rq, 1, {abi::Sge{ma.addr, 4096, ma.lkey}});
+    }
+    // The attacker's QP now answers to X (what cycling QPNs would achieve).
+    void take_qpn(uint32_t x) {
+        Qp* q = b2.ctx().qps.get(qc.handle);
+        REQUIRE(q);
+        eng.unregister_qp(q->qpn);
+        q->qpn = x;
+        eng.register_qp(x, b2.ctx(), qc.handle);
+    }
+    // SEND, RDMA WRITE and RDMA READ against a's QP and MR: every one must
+    // fail, and a's memory and receive queue must stay as they were.
+    void attack() {
+        b2.connect_rc(qc, 1, qa.qpn, kAllAccess, 0, 0);
+        std::vector<uint32_t> ops = {IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ};
+        for (uint32_t op : ops) {
+            auto w = send_wqe(op, op);
+            w.remote_addr = ma.addr;
+            w.rkey = ma.rkey;
+            b2.post_send(qc.sq, w, {abi::Sge{mc.addr, 64, mc.lkey}});
+            for (int i = 0; i < 4; ++i) {
+                g_fake_now += 1'000'000'000;
+                run();
+            }
+        }
+        auto sc = b2.poll(cq_c);
+        REQUIRE(!sc.empty());
+        for (auto& c : sc) CHECK(c.status != IBV_WC_SUCCESS);
+        CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);  // as if nobody were there
+        for (auto& c : a.poll(cq_a)) CHECK(c.status != IBV_WC_SUCCESS);
+        std::vector<uint8_t> want(4096, 0x5a), mine(4096, 0xee);
+        CHECK(std::memcmp(a.at(ma.addr), want.data(), 4096) == 0);
+        CHECK(std::memcmp(b2.at(mc.addr), mine.data(), 4096) == 0);  // READ brought nothing
+    }
+};
+
+}  // namespace
+
+TEST_CASE("destroying an RC QP puts its connected peer in error", "[shim][isolation]") {
+    Hijack t;
+    REQUIRE(t.b.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{t.qb.handle}).status == 0);
+    t.run();
+    CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);
+    auto rc = t.a.poll(t.cq_a);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].status == IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_CASE("a QP that gets a destroyed peer's QPN cannot reach the old partner", "[shim][isolation]") {
+    Hijack t;
+    const uint32_t x = t.qb.qpn;
+    REQUIRE(t.b.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{t.qb.handle}).status == 0);
+    t.take_qpn(x);
+    t.attack();
+}
+
+TEST_CASE("an RC QP talks only to the incarnation it was connected to", "[shim][isolation]") {
+    // Even were a's QP still in RTS (no notice of X's end reached it), a
+    // newcomer under X's number is a stranger to it.
+    Hijack t;
+    const uint32_t x = t.qb.qpn;
+    t.eng.unregister_qp(x);  // X vanishes from the registry without a word
+    t.take_qpn(x);
+    REQUIRE(t.a.qp_state(t.qa.handle) == IBV_QPS_RTS);
+    t.attack();
+}
+
+TEST_CASE("QPNs are random, never 0 or 1, and a freed QPN is not handed out again soon", "[shim][isolation]") {
+    TwoGuests t;
+    uint32_t pd = t.b.pd();
+    auto cq = t.b.cq(16);
+    FakeProvider::QpView v;
+    const auto req = t.b.qp_req(pd, cq, cq, QpSpec{}, v);  // the same rings every time
+    std::vector<uint32_t> qpns;
+    std::set<uint32_t> seen;
+    constexpr int kCycles = 20000;  // < Engine::kQpnQuarantine: every QPN must be new
+    for (int i = 0; i < kCycles; ++i) {
+        auto r = t.b.cmd(CmdOp::CreateQp, req);
+        REQUIRE(r.status == 0);
+        auto q = r.as<abi::CmdCreateQpResp>();
+        qpns.push_back(q.qpn);
+        REQUIRE(t.b.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{q.qp_handle}).status == 0);
+    }
+    int consecutive = 0;
+    int ones[24] = {};
+    for (size_t i = 0; i < qpns.size(); ++i) {
+        CHECK(qpns[i] >= 2);
+        CHECK(qpns[i] <= 0xffffff);
+        CHECK(seen.insert(qpns[i]).second);
+        if (i && qpns[i] == qpns[i - 1] + 1) ++consecutive;
+        for (int b = 0; b < 24; ++b) ones[b] += (qpns[i] >> b) & 1;
+    }
+    CHECK(seen.size() == size_t(kCycles));
+    CHECK(consecutive < 5);  // a counter would give kCycles - 1
+    for (int b = 0; b < 24; ++b) {
+        INFO("bit " << b);
+        CHECK(ones[b] > kCycles * 45 / 100);
+        CHECK(ones[b] < kCycles * 55 / 100);
+    }
+}
