@@ -180,7 +180,9 @@ int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     auto r = load_req<abi::CmdHandleReq>(req);
     auto qp = ctx.qps.erase(r.handle);
     if (!qp) return ENOENT;
-    eng.qp_vanished(ctx, *qp);
+    // Its peer is not told: as on a fabric, the peer's requests find nobody
+    // and end in RETRY_EXC_ERR, and a QP that gets this QPN later is a
+    // stranger to the peer (bind_peer), so they never reach it.
     ctx.charges.give(Res::Qp, 1);
     ctx.charges.give(Res::Wr, uint64_t(qp->sq.entries) + qp->rq.entries);
     store_resp(resp, abi::CmdDestroyResp{0, qp->async_events});

@@ -167,23 +167,6 @@ void Engine::unregister_qp(uint32_t qpn) {
     if (qpns_.erase(qpn)) recent_qpns_.add(qpn);
 }
 
-void Engine::qp_vanished(Context& ctx, const Qp& qp) {
-    if (qp.type != IBV_QPT_RC || !connected_state(qp.state)) return;
-    const uint16_t lid = ctx.guest().lid;
-    Transport* t = routes_.lookup(qp.attr.ah.dlid);
-    if (!t) return;
-    if (t != &local_) {
-        t->qp_gone(lid, qp.qpn, qp.attr.ah.dlid, qp.attr.dest_qp_num);
-        return;
-    }
-    QpRef peer = find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num);
-    if (!peer || peer.qp == &qp || peer.qp->type != IBV_QPT_RC || !connected_state(peer.qp->state)) return;
-    if (peer.qp->attr.ah.dlid != lid || peer.qp->attr.dest_qp_num != qp.qpn) return;
-    LOG_INFO("guest %s: QP %u to error: its peer QP %u was destroyed", peer.ctx->guest().name.c_str(),
-             peer.qp->qpn, qp.qpn);
-    qp_set_error(*peer.ctx, *peer.qp, IBV_EVENT_QP_FATAL);
-}
-
 Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     auto it = qpns_.find(qpn);
     if (it == qpns_.end()) return {};

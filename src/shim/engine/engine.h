@@ -81,10 +81,6 @@ public:
     // Each QP created is a new incarnation: an RC connection binds the two
     // incarnations it joined (responder.cpp), not just their QPNs.
     uint64_t new_incarnation() { return next_incarnation_++; }
-    // An RC QP is destroyed: the QP it was connected to goes to error (on
-    // this shim: QP_FATAL now; on another: told by the transport), as when
-    // the process that owned it dies.
-    void qp_vanished(Context& ctx, const Qp& qp);
     uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
     // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
     // of this shim connected to exactly it goes to error (QP_FATAL).
