@@ -9,6 +9,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "vrdma/abi.h"
@@ -45,7 +46,7 @@ bool is_eventfd(int fd) {
 
 }  // namespace
 
-bool open_guest_socket(const std::string& path, UniqueFd& out, std::string& error) {
+bool open_guest_socket(const std::string& path, const GuestAccess& access, UniqueFd& out, std::string& error) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof(addr.sun_path)) {
@@ -59,13 +60,43 @@ bool open_guest_socket(const std::string& path, UniqueFd& out, std::string& erro
         return false;
     }
     ::unlink(path.c_str());
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd.get(), 64) != 0) {
+    // Created with mode 0600 at most, then given to the owner: nobody else
+    // can connect in between.
+    const mode_t old_mask = ::umask(0177);
+    const bool bound = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::umask(old_mask);
+    if (!bound || ::listen(fd.get(), 64) != 0) {
         error = "cannot listen on " + path + ": " + strerror(errno);
         return false;
     }
-    ::chmod(path.c_str(), 0666);
+    if (!access.apply(path, false, error)) return false;
     out = std::move(fd);
     return true;
+}
+
+void refuse_connection(Connection& c, const GuestAccess& access) {
+    struct Tally {
+        uint64_t last_ns = 0;
+        uint64_t unlogged = 0;
+    };
+    static std::map<std::string, Tally> tallies;  // by guest name
+    Tally& t = tallies[c.guest->name];
+    ++t.unlogged;
+    const uint64_t now = monotonic_ns();
+    if (!t.last_ns || now - t.last_ns >= 1'000'000'000) {
+        LOG_WARN("guest %s: connection from pid %d uid %u gid %u refused: only %s and root may use this guest "
+                 "(%llu refused since the last warning)",
+                 c.guest->name.c_str(), int(c.pid), unsigned(c.uid), unsigned(c.gid), access.describe().c_str(),
+                 (unsigned long long)t.unlogged);
+        t.last_ns = now;
+        t.unlogged = 0;
+    }
+    abi::SockReply r{};
+    r.magic = abi::kMagic;
+    r.status = EACCES;
+    std::snprintf(r.message, sizeof(r.message), "access refused: uid %u may not use guest %s (owner: %s)",
+                  unsigned(c.uid), c.guest->name.c_str(), access.describe().c_str());
+    (void)::send(c.sock.get(), &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void read_peer_credentials(Connection& c) {
@@ -74,6 +105,7 @@ void read_peer_credentials(Connection& c) {
     if (::getsockopt(c.sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
         c.pid = cred.pid;
         c.uid = cred.uid;
+        c.gid = cred.gid;
     }
     LOG_INFO("guest %s: connection %llu from pid %d uid %u", c.guest->name.c_str(), (unsigned long long)c.id,
              int(c.pid), unsigned(c.uid));

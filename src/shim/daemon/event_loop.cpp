@@ -56,8 +56,12 @@ bool Daemon::start(std::string& error) {
         bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
         published_.push_back(std::move(pub));
         if (!ok) return false;
+        if (opts_.access.size() <= i) opts_.access.resize(i + 1);  // default: the shim's own user
+        const GuestAccess& access = opts_.access[i];
         UniqueFd lfd;
-        if (!open_guest_socket(guest_paths(run_dir_.path(), name).socket, lfd, error)) return false;
+        if (!access.apply(guest_paths(run_dir_.path(), name).dir, true, error) ||
+            !open_guest_socket(guest_paths(run_dir_.path(), name).socket, access, lfd, error))
+            return false;
         if (!epoll_add(lfd.get(), EPOLLIN, tag(kListen, i))) {
             error = std::string("epoll: ") + strerror(errno);
             return false;
@@ -216,12 +220,17 @@ void Daemon::accept_all(size_t guest_index) {
         c.id = id;
         c.guest = engine_.guests()[guest_index].get();
         c.sock.reset(fd);
+        read_peer_credentials(c);
+        if (!opts_.access[guest_index].allows(c.uid, c.gid)) {  // before anything is charged
+            refuse_connection(c, opts_.access[guest_index]);
+            conns_.erase(id);
+            continue;
+        }
         c.charges.bind(engine_.usage_of(*c.guest));
         if (!c.charges.take(Res::Connections, 1, "a connection")) {
             conns_.erase(id);  // closes it: the guest sees EOF
             continue;
         }
-        read_peer_credentials(c);
         if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kConn, id))) {
             LOG_WARN("epoll: %s", strerror(errno));
             conns_.erase(id);

@@ -14,7 +14,7 @@ const char* help_text() {
     vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
 
 SYNOPSIS
-    vrdma-shim [--run-dir DIR] --guest NAME [--guest NAME ...] [--lid-base N]
+    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP] [--guest ...] [--lid-base N]
                [--lid-count N] [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
     vrdma-shim --help
@@ -46,10 +46,20 @@ OPTIONS
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing. Only one shim may serve a run directory.
 
-    --guest NAME
+    --guest NAME[:owner=USER|UID][:group=GROUP|GID]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given.
+        Only the guest's owner, members of its group and root may use it.
+        The owner defaults to the user the shim runs as, and there is no
+        group unless given: DIR/NAME belongs to the owner with mode 0700
+        and its socket with mode 0600 (0750 and 0660, group GROUP, when a
+        group is given). Every connection's peer credentials (SO_PEERCRED)
+        are checked when it is accepted, before anything is charged to
+        the guest; a refused one gets an EACCES reply, is closed, and is
+        logged (at most once a second per guest, with the count). Giving a
+        guest to another user needs a shim run as root. Example:
+            vrdma-shim --guest a:owner=alice --guest b:owner=bob:group=rdma
 
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
@@ -189,6 +199,14 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
         } else if (a == "--guest") {
             std::string g;
             if (!need_value(g)) return false;
+            GuestAccess acc;
+            const auto colon = g.find(':');
+            std::string why;
+            if (!acc.parse(colon == std::string::npos ? "" : g.substr(colon + 1), why)) {
+                error = "--guest " + g + ": " + why;
+                return false;
+            }
+            if (colon != std::string::npos) g.resize(colon);
             if (!valid_guest_name(g)) {
                 error = "invalid guest name '" + g + "' (1-32 characters of A-Z a-z 0-9 _ . -)";
                 return false;
@@ -199,6 +217,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                     return false;
                 }
             o.guests.push_back(g);
+            o.access.push_back(acc);
         } else if (a == "--lid-base") {
             std::string v;
             if (!need_value(v)) return false;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "device_model.h"
+#include "guest_access.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -13,6 +14,7 @@ namespace vrdma::shim {
 struct Options {
     std::string run_dir = "/run/vrdma";
     std::vector<std::string> guests;
+    std::vector<GuestAccess> access;  // parallel to guests: who may use each
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE
