@@ -3,7 +3,7 @@
 // the peer's old partner, QPNs are unpredictable and not reused soon.
 #include <catch2/catch.hpp>
 
-#include <bitset>
+#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <vector>
@@ -145,4 +145,91 @@ TEST_CASE("QPNs are random, never 0 or 1, and a freed QPN is not handed out agai
         CHECK(ones[b] > kCycles * 45 / 100);
         CHECK(ones[b] < kCycles * 55 / 100);
     }
+}
+
+TEST_CASE("keys: 100,000 live MRs have distinct, patternless rkeys; a revoked rkey is not reissued soon",
+          "[shim][isolation]") {
+    TwoGuests t;
+    uint32_t pd = t.b.pd();
+    const uint64_t addr = t.b.alloc(4096, 4096);
+    constexpr int kMrs = 100000;
+    std::vector<uint32_t> keys, handles;
+    keys.reserve(kMrs);
+    for (int i = 0; i < kMrs; ++i) {
+        FakeProvider::MrInfo m;
+        REQUIRE(t.b.reg_mr(pd, addr, 4096, kAllAccess, m) == 0);
+        REQUIRE(m.lkey == m.rkey);
+        CHECK(m.rkey != m.handle);  // the handle is guessable (a slot number)
+        keys.push_back(m.rkey);
+        handles.push_back(m.handle);
+    }
+    std::set<uint32_t> distinct(keys.begin(), keys.end());
+    CHECK(distinct.size() == size_t(kMrs));
+    // No usable pattern: consecutive differences rarely repeat, every bit is
+    // set in about half the keys (a 6-sigma band), and so is every bit of
+    // the XOR of consecutive keys.
+    std::set<uint32_t> diffs;
+    int ones[32] = {}, flips[32] = {};
+    for (size_t i = 0; i < keys.size(); ++i) {
+        if (i) diffs.insert(keys[i] - keys[i - 1]);
+        for (int b = 0; b < 32; ++b) {
+            ones[b] += (keys[i] >> b) & 1;
+            if (i) flips[b] += ((keys[i] ^ keys[i - 1]) >> b) & 1;
+        }
+    }
+    CHECK(diffs.size() > size_t(kMrs) * 99 / 100);
+    for (int b = 0; b < 32; ++b) {
+        INFO("bit " << b);
+        CHECK(std::abs(ones[b] - kMrs / 2) < 1000);
+        CHECK(std::abs(flips[b] - kMrs / 2) < 1000);
+    }
+    // Deregister KeyTable::kQuarantine of them and register as many again:
+    // no new key is one just revoked.
+    std::set<uint32_t> revoked;
+    for (size_t i = 0; i < KeyTable::kQuarantine; ++i) {
+        REQUIRE(t.b.cmd(CmdOp::DeregMr, abi::CmdHandleReq{handles[i]}).status == 0);
+        revoked.insert(keys[i]);
+    }
+    for (size_t i = 0; i < KeyTable::kQuarantine; ++i) {
+        FakeProvider::MrInfo m;
+        REQUIRE(t.b.reg_mr(pd, addr, 4096, kAllAccess, m) == 0);
+        CHECK(!revoked.count(m.rkey));
+    }
+}
+
+TEST_CASE("a guessed rkey is refused, counted per guest and per QP, and fails the target QP", "[shim][isolation]") {
+    Hijack t;
+    Qp* target = t.a.ctx().qps.get(t.qa.handle);
+    REQUIRE(target);
+    // b writes to a with the key the old scheme gave every process's first
+    // MR, and with a's real key off by one.
+    for (uint32_t guess : {0x40000001u, t.ma.rkey ^ 1u}) {
+        if (t.a.qp_state(t.qa.handle) != IBV_QPS_RTS) break;
+        auto w = send_wqe(guess, IBV_WR_RDMA_WRITE);
+        w.remote_addr = t.ma.addr;
+        w.rkey = guess;
+        FakeProvider::MrInfo mb = t.b.mr(t.pd_b, 4096, kAllAccess);
+        t.b.post_send(t.qb.sq, w, {abi::Sge{mb.addr, 64, mb.lkey}});
+        t.run();
+        auto sc = t.b.poll(t.cq_b);
+        REQUIRE(sc.size() == 1);
+        CHECK(sc[0].status == IBV_WC_REM_ACCESS_ERR);
+    }
+    std::vector<uint8_t> want(4096, 0x5a);
+    CHECK(std::memcmp(t.a.at(t.ma.addr), want.data(), 4096) == 0);
+    CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);  // as the spec says: the responder QP fails
+    CHECK(target->remote_access_errors == 1);
+    CHECK(t.eng.security_of(t.ga).remote_access_errors == 1);
+}
+
+TEST_CASE("requests from strangers are counted per guest and per QP", "[shim][isolation]") {
+    Hijack t;
+    const uint32_t x = t.qb.qpn;
+    REQUIRE(t.b.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{t.qb.handle}).status == 0);
+    t.take_qpn(x);
+    t.attack();
+    Qp* target = t.a.ctx().qps.get(t.qa.handle);
+    REQUIRE(target);
+    CHECK(target->stranger_requests >= 1);  // its first request; the rest flush with its QP
+    CHECK(t.eng.security_of(t.ga).stranger_requests >= 1);
 }

@@ -9,7 +9,6 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <vector>
 
 #include "vrdma/abi.h"
@@ -74,22 +73,14 @@ bool open_guest_socket(const std::string& path, const GuestAccess& access, Uniqu
     return true;
 }
 
-void refuse_connection(Connection& c, const GuestAccess& access) {
-    struct Tally {
-        uint64_t last_ns = 0;
-        uint64_t unlogged = 0;
-    };
-    static std::map<std::string, Tally> tallies;  // by guest name
-    Tally& t = tallies[c.guest->name];
-    ++t.unlogged;
-    const uint64_t now = monotonic_ns();
-    if (!t.last_ns || now - t.last_ns >= 1'000'000'000) {
+void refuse_connection(Connection& c, const GuestAccess& access, GuestSecurity& security) {
+    ++security.refused_connections;
+    if (security.refusal_log.due(monotonic_ns())) {
         LOG_WARN("guest %s: connection from pid %d uid %u gid %u refused: only %s and root may use this guest "
-                 "(%llu refused since the last warning)",
+                 "(%llu more since the last warning)",
                  c.guest->name.c_str(), int(c.pid), unsigned(c.uid), unsigned(c.gid), access.describe().c_str(),
-                 (unsigned long long)t.unlogged);
-        t.last_ns = now;
-        t.unlogged = 0;
+                 (unsigned long long)security.refusal_log.unlogged);
+        security.refusal_log.unlogged = 0;
     }
     abi::SockReply r{};
     r.magic = abi::kMagic;

@@ -33,9 +33,10 @@ struct Connection {
 void read_peer_credentials(Connection& c);
 
 // Refuses a connection whose peer `access` does not allow: an EACCES reply
-// saying why, and a warning in the log (at most one a second per guest,
-// with the number refused meanwhile). The caller closes it.
-void refuse_connection(Connection& c, const GuestAccess& access);
+// saying why, counted in `security`, and a warning in the log (at most one
+// a second per guest, with the number refused meanwhile). The caller
+// closes it.
+void refuse_connection(Connection& c, const GuestAccess& access, GuestSecurity& security);
 
 // Handles one message on the connection. Returns false when the connection
 // must be closed (peer gone, protocol error, failed attach).

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "guest_fd.h"
+#include "security_report.h"
 #include "vrdma_common/guest_paths.h"
 #include "vrdma_common/log.h"
 
@@ -222,7 +223,7 @@ void Daemon::accept_all(size_t guest_index) {
         c.sock.reset(fd);
         read_peer_credentials(c);
         if (!opts_.access[guest_index].allows(c.uid, c.gid)) {  // before anything is charged
-            refuse_connection(c, opts_.access[guest_index]);
+            refuse_connection(c, opts_.access[guest_index], engine_.security_of(*c.guest));
             conns_.erase(id);
             continue;
         }
@@ -315,6 +316,7 @@ void Daemon::on_control(uint64_t id) {
     ControlActions actions;
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
     actions.peers = [this] { return fabric_.enabled() ? fabric_.status() : std::string("no fabric\n"); };
+    actions.counters = [this] { return security_report(engine_); };
     if (!handle_control_connection(it->second.get(), actions)) return;
     epoll_del(it->second.get());
     control_conns_.erase(it);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "guest_security.h"
+
 #include "vrdma/abi.h"
 
 namespace vrdma::shim {
@@ -45,6 +47,7 @@ struct GuestIdentity {
     // Port 1 is ACTIVE, or DOWN (Disabled) after the operator took it down
     // (vrdmactl port NAME down): then nothing reaches or leaves the guest.
     bool port_active = true;
+    GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
 };
 
 // A 64-bit id of this host (hash of /etc/machine-id, or of the hostname).

@@ -54,6 +54,13 @@ GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
     return nullptr;
 }
 
+GuestSecurity& Engine::security_of(const GuestIdentity& guest) {
+    for (auto& g : guests_)
+        if (g.get() == &guest) return g->security;
+    static GuestSecurity unknown;  // a guest of no engine (tests): counted nowhere that matters
+    return unknown;
+}
+
 Engine::~Engine() {
     while (!contexts_.empty()) detach(contexts_.begin()->first);
 }

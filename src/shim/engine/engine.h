@@ -32,6 +32,8 @@ public:
 
     const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid);
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
+    // The counters of what isolation stopped for `guest` (guest_security.h).
+    GuestSecurity& security_of(const GuestIdentity& guest);
     const Quotas& quotas() const { return quotas_; }
     // What every context of `guest` holds together (quota.h). Null for a
     // guest this engine does not serve.
@@ -47,6 +49,10 @@ public:
     Context* find_context(uint64_t ctx_id);
     std::vector<uint64_t> dead_contexts() const;
     size_t context_count() const { return contexts_.size(); }
+    template <typename F>
+    void for_each_context(F&& f) {
+        for (auto& entry : contexts_) f(*entry.second);
+    }
 
     // One pass over every context. Returns true if anything progressed.
     bool poll_once();

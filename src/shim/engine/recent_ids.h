@@ -3,6 +3,7 @@
 // freed after it, so a stale number names nothing rather than a newcomer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <unordered_set>

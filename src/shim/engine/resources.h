@@ -18,6 +18,7 @@ struct Pd {
 
 struct Mr {
     uint32_t pd = 0;
+    uint32_t key = 0;     // lkey = rkey (Context::keys)
     uint32_t access = 0;  // ibv_access_flags
     uint64_t addr = 0;    // gva
     uint64_t length = 0;
@@ -112,6 +113,10 @@ struct Qp {
     bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
     uint32_t atomic_replay_psn = 0;
     uint64_t atomic_replay_orig = 0;
+
+    // What isolation stopped at this QP (guest_security.h).
+    uint64_t remote_access_errors = 0;
+    uint64_t stranger_requests = 0;
 
     // Async events (async_events.h).
     uint32_t async_events = 0;    // records written (reported at DestroyQp)

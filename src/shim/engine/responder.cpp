@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "psn.h"
 #include "qp_state.h"
+#include "vrdma_common/log.h"
 
 namespace vrdma::shim {
 namespace {
@@ -135,6 +136,31 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(abi::kUdGrhBytes + req.length));
 }
 
+// A request for `qp` from a QP it is not connected to: dropped, counted.
+void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
+    ++qp.stranger_requests;
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.stranger_requests;
+    if (!s.stranger_log.due(eng.now())) return;
+    LOG_WARN("guest %s: QP %u: request from lid %u QPN %u dropped: not the QP it is connected to "
+             "(%llu more since the last warning)",
+             ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, (unsigned long long)s.stranger_log.unlogged);
+    s.stranger_log.unlogged = 0;
+}
+
+// A request with an rkey, range or access the responder refuses: counted.
+void note_access_error(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
+    ++qp.remote_access_errors;
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.remote_access_errors;
+    if (!s.access_log.due(eng.now())) return;
+    LOG_WARN("guest %s: QP %u: remote access error from lid %u QPN %u (rkey 0x%x addr 0x%llx length %llu) "
+             "(%llu more since the last warning)",
+             ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.rkey, (unsigned long long)req.remote_addr,
+             (unsigned long long)req.length, (unsigned long long)s.access_log.unlogged);
+    s.access_log.unlogged = 0;
+}
+
 // The responder QP fails with `event` and the requester gets `syndrome`.
 void nak(Delivery& d, Context& ctx, Qp& qp, Syndrome syndrome, int event) {
     d.resp.syndrome = syndrome;
@@ -150,7 +176,8 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
     // Only the QP this one is connected to may talk to it.
-    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid || !ctx.guest().port_active) return;
+    if (!ctx.guest().port_active) return;
+    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return note_stranger(eng, ctx, qp, req);
     // A sender on this shim must also be the very incarnation this QP was
     // connected to, and be connected to this one: a QP that got a vanished
     // peer's QPN is a stranger. (A peer shim's sender is vouched for by
@@ -159,7 +186,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
         if (!src || !qp.peer_incarnation || src.qp->incarnation != qp.peer_incarnation ||
             src.qp->peer_incarnation != qp.incarnation)
-            return;
+            return note_stranger(eng, ctx, qp, req);
     }
     d.ctx = &ctx;
     d.qp = &qp;
@@ -232,11 +259,14 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if (is_atomic && (req.length != 8 || (req.remote_addr & 7)))
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         if (req.length > 0) {
-            if ((qp.attr.qp_access_flags & need) != need)
-                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
             std::shared_ptr<Mapping>* keep = nullptr;
-            uint8_t* p = resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, need, &keep);
-            if (!p) return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            uint8_t* p = (qp.attr.qp_access_flags & need) == need
+                             ? resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, need, &keep)
+                             : nullptr;
+            if (!p) {
+                note_access_error(eng, ctx, qp, req);
+                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            }
             if (pins && keep) pins->add(*keep);
             d.spans[0] = Span{p, req.length};
             d.nspans = 1;

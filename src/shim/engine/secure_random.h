@@ -12,4 +12,9 @@ namespace vrdma::shim {
 // (getrandom never fails on Linux >= 3.17 once the pool is initialised).
 uint32_t secure_random_u32();
 
+// Fuzz harnesses only: from now on (this thread) the numbers are a fixed
+// sequence of `seed`, not secret, so that a harness's QPNs and keys are the
+// same in every run and its seed inputs can name them. The shim never calls it.
+void secure_random_make_predictable(uint64_t seed);
+
 }  // namespace vrdma::shim
