@@ -224,10 +224,11 @@ struct Armed {
         }
         g.post_send(q.sq, w, sges);
     }
-    // Keys of other guests: lkey = rkey = the MR's handle in this shim, so a
-    // guess is an MR handle with a small slot and generation.
+    // Keys of other guests: 32 random bits each (KeyTable), so a guess is
+    // the old guessable form (an MR handle: small slot and generation) or
+    // any number.
     static uint32_t guess_key() {
-        return pick(4) ? (2u << 29) | (pick(4) << 21) | (1 + pick(64)) : nasty32();
+        return pick(4) ? (2u << 29) | (pick(4) << 21) | (1 + pick(64)) : pick(2) ? uint32_t(rng()) : nasty32();
     }
 };
 
@@ -466,16 +467,16 @@ void case_handles() {
     int wrong = 0;
     for (auto op : {abi::CmdOp::DeallocPd, abi::CmdOp::DeregMr, abi::CmdOp::DestroyCq, abi::CmdOp::DestroyQp,
                     abi::CmdOp::DestroySrq, abi::CmdOp::DestroyAh, abi::CmdOp::QueryQp, abi::CmdOp::QuerySrq})
-        for (uint32_t h : {pd, mr.lkey, cq.handle, qp.handle, 0u, 0xffffffffu})
+        for (uint32_t h : {pd, mr.mr_handle, cq.handle, qp.handle, 0u, 0xffffffffu})
             wrong += g.cmd(op, abi::CmdHandleReq{h}) != 0;
     // Everything destroyed in order, then destroyed again: all refused.
     g.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{qp.handle});
     g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle});
-    g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{mr.lkey});
+    g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{mr.mr_handle});
     g.cmd(abi::CmdOp::DeallocPd, abi::CmdHandleReq{pd});
     int again = 0;
     for (auto op : {abi::CmdOp::DeallocPd, abi::CmdOp::DeregMr, abi::CmdOp::DestroyCq, abi::CmdOp::DestroyQp})
-        for (uint32_t h : {pd, mr.lkey, cq.handle, qp.handle}) again += g.cmd(op, abi::CmdHandleReq{h}) == 0;
+        for (uint32_t h : {pd, mr.mr_handle, cq.handle, qp.handle}) again += g.cmd(op, abi::CmdHandleReq{h}) == 0;
     // Stale handles after re-creation: same slot, new generation.
     uint32_t pd2 = g.pd();
     int stale = g.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_LOCAL_WRITE, buf, 4096}) == 0;
@@ -714,7 +715,7 @@ void case_destroy_races(int seconds) {
                 usleep(50);
             }
         });
-        a.g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{a.mr.lkey});
+        a.g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{a.mr.mr_handle});
         a.g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{a.cq.handle});  // in use: EBUSY
         a.g.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{a.rc.handle});
         a.g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{a.cq.handle});

@@ -233,3 +233,28 @@ TEST_CASE("requests from strangers are counted per guest and per QP", "[shim][is
     CHECK(target->stranger_requests >= 1);  // its first request; the rest flush with its QP
     CHECK(t.eng.security_of(t.ga).stranger_requests >= 1);
 }
+
+TEST_CASE("a controlled qkey (high bit) is refused unless the operator allows it", "[shim][isolation]") {
+    Engine eng;
+    const GuestIdentity& plain = eng.add_guest("a", 1, 0x1111);
+    const GuestIdentity& allowed = eng.add_guest("b", 2, 0x2222, true);
+    for (const GuestIdentity* g : {&plain, &allowed}) {
+        FakeProvider p(eng, *g);
+        uint32_t pd = p.pd();
+        auto cq = p.cq(16);
+        QpSpec ud;
+        ud.type = IBV_QPT_UD;
+        auto q = p.qp(pd, cq, cq, ud);
+        abi::QpAttr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qkey = 0x80010000;
+        const uint32_t mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY;
+        CHECK(p.modify(q.handle, mask, a) == (g == &plain ? EPERM : 0));
+        a.qkey = 0x11111111;  // an ordinary qkey: always fine
+        CHECK(p.modify(q.handle, mask, a) == 0);
+        a.qp_state = IBV_QPS_INIT;
+        a.qkey = 0xffffffff;
+        CHECK(p.modify(q.handle, IBV_QP_QKEY, a) == (g == &plain ? EPERM : 0));
+    }
+}

@@ -52,7 +52,8 @@ bool Daemon::start(std::string& error) {
     for (size_t i = 0; i < opts_.guests.size(); ++i) {
         const std::string& name = opts_.guests[i];
         const GuestIdentity& id =
-            engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name));
+            engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name),
+                              i < opts_.controlled_qkeys.size() && opts_.controlled_qkeys[i]);
         auto pub = std::make_unique<GuestPublication>();
         bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
         published_.push_back(std::move(pub));

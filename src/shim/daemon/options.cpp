@@ -14,7 +14,8 @@ const char* help_text() {
     vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
 
 SYNOPSIS
-    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP] [--guest ...] [--lid-base N]
+    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:controlled-qkeys]
+               [--guest ...] [--lid-base N]
                [--lid-count N] [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
     vrdma-shim --help
@@ -46,7 +47,7 @@ OPTIONS
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing. Only one shim may serve a run directory.
 
-    --guest NAME[:owner=USER|UID][:group=GROUP|GID]
+    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:controlled-qkeys]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given.
@@ -60,6 +61,11 @@ OPTIONS
         logged (at most once a second per guest, with the count). Giving a
         guest to another user needs a shim run as root. Example:
             vrdma-shim --guest a:owner=alice --guest b:owner=bob:group=rdma
+        :controlled-qkeys lets the guest give its UD QPs a controlled qkey
+        (the high bit set, 0x80000000 and up), which InfiniBand reserves
+        to privileged consumers (such as the subnet administrator's GSI
+        users); without it ibv_modify_qp with such a qkey fails with EPERM,
+        as it does for an unprivileged process on Linux.
 
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
@@ -201,8 +207,22 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             if (!need_value(g)) return false;
             GuestAccess acc;
             const auto colon = g.find(':');
+            std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
+            bool qkeys = false;
+            std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
+            for (size_t start = 0; start < spec.size();) {
+                size_t end = spec.find(':', start);
+                if (end == std::string::npos) end = spec.size();
+                std::string part = spec.substr(start, end - start);
+                if (part == "controlled-qkeys")
+                    qkeys = true;
+                else
+                    rest += (rest.empty() ? "" : ":") + part;
+                start = end + 1;
+            }
+            spec = rest;
             std::string why;
-            if (!acc.parse(colon == std::string::npos ? "" : g.substr(colon + 1), why)) {
+            if (!acc.parse(spec, why)) {
                 error = "--guest " + g + ": " + why;
                 return false;
             }
@@ -218,6 +238,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                 }
             o.guests.push_back(g);
             o.access.push_back(acc);
+            o.controlled_qkeys.push_back(qkeys);
         } else if (a == "--lid-base") {
             std::string v;
             if (!need_value(v)) return false;

@@ -15,6 +15,7 @@ struct Options {
     std::string run_dir = "/run/vrdma";
     std::vector<std::string> guests;
     std::vector<GuestAccess> access;  // parallel to guests: who may use each
+    std::vector<bool> controlled_qkeys;  // parallel to guests: :controlled-qkeys given
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE

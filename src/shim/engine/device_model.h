@@ -47,6 +47,10 @@ struct GuestIdentity {
     // Port 1 is ACTIVE, or DOWN (Disabled) after the operator took it down
     // (vrdmactl port NAME down): then nothing reaches or leaves the guest.
     bool port_active = true;
+    // The guest may give its UD QPs a controlled qkey (the high bit set),
+    // which IB reserves to privileged consumers (vrdma-shim --guest
+    // NAME:controlled-qkeys). Otherwise ModifyQp refuses one with EPERM.
+    bool controlled_qkeys = false;
     GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
 };
 

@@ -65,8 +65,10 @@ Engine::~Engine() {
     while (!contexts_.empty()) detach(contexts_.begin()->first);
 }
 
-const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, uint64_t guid) {
+const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, uint64_t guid,
+                                       bool controlled_qkeys) {
     auto g = std::make_unique<GuestIdentity>();
+    g->controlled_qkeys = controlled_qkeys;
     g->name = name;
     g->lid = lid;
     g->guid = guid;

@@ -30,7 +30,8 @@ public:
     explicit Engine(Quotas quotas = {});
     ~Engine();
 
-    const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid);
+    const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid,
+                                   bool controlled_qkeys = false);
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
     // The counters of what isolation stopped for `guest` (guest_security.h).
     GuestSecurity& security_of(const GuestIdentity& guest);
