@@ -133,6 +133,10 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         struct stat ast;
         if (::fstat(fds[3].get(), &ast) != 0 || !(S_ISFIFO(ast.st_mode) || S_ISSOCK(ast.st_mode)))
             return reply(c, EINVAL, 0, "the async event fd must be a pipe or a socket"), false;
+        // The context's kick and cmd-done eventfds and async pipe (the
+        // connection's own socket is charged at accept).
+        if (!c.charges.take(Res::Fds, 3, "Attach"))
+            return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)"), false;
         int err = 0;
         std::string why;
         Context* ctx = eng.attach(*c.guest, std::move(fds[0]), a.arena_gva, a.arena_len, std::move(fds[1]),
@@ -178,9 +182,13 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         if (size_t(n) != sizeof(m) || fds.size() != 1)
             return reply(c, EINVAL, 0, "CreateChannel needs %zu bytes and 1 fd", sizeof(m));
         std::memcpy(&m, buf, sizeof(m));
-        if (int err = ctx->add_channel(m.channel_id, std::move(fds[0])))
+        if (!ctx->charges.take(Res::Fds, 1, "CreateChannel"))
+            return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)");
+        if (int err = ctx->add_channel(m.channel_id, std::move(fds[0]))) {
+            ctx->charges.give(Res::Fds, 1);
             return reply(c, err, 0, "cannot add completion channel %u: %s", m.channel_id,
                          err == EINVAL ? "id 0 or not the write end of a pipe" : strerror(err));
+        }
         return reply(c, 0, 0, nullptr);
     }
     case abi::SockOp::DestroyChannel: {
@@ -191,6 +199,7 @@ bool handle_connection_message(Engine& eng, Connection& c) {
             return reply(c, EINVAL, 0, "DestroyChannel needs %zu bytes and no fd", sizeof(m));
         std::memcpy(&m, buf, sizeof(m));
         if (!ctx->remove_channel(m.channel_id)) return reply(c, ENOENT, 0, "no completion channel %u", m.channel_id);
+        ctx->charges.give(Res::Fds, 1);
         return reply(c, 0, 0, nullptr);
     }
     }

@@ -229,7 +229,7 @@ void Daemon::accept_all(size_t guest_index) {
             continue;
         }
         c.charges.bind(engine_.usage_of(*c.guest));
-        if (!c.charges.take(Res::Connections, 1, "a connection")) {
+        if (!c.charges.take(Res::Connections, 1, "a connection") || !c.charges.take(Res::Fds, 1, "a connection")) {
             conns_.erase(id);  // closes it: the guest sees EOF
             continue;
         }

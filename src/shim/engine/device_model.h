@@ -35,6 +35,10 @@ struct Quotas {
     uint64_t max_wr = 1u << 22;            // work-queue entries of all QPs and SRQs
     uint64_t max_mappings = 16384;         // mmap()s (segments, multi-segment MRs)
     uint64_t max_map_bytes = 2ull << 40;   // bytes of guest memory mapped
+    // File descriptors the shim holds for the guest: sockets, each context's
+    // eventfds and async pipe, completion channels. 0: no limit (tests); the
+    // shim sets a share of its RLIMIT_NOFILE (default_fd_share).
+    uint64_t max_fds = 0;
 };
 
 constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
