@@ -258,3 +258,33 @@ TEST_CASE("a controlled qkey (high bit) is refused unless the operator allows it
         CHECK(p.modify(q.handle, IBV_QP_QKEY, a) == (g == &plain ? EPERM : 0));
     }
 }
+
+TEST_CASE("the PSNs set by modify_qp are honoured: a request the responder did not expect is not executed",
+          "[shim][isolation]") {
+    TwoGuests t;
+    uint32_t pd_a = t.a.pd(), pd_b = t.b.pd();
+    auto cq_a = t.a.cq(16), cq_b = t.b.cq(16);
+    auto qa = t.a.qp(pd_a, cq_a, cq_a), qb = t.b.qp(pd_b, cq_b, cq_b);
+    auto ma = t.a.mr(pd_a, 4096, kAllAccess), mb = t.b.mr(pd_b, 4096, kAllAccess);
+    std::memset(t.a.at(ma.addr), 0x11, 64);
+    std::memset(t.b.at(mb.addr), 0x77, 64);
+    abi_client::RcPath pa, pb;
+    pa.dlid = 2;
+    pa.dqpn = qb.qpn;
+    pa.sq_psn = 0x1000;  // a sends from 0x1000 ...
+    pb.dlid = 1;
+    pb.dqpn = qa.qpn;
+    pb.rq_psn = 0x1010;  // ... but b was told to expect 0x1010: a's first 16 look like old duplicates
+    REQUIRE(t.a.abi_client::Client::connect_rc(qa.handle, pa) == 0);
+    REQUIRE(t.b.abi_client::Client::connect_rc(qb.handle, pb) == 0);
+    auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
+    w.remote_addr = mb.addr;
+    w.rkey = mb.rkey;
+    t.a.post_send(qa.sq, w, {abi::Sge{ma.addr, 64, ma.lkey}});
+    t.b.post_recv(qb.rq, 2, {abi::Sge{mb.addr + 1024, 64, mb.lkey}});
+    t.a.post_send(qa.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{ma.addr, 64, ma.lkey}});
+    t.run();
+    std::vector<uint8_t> want(64, 0x77);
+    CHECK(std::memcmp(t.b.at(mb.addr), want.data(), 64) == 0);  // the WRITE was not executed
+    CHECK(t.b.poll(cq_b).empty());                              // nor the SEND delivered
+}
