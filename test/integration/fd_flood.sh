@@ -6,10 +6,12 @@
 # channels) count against its share of the shim's limit, so c is refused
 # well before the shim runs out; meanwhile guests a and b attach and run a
 # checked ibv_rc_pingpong (-c) and an event-driven one (-e: channels of
-# their own).
+# their own). Then a process of guest a opens 300 connections and never
+# attaches: a's own connection quota (256) is full, but only until the
+# shim's --attach-timeout (1 s here) closes them.
 source "$(dirname "$0")/lib.sh"
 ulimit -n 2048
-start_shim a b c
+VRDMA_SHIM_ARGS="--attach-timeout 1" start_shim a b c
 
 note "guest c floods the shim with contexts and completion channels"
 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest c -- "$VRDMA_BUILD_DIR/test/integration/adversarial_guest" \
@@ -34,5 +36,24 @@ rc=0
 wait "$flood" || rc=$?
 [ "$rc" -eq 0 ] || fail "the flooding guest reported a failure (exit $rc)"
 grep -q "quota" "$SHIM_LOG" && grep -m1 "fds" "$SHIM_LOG" || true
+
+note "a process of guest a holds 300 unattached connections; after --attach-timeout a attaches again"
+python3 -c "
+import socket, time
+socks = []
+for i in range(300):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect('$RUN_DIR/a/vrdma.sock')
+    socks.append(s)
+print('holding 300 connections', flush=True)
+time.sleep(6)
+" >"$RUN_DIR.flood" 2>&1 &
+holder=$!
+for _ in $(seq 1 50); do grep -q holding "$RUN_DIR.flood" && break; sleep 0.1; done
+sleep 1.5
+in_guest a ibv_devinfo | grep -q PORT_ACTIVE || fail "guest a cannot attach 1.5 s after its connection flood"
+grep -m1 "did not attach within 1 s" "$SHIM_LOG" || fail "the shim did not close the stale connections"
+kill "$holder" 2>/dev/null || true
+wait "$holder" 2>/dev/null || true
 rm -f "$RUN_DIR.flood"
 echo "fd_flood: ok"

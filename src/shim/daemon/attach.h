@@ -23,6 +23,7 @@ struct Connection {
     const GuestIdentity* guest = nullptr;
     UniqueFd sock;
     uint64_t ctx_id = 0;  // 0 until attached
+    uint64_t accepted_ns = 0;  // monotonic; unattached past --attach-timeout: closed
     pid_t pid = -1;
     uid_t uid = 0;
     gid_t gid = 0;

@@ -217,9 +217,11 @@ void Daemon::accept_all(size_t guest_index) {
             if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept: %s", strerror(errno));
             return;
         }
+        close_stale_connections();
         uint64_t id = next_conn_id_++;
         Connection& c = conns_[id];
         c.id = id;
+        c.accepted_ns = monotonic_ns();
         c.guest = engine_.guests()[guest_index].get();
         c.sock.reset(fd);
         read_peer_credentials(c);
@@ -257,6 +259,19 @@ void Daemon::on_connection(uint64_t conn_id, uint32_t events) {
         return;
     }
     if (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) close_connection(conn_id);
+}
+
+// Connections that never attached, past --attach-timeout, are closed when
+// the next one arrives (that is when the quota they hold matters).
+void Daemon::close_stale_connections() {
+    const uint64_t now = monotonic_ns();
+    const uint64_t limit = uint64_t(opts_.attach_timeout_s) * 1'000'000'000ull;
+    std::vector<uint64_t> stale;
+    for (auto& [id, c] : conns_)
+        if (!c.ctx_id && now - c.accepted_ns > limit) stale.push_back(id);
+    if (stale.empty()) return;
+    LOG_WARN("closing %zu connection(s) that did not attach within %u s", stale.size(), opts_.attach_timeout_s);
+    for (uint64_t id : stale) close_connection(id);
 }
 
 void Daemon::close_connection(uint64_t conn_id) {

@@ -15,8 +15,8 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:controlled-qkeys]
-               [--guest ...] [--lid-base N]
-               [--lid-count N] [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
+               [--guest ...] [--lid-base N] [--lid-count N] [--attach-timeout SECONDS]
+               [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
     vrdma-shim --help
 
@@ -70,6 +70,13 @@ OPTIONS
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
         gets LID N+i. LIDs must stay in the unicast range 1..0xbfff.
+
+    --attach-timeout SECONDS
+        A connection to a guest's socket that has not attached after
+        SECONDS (default 10, 1..3600) is closed, when the next connection
+        to any guest arrives: a process that opens connections and never
+        attaches holds its guest's connection quota only that long. The
+        provider attaches within milliseconds of connecting.
 
     --lid-count N
         How many LIDs this shim owns from --lid-base (default: one per
@@ -244,6 +251,13 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             if (!need_value(v)) return false;
             if (!parse_u32(v.c_str(), o.lid_base) || o.lid_base == 0 || o.lid_base >= 0xc000) {
                 error = "--lid-base must be a LID in 1..0xbfff, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--attach-timeout") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.attach_timeout_s) || o.attach_timeout_s == 0 || o.attach_timeout_s > 3600) {
+                error = "--attach-timeout must be 1..3600 seconds, not '" + v + "'";
                 return false;
             }
         } else if (a == "--lid-count") {
