@@ -115,6 +115,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
     if (!qp_modify_is_ok(cur, next, qp->type, mask)) return EINVAL;
     if (int err = qp_check_attr_values(r.attr, mask, ctx.quotas())) return err;
     if ((mask & IBV_QP_QKEY) && (r.attr.qkey & 0x80000000u) && !ctx.guest().controlled_qkeys) return EPERM;
+    if ((mask & IBV_QP_PKEY_INDEX) && r.attr.pkey_index >= ctx.guest().pkeys.size()) return EINVAL;
 
     qp_apply_attrs(*qp, r.attr, mask);
     if (mask & IBV_QP_AV) qp->route_gen = 0;  // bind the transport of the new destination

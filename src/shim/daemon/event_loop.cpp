@@ -54,6 +54,7 @@ bool Daemon::start(std::string& error) {
         const GuestIdentity& id =
             engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name),
                               i < opts_.controlled_qkeys.size() && opts_.controlled_qkeys[i]);
+        if (i < opts_.pkeys.size() && !opts_.pkeys[i].empty()) engine_.set_pkeys(id, opts_.pkeys[i]);
         auto pub = std::make_unique<GuestPublication>();
         bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
         published_.push_back(std::move(pub));

@@ -14,7 +14,7 @@ const char* help_text() {
     vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
 
 SYNOPSIS
-    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:controlled-qkeys]
+    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
                [--guest ...] [--lid-base N] [--lid-count N] [--attach-timeout SECONDS]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
@@ -47,7 +47,7 @@ OPTIONS
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing. Only one shim may serve a run directory.
 
-    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:controlled-qkeys]
+    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given.
@@ -61,6 +61,17 @@ OPTIONS
         logged (at most once a second per guest, with the count). Giving a
         guest to another user needs a shim run as root. Example:
             vrdma-shim --guest a:owner=alice --guest b:owner=bob:group=rdma
+        :pkeys=P[,P...] puts the guest in partitions: P_Keys (1 to 16) as
+        on InfiniBand, the low 15 bits naming a partition (0x0001-0x7fff),
+        bit 15 set for a full member (0x8001) and clear for a limited one
+        (0x0001). They are the port's P_Key table (sysfs pkeys/N,
+        ibv_query_pkey) in the order given; a QP's pkey_index picks one.
+        Traffic between two QPs of this shim passes only when their P_Keys
+        name the same partition and at least one is a full member; other
+        requests and datagrams are dropped (RC requesters end in
+        IBV_WC_RETRY_EXC_ERR) and counted (vrdmactl counters). Default: the
+        default partition, 0xffff, which every guest without :pkeys is in.
+        Partitions are not yet checked across the fabric.
         :controlled-qkeys lets the guest give its UD QPs a controlled qkey
         (the high bit set, 0x80000000 and up), which InfiniBand reserves
         to privileged consumers (such as the subnet administrator's GSI
@@ -173,6 +184,21 @@ bool parse_u32(const char* s, uint32_t& out) {
     return true;
 }
 
+// "0x8001,0x0002": 1-16 P_Keys, each naming a partition (low 15 bits not 0).
+bool parse_pkeys(const std::string& list, std::vector<uint16_t>& out) {
+    out.clear();
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        if (comma == std::string::npos) comma = list.size();
+        uint32_t v;
+        if (!parse_u32(list.substr(start, comma - start).c_str(), v) || v > 0xffff || (v & 0x7fff) == 0) return false;
+        out.push_back(uint16_t(v));
+        start = comma + 1;
+    }
+    return !out.empty() && out.size() <= kMaxPkeys;
+}
+
 }  // namespace
 
 bool parse_options(int argc, char** argv, Options& o, std::string& error) {
@@ -216,14 +242,21 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             const auto colon = g.find(':');
             std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
             bool qkeys = false;
+            std::vector<uint16_t> table;
             std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
             for (size_t start = 0; start < spec.size();) {
                 size_t end = spec.find(':', start);
                 if (end == std::string::npos) end = spec.size();
                 std::string part = spec.substr(start, end - start);
-                if (part == "controlled-qkeys")
+                if (part == "controlled-qkeys") {
                     qkeys = true;
-                else
+                } else if (part.rfind("pkeys=", 0) == 0) {
+                    if (!parse_pkeys(part.substr(6), table)) {
+                        error = "--guest " + g + ": pkeys= wants 1-16 P_Keys like 0x8001,0x0002 (partition "
+                                "0x0001-0x7fff, bit 15 for full membership)";
+                        return false;
+                    }
+                } else
                     rest += (rest.empty() ? "" : ":") + part;
                 start = end + 1;
             }
@@ -246,6 +279,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             o.guests.push_back(g);
             o.access.push_back(acc);
             o.controlled_qkeys.push_back(qkeys);
+            o.pkeys.push_back(table);
         } else if (a == "--lid-base") {
             std::string v;
             if (!need_value(v)) return false;

@@ -16,6 +16,7 @@ struct Options {
     std::vector<std::string> guests;
     std::vector<GuestAccess> access;  // parallel to guests: who may use each
     std::vector<bool> controlled_qkeys;  // parallel to guests: :controlled-qkeys given
+    std::vector<std::vector<uint16_t>> pkeys;  // parallel to guests: :pkeys=..., empty: the default 0xffff
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE

@@ -10,9 +10,11 @@ std::string security_report(Engine& eng) {
     for (auto& g : eng.guests()) {
         const GuestSecurity& s = g->security;
         std::snprintf(line, sizeof(line),
-                      "guest %s remote_access_errors %llu stranger_requests %llu refused_connections %llu\n",
+                      "guest %s remote_access_errors %llu stranger_requests %llu pkey_violations %llu "
+                      "refused_connections %llu\n",
                       g->name.c_str(), (unsigned long long)s.remote_access_errors,
-                      (unsigned long long)s.stranger_requests, (unsigned long long)s.refused_connections);
+                      (unsigned long long)s.stranger_requests, (unsigned long long)s.pkey_violations,
+                      (unsigned long long)s.refused_connections);
         out += line;
     }
     eng.for_each_context([&](Context& ctx) {

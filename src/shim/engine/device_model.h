@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "guest_security.h"
 
@@ -42,6 +43,11 @@ struct Quotas {
 };
 
 constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
+constexpr uint32_t kMaxPkeys = 16;        // P_Key table entries a guest may be given
+
+// Two P_Keys admit traffic between their QPs when they name the same
+// partition (low 15 bits) and at least one of them is a full member (bit 15).
+constexpr bool pkeys_match(uint16_t a, uint16_t b) { return (a & 0x7fff) == (b & 0x7fff) && ((a | b) & 0x8000); }
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 
 struct GuestIdentity {
@@ -55,6 +61,10 @@ struct GuestIdentity {
     // which IB reserves to privileged consumers (vrdma-shim --guest
     // NAME:controlled-qkeys). Otherwise ModifyQp refuses one with EPERM.
     bool controlled_qkeys = false;
+    // The P_Key table of port 1 (vrdma-shim --guest NAME:pkeys=...): the
+    // partitions the guest is in, bit 15 set for full membership. Default:
+    // the default partition, full member.
+    std::vector<uint16_t> pkeys = {0xffff};
     GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
 };
 

@@ -54,6 +54,11 @@ GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
     return nullptr;
 }
 
+void Engine::set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys) {
+    for (auto& g : guests_)
+        if (g.get() == &guest && !pkeys.empty()) g->pkeys = std::move(pkeys);
+}
+
 GuestSecurity& Engine::security_of(const GuestIdentity& guest) {
     for (auto& g : guests_)
         if (g.get() == &guest) return g->security;

@@ -33,6 +33,8 @@ public:
     const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid,
                                    bool controlled_qkeys = false);
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
+    // Sets the P_Key table of a guest (before any context attaches).
+    void set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys);
     // The counters of what isolation stopped for `guest` (guest_security.h).
     GuestSecurity& security_of(const GuestIdentity& guest);
     const Quotas& quotas() const { return quotas_; }

@@ -65,6 +65,31 @@ void consume_recv(Context& ctx, RecvQueue& rq) {
     }
 }
 
+// Partitions: a sender on this shim must share a partition with the target
+// QP (the P_Keys at the QPs' pkey_index, pkeys_match); a mismatch is
+// dropped, as an IB port drops a packet with a bad P_Key, and counted.
+bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
+    if (eng.routes().lookup(req.slid) != &eng.local_transport()) return true;  // vouched for by its shim
+    Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
+    bool ok = false;
+    if (src) {
+        const auto& sk = src.ctx->guest().pkeys;
+        const auto& dk = ctx.guest().pkeys;
+        const uint32_t si = src.qp->attr.pkey_index, di = qp.attr.pkey_index;
+        ok = si < sk.size() && di < dk.size() && pkeys_match(sk[si], dk[di]);
+    }
+    if (ok) return true;
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.pkey_violations;
+    if (s.pkey_log.due(eng.now())) {
+        LOG_WARN("guest %s: QP %u: request from lid %u QPN %u dropped: no common partition (P_Key) "
+                 "(%llu more since the last warning)",
+                 ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, (unsigned long long)s.pkey_log.unlogged);
+        s.pkey_log.unlogged = 0;
+    }
+    return false;
+}
+
 void set_recv_cqe(Delivery& d, const Request& req, uint64_t wr_id, uint32_t status, uint32_t opcode,
                   uint32_t byte_len) {
     abi::Cqe& c = d.cqe;
@@ -106,7 +131,8 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
     if (!dst || dst.qp->type != IBV_QPT_UD || !responder_ready(dst.qp->state)) return;
-    if (dst.qp->attr.qkey != req.qkey || !dst.ctx->guest().port_active) return;
+    if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
+    if (dst.qp->attr.qkey != req.qkey) return;
     if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
     if (req.length > kPortMtuBytes) return;
     RecvQueue rq;
@@ -188,6 +214,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             src.qp->peer_incarnation != qp.incarnation)
             return note_stranger(eng, ctx, qp, req);
     }
+    if (!partition_ok(eng, req, ctx, qp)) return;
     d.ctx = &ctx;
     d.qp = &qp;
     d.ctx_id = ctx.id();
