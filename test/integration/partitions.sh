@@ -21,14 +21,13 @@ done
 # pair SERVER_GUEST CLIENT_GUEST PORT PROGRAM: 0 if both ends passed.
 pair() {
     local sg="$1" cg="$2" port="$3" prog="$4" src=0 crc=0
-    timeout 5 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$sg" -- $prog -d vrdma0 -g 0 -p "$port" -n 20 \
+    timeout 4 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$sg" -- $prog -d vrdma0 -g 0 -p "$port" -n 20 \
         >"$RUN_DIR.s" 2>&1 &
     local spid=$!
     wait_port "$port"
     timeout 3 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$cg" -- $prog -d vrdma0 -g 0 -p "$port" -n 20 \
         127.0.0.1 >"$RUN_DIR.c" 2>&1 || crc=$?
-    kill "$spid" 2>/dev/null || true
-    wait "$spid" || src=$?
+    wait "$spid" || src=$?  # a server whose client never reached it ends by its timeout
     echo "  $prog $sg <- $cg: server $src, client $crc; client: $(grep -m1 -iE 'failed|iters' "$RUN_DIR.c" || true)"
     [ "$src" -eq 0 ] && [ "$crc" -eq 0 ]
 }
