@@ -106,7 +106,9 @@ constexpr const char* kHelp =
     "\n"
     "EXIT STATUS\n"
     "    PROGRAM's status; 2 for wrong usage; 3 when the shim does not serve\n"
-    "    NAME or is not running; 127 when PROGRAM cannot be executed.\n"
+    "    NAME or is not running; 4 when this user may not use guest NAME (the\n"
+    "    shim gives each guest an owner: vrdma-shim --guest NAME:owner=USER);\n"
+    "    127 when PROGRAM cannot be executed.\n"
     "\n"
     "EXAMPLE\n"
     "    vrdma-shim --run-dir /run/vrdma --guest a --guest b &\n"
@@ -460,10 +462,11 @@ int main(int argc, char** argv) {
     }
 
     for (auto& g : guests) {
-        std::string problem = vrdma::probe_guest(run_dir, g);
+        bool refused = false;
+        std::string problem = vrdma::probe_guest(run_dir, g, &refused);
         if (!problem.empty()) {
             fprintf(stderr, "vrdma-run: %s\n", problem.c_str());
-            return 3;
+            return refused ? 4 : 3;
         }
     }
     Provider provider = find_provider();

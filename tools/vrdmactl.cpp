@@ -27,6 +27,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] status\n"
     "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
     "    vrdmactl [--run-dir DIR] peers\n"
+    "    vrdmactl [--run-dir DIR] counters\n"
     "\n"
     "COMMANDS\n"
     "    list    One line per guest: name, LID, port GID, whether its shim\n"
@@ -48,6 +49,23 @@ constexpr const char* kHelp =
     "            away) or refused (wrong key, or its LIDs overlap). Counters\n"
     "            add up over the peer's connections. \"no fabric\" when the\n"
     "            shim runs alone. Exit status 3 if no shim answers.\n"
+    "    counters\n"
+    "            What tenant isolation stopped since the shim started, one\n"
+    "            line per guest, then one per live QP with a nonzero count:\n"
+    "              guest NAME remote_access_errors N stranger_requests N\n"
+    "                pkey_violations N refused_connections N\n"
+    "              qp NAME QPN remote_access_errors N stranger_requests N\n"
+    "            remote_access_errors: requests to the guest's QPs with an\n"
+    "            rkey, address range or access its MRs and QPs do not grant\n"
+    "            (the requester got IBV_WC_REM_ACCESS_ERR); stranger_requests:\n"
+    "            requests dropped because they came from a QP other than the\n"
+    "            one (and its incarnation) the target QP is connected to;\n"
+    "            pkey_violations: requests and datagrams dropped because the\n"
+    "            sender shares no partition (P_Key) with the target QP;\n"
+    "            refused_connections: connections to the guest's socket by a\n"
+    "            user who does not own it (vrdma-shim --guest NAME:owner=).\n"
+    "            The shim also logs each kind, at most once a second per\n"
+    "            guest. Exit status 3 if no shim answers.\n"
     "\n"
     "OPTIONS\n"
     "    --run-dir DIR  The shim's run directory. Default: VRDMA_RUN_DIR, else\n"
@@ -163,6 +181,7 @@ int main(int argc, char** argv) {
         return control(run_dir, "port " + args[0] + " " + args[1]);
     }
     if (cmd == "peers") return control(run_dir, "peers", true);
+    if (cmd == "counters") return control(run_dir, "counters", true);
     if (cmd == "status") {
         std::string pid = read_line(run_dir + "/ready");
         if (pid.empty()) {

@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "vrdma_common/unique_fd.h"
@@ -30,7 +33,8 @@ bool valid_guest_name(const std::string& name) {
     return true;
 }
 
-std::string probe_guest(const std::string& run_dir, const std::string& guest) {
+std::string probe_guest(const std::string& run_dir, const std::string& guest, bool* refused) {
+    if (refused) *refused = false;
     GuestPaths p = guest_paths(run_dir, guest);
     struct stat st;
     if (::stat(run_dir.c_str(), &st) != 0)
@@ -44,10 +48,20 @@ std::string probe_guest(const std::string& run_dir, const std::string& guest) {
     std::memcpy(addr.sun_path, p.socket.c_str(), p.socket.size() + 1);
     UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
     if (!fd) return std::string("socket: ") + std::strerror(errno);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-        return "the shim for guest '" + guest + "' is not answering on " + p.socket + " (" +
-               std::strerror(errno) + "): is vrdma-shim running?";
-    return "";
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return "";
+    if (errno == EACCES || errno == EPERM) {
+        // The guest's directory and socket belong to its owner (vrdma-shim
+        // --guest NAME:owner=...): this user is not allowed in.
+        if (refused) *refused = true;
+        char mode[8];
+        std::snprintf(mode, sizeof(mode), "%04o", unsigned(st.st_mode & 07777));
+        return "access to guest '" + guest + "' refused: " + p.dir + " belongs to uid " + std::to_string(st.st_uid) +
+               " gid " + std::to_string(st.st_gid) + " (mode " + mode + ") and this process runs as uid " +
+               std::to_string(::geteuid()) + "; the shim's operator grants a guest with --guest " + guest +
+               ":owner=USER or :group=GROUP";
+    }
+    return "the shim for guest '" + guest + "' is not answering on " + p.socket + " (" + std::strerror(errno) +
+           "): is vrdma-shim running?";
 }
 
 }  // namespace vrdma

@@ -206,6 +206,8 @@ struct RcPath {
     uint8_t timeout = 1;
     uint8_t retry_cnt = 1;
     uint8_t rnr_retry = 1;
+    uint32_t rq_psn = 0;  // the first PSN the QP expects
+    uint32_t sq_psn = 0;  // the first PSN it sends
 };
 
 // ---------------------------------------------------------------------------
@@ -388,7 +390,7 @@ public:
         a.qp_state = IBV_QPS_RTR;
         a.path_mtu = IBV_MTU_4096;
         a.dest_qp_num = p.dqpn;
-        a.rq_psn = 0;
+        a.rq_psn = p.rq_psn;
         a.max_dest_rd_atomic = 1;
         a.min_rnr_timer = p.min_rnr_timer;
         a.ah.dlid = p.dlid;
@@ -404,7 +406,7 @@ public:
         a.timeout = p.timeout;
         a.retry_cnt = p.retry_cnt;
         a.rnr_retry = p.rnr_retry;
-        a.sq_psn = 0;
+        a.sq_psn = p.sq_psn;
         a.max_rd_atomic = 1;
         return modify_qp(qp,
                          IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |

@@ -24,6 +24,7 @@
 #include "abi_client.h"
 #include "commands.h"
 #include "engine.h"
+#include "secure_random.h"
 #include "vrdma/abi.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/log.h"
@@ -200,6 +201,7 @@ struct World {
           a(eng, ga),
           b(eng, gb),
           c(eng, gc) {
+        secure_random_make_predictable(1);  // the same QPNs and keys in every input (seeds name them)
         eng.set_clock(fake_clock);
         constexpr uint32_t kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                   IBV_ACCESS_REMOTE_ATOMIC;

@@ -59,7 +59,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             w.a.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{m.handle});
             if (in.u8() & 1) {
                 auto r = w.a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{w.a_pd, uint32_t(in.u8() & 0xf), m.addr, m.len});
-                if (r.status == 0) m.handle = m.lkey = m.rkey = r.as<abi::CmdRegMrResp>().lkey;
+                if (r.status == 0) {
+                    auto resp = r.as<abi::CmdRegMrResp>();
+                    m.handle = resp.mr_handle;
+                    m.lkey = resp.lkey;
+                    m.rkey = resp.rkey;
+                }
             }
             break;
         }

@@ -224,10 +224,11 @@ struct Armed {
         }
         g.post_send(q.sq, w, sges);
     }
-    // Keys of other guests: lkey = rkey = the MR's handle in this shim, so a
-    // guess is an MR handle with a small slot and generation.
+    // Keys of other guests: 32 random bits each (KeyTable), so a guess is
+    // the old guessable form (an MR handle: small slot and generation) or
+    // any number.
     static uint32_t guess_key() {
-        return pick(4) ? (2u << 29) | (pick(4) << 21) | (1 + pick(64)) : nasty32();
+        return pick(4) ? (2u << 29) | (pick(4) << 21) | (1 + pick(64)) : pick(2) ? uint32_t(rng()) : nasty32();
     }
 };
 
@@ -466,16 +467,16 @@ void case_handles() {
     int wrong = 0;
     for (auto op : {abi::CmdOp::DeallocPd, abi::CmdOp::DeregMr, abi::CmdOp::DestroyCq, abi::CmdOp::DestroyQp,
                     abi::CmdOp::DestroySrq, abi::CmdOp::DestroyAh, abi::CmdOp::QueryQp, abi::CmdOp::QuerySrq})
-        for (uint32_t h : {pd, mr.lkey, cq.handle, qp.handle, 0u, 0xffffffffu})
+        for (uint32_t h : {pd, mr.mr_handle, cq.handle, qp.handle, 0u, 0xffffffffu})
             wrong += g.cmd(op, abi::CmdHandleReq{h}) != 0;
     // Everything destroyed in order, then destroyed again: all refused.
     g.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{qp.handle});
     g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle});
-    g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{mr.lkey});
+    g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{mr.mr_handle});
     g.cmd(abi::CmdOp::DeallocPd, abi::CmdHandleReq{pd});
     int again = 0;
     for (auto op : {abi::CmdOp::DeallocPd, abi::CmdOp::DeregMr, abi::CmdOp::DestroyCq, abi::CmdOp::DestroyQp})
-        for (uint32_t h : {pd, mr.lkey, cq.handle, qp.handle}) again += g.cmd(op, abi::CmdHandleReq{h}) == 0;
+        for (uint32_t h : {pd, mr.mr_handle, cq.handle, qp.handle}) again += g.cmd(op, abi::CmdHandleReq{h}) == 0;
     // Stale handles after re-creation: same slot, new generation.
     uint32_t pd2 = g.pd();
     int stale = g.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_LOCAL_WRITE, buf, 4096}) == 0;
@@ -714,7 +715,7 @@ void case_destroy_races(int seconds) {
                 usleep(50);
             }
         });
-        a.g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{a.mr.lkey});
+        a.g.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{a.mr.mr_handle});
         a.g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{a.cq.handle});  // in use: EBUSY
         a.g.cmd(abi::CmdOp::DestroyQp, abi::CmdHandleReq{a.rc.handle});
         a.g.cmd(abi::CmdOp::DestroyCq, abi::CmdHandleReq{a.cq.handle});
@@ -731,15 +732,54 @@ void case_destroy_races(int seconds) {
 
 }  // namespace
 
+// --flood-fds SECONDS (fd_flood.sh): contexts with as many completion
+// channels as the shim takes, until it refuses a channel or an attach; then
+// holds them all for SECONDS while other guests must still attach and work.
+int flood_fds(int hold_seconds) {
+    std::vector<std::unique_ptr<Guest>> guests;
+    int channels = 0, attach_status = 0, channel_status = 0;
+    while (guests.size() < 64) {
+        auto g = std::make_unique<Guest>();
+        if ((attach_status = g->attach()) != 0) break;
+        int here = 0;
+        for (uint32_t id = 1; id <= 1024; ++id) {
+            abi::SockChannel m = abi_client::create_channel_msg(id);
+            int p[2];
+            if (pipe2(p, O_CLOEXEC) != 0) {
+                bad("pipe2: %s", strerror(errno));
+                return 1;
+            }
+            send_msg(g->sock(), &m, sizeof(m), {p[1]});
+            ::close(p[0]);
+            ::close(p[1]);
+            channel_status = await_reply(g->sock(), 3000);
+            if (channel_status != 0) break;
+            ++here;
+        }
+        channels += here;
+        guests.push_back(std::move(g));
+        if (channel_status != 0) break;
+    }
+    say("fd flood: %zu contexts attached, %d completion channels, then refused (attach %d, channel %d); "
+        "holding them %d s",
+        guests.size(), channels, attach_status, channel_status, hold_seconds);
+    std::fflush(stdout);
+    if (attach_status == 0 && channel_status == 0) bad("never refused: no fd quota");
+    sleep(unsigned(hold_seconds));
+    return g_failures ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
     int seconds = 20;
+    int flood_seconds = -1;
     uint64_t seed = uint64_t(time(nullptr));
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--seconds" && i + 1 < argc) seconds = std::atoi(argv[++i]);
         else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 0);
+        else if (a == "--flood-fds" && i + 1 < argc) flood_seconds = std::atoi(argv[++i]);
         else {
-            std::fprintf(stderr, "usage: adversarial_guest [--seconds N] [--seed S]\n");
+            std::fprintf(stderr, "usage: adversarial_guest [--seconds N] [--seed S] | --flood-fds SECONDS\n");
             return 2;
         }
     }
@@ -755,6 +795,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "adversarial_guest: no vrdma_socket under %s\n", sysfs);
         return 2;
     }
+    if (flood_seconds >= 0) return flood_fds(flood_seconds);
     say("adversarial guest: seed %llu, %d s of timed cases", (unsigned long long)seed, seconds);
     const int slice = std::max(1, seconds / 4);
     struct Named {

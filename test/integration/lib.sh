@@ -47,7 +47,8 @@ start_shim() {
     SHIM_LOG="$RUN_DIR.log"
     local args=()
     for g in "$@"; do args+=(--guest "$g"); done
-    "$SHIM" --run-dir "$RUN_DIR" "${args[@]}" >"$SHIM_LOG" 2>&1 &
+    # shellcheck disable=SC2086  # VRDMA_SHIM_ARGS: extra options, split on spaces
+    "$SHIM" --run-dir "$RUN_DIR" "${args[@]}" ${VRDMA_SHIM_ARGS:-} >"$SHIM_LOG" 2>&1 &
     SHIM_PID=$!
     trap stop_shim EXIT
     for _ in $(seq 1 100); do

@@ -19,7 +19,8 @@ GuestPaths guest_paths(const std::string& run_dir, const std::string& guest);
 bool valid_guest_name(const std::string& name);
 
 // Connects to the guest's socket and hangs up. Returns "" when a shim
-// answered, otherwise one line saying what is wrong.
-std::string probe_guest(const std::string& run_dir, const std::string& guest);
+// answered, otherwise one line saying what is wrong; `refused` (if given)
+// tells that this user may not use the guest (its owner is another).
+std::string probe_guest(const std::string& run_dir, const std::string& guest, bool* refused = nullptr);
 
 }  // namespace vrdma

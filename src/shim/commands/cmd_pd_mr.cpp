@@ -64,11 +64,13 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     mr->access = r.access & ~kOptionalAccess;
     mr->addr = r.addr;
     mr->length = r.length;
+    Mr* m = mr.get();
     uint32_t h = ctx.mrs.insert(std::move(mr));
     if (!h) return ENOMEM;
+    m->key = ctx.keys.alloc(h);  // random, not the handle: keys must not be guessable
     charge.keep();
     ++pd->users;
-    store_resp(resp, abi::CmdRegMrResp{h, h, h});
+    store_resp(resp, abi::CmdRegMrResp{h, m->key, m->key});
     return 0;
 }
 
@@ -76,6 +78,7 @@ int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdHandleReq>(req);
     auto mr = ctx.mrs.erase(r.handle);
     if (!mr) return ENOENT;
+    ctx.keys.release(mr->key);
     ctx.charges.give(Res::Mr, 1);
     ctx.charges.give(Res::MrBytes, mr->length);
     if (Pd* pd = ctx.pds.get(mr->pd)) --pd->users;

@@ -33,6 +33,15 @@ int setup_wq(const Context& ctx, uint64_t gva, uint32_t entries, uint32_t stride
     return 0;
 }
 
+// An RC QP reaching RTR is bound to the incarnation of the QP it names, when
+// that QP is on this shim: only that incarnation may talk to it
+// (responder.cpp). A QPN that names nothing now stays bound to nothing.
+void bind_peer(Engine& eng, Qp& qp) {
+    qp.peer_incarnation = 0;
+    if (eng.routes().lookup(qp.attr.ah.dlid) != &eng.local_transport()) return;
+    if (Engine::QpRef peer = eng.find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num)) qp.peer_incarnation = peer.qp->incarnation;
+}
+
 }  // namespace
 
 int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
@@ -70,6 +79,7 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     uint32_t qpn = eng.alloc_qpn();
     if (!qpn) return ENOMEM;
     qp->qpn = qpn;
+    qp->incarnation = eng.new_incarnation();
     qp->type = r.qp_type;
     qp->pd = r.pd_handle;
     qp->send_cq = r.send_cq_handle;
@@ -96,7 +106,7 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     return 0;
 }
 
-int cmd_modify_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdModifyQpReq>(req);
     Qp* qp = ctx.qps.get(r.qp_handle);
     if (!qp) return ENOENT;
@@ -107,11 +117,17 @@ int cmd_modify_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     const uint32_t next = (mask & IBV_QP_STATE) ? r.attr.qp_state : cur;
     if (!qp_modify_is_ok(cur, next, qp->type, mask)) return EINVAL;
     if (int err = qp_check_attr_values(r.attr, mask, ctx.quotas())) return err;
+    if ((mask & IBV_QP_QKEY) && (r.attr.qkey & 0x80000000u) && !ctx.guest().controlled_qkeys) return EPERM;
+    if ((mask & IBV_QP_PKEY_INDEX) && r.attr.pkey_index >= ctx.guest().pkeys.size()) return EINVAL;
 
     qp_apply_attrs(*qp, r.attr, mask);
     if (mask & IBV_QP_AV) qp->route_gen = 0;  // bind the transport of the new destination
     if (next == IBV_QPS_RESET) {
         // Back to a fresh QP: posted WQEs are dropped without completions.
+        // The peer's requests now find it unconnected and time out
+        // (RETRY_EXC_ERR), as on a fabric; it keeps its incarnation, so
+        // connecting it again to the same peer works.
+        qp->peer_incarnation = 0;
         wq_discard_all(qp->sq);
         if (!qp->srq) wq_discard_all(qp->rq);
         qp->attr = abi::QpAttr{};
@@ -129,6 +145,8 @@ int cmd_modify_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     } else {
         if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
         if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) qp->epsn = qp->attr.rq_psn;
+        if (qp->type == IBV_QPT_RC && ((cur == IBV_QPS_INIT && next == IBV_QPS_RTR) || (mask & IBV_QP_AV)))
+            bind_peer(eng, *qp);
         if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) requester_start(*qp);
         if (next == IBV_QPS_SQD && cur == IBV_QPS_RTS) {
             // The requester finishes the WQEs in flight (if any), then
@@ -167,6 +185,9 @@ int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     auto r = load_req<abi::CmdHandleReq>(req);
     auto qp = ctx.qps.erase(r.handle);
     if (!qp) return ENOENT;
+    // Its peer is not told: as on a fabric, the peer's requests find nobody
+    // and end in RETRY_EXC_ERR, and a QP that gets this QPN later is a
+    // stranger to the peer (bind_peer), so they never reach it.
     ctx.charges.give(Res::Qp, 1);
     ctx.charges.give(Res::Wr, uint64_t(qp->sq.entries) + qp->rq.entries);
     store_resp(resp, abi::CmdDestroyResp{0, qp->async_events});

@@ -45,7 +45,7 @@ bool is_eventfd(int fd) {
 
 }  // namespace
 
-bool open_guest_socket(const std::string& path, UniqueFd& out, std::string& error) {
+bool open_guest_socket(const std::string& path, const GuestAccess& access, UniqueFd& out, std::string& error) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (path.size() >= sizeof(addr.sun_path)) {
@@ -59,13 +59,35 @@ bool open_guest_socket(const std::string& path, UniqueFd& out, std::string& erro
         return false;
     }
     ::unlink(path.c_str());
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd.get(), 64) != 0) {
+    // Created with mode 0600 at most, then given to the owner: nobody else
+    // can connect in between.
+    const mode_t old_mask = ::umask(0177);
+    const bool bound = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::umask(old_mask);
+    if (!bound || ::listen(fd.get(), 64) != 0) {
         error = "cannot listen on " + path + ": " + strerror(errno);
         return false;
     }
-    ::chmod(path.c_str(), 0666);
+    if (!access.apply(path, false, error)) return false;
     out = std::move(fd);
     return true;
+}
+
+void refuse_connection(Connection& c, const GuestAccess& access, GuestSecurity& security) {
+    ++security.refused_connections;
+    if (security.refusal_log.due(monotonic_ns())) {
+        LOG_WARN("guest %s: connection from pid %d uid %u gid %u refused: only %s and root may use this guest "
+                 "(%llu more since the last warning)",
+                 c.guest->name.c_str(), int(c.pid), unsigned(c.uid), unsigned(c.gid), access.describe().c_str(),
+                 (unsigned long long)security.refusal_log.unlogged);
+        security.refusal_log.unlogged = 0;
+    }
+    abi::SockReply r{};
+    r.magic = abi::kMagic;
+    r.status = EACCES;
+    std::snprintf(r.message, sizeof(r.message), "access refused: uid %u may not use guest %s (owner: %s)",
+                  unsigned(c.uid), c.guest->name.c_str(), access.describe().c_str());
+    (void)::send(c.sock.get(), &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 void read_peer_credentials(Connection& c) {
@@ -74,6 +96,7 @@ void read_peer_credentials(Connection& c) {
     if (::getsockopt(c.sock.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
         c.pid = cred.pid;
         c.uid = cred.uid;
+        c.gid = cred.gid;
     }
     LOG_INFO("guest %s: connection %llu from pid %d uid %u", c.guest->name.c_str(), (unsigned long long)c.id,
              int(c.pid), unsigned(c.uid));
@@ -110,6 +133,10 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         struct stat ast;
         if (::fstat(fds[3].get(), &ast) != 0 || !(S_ISFIFO(ast.st_mode) || S_ISSOCK(ast.st_mode)))
             return reply(c, EINVAL, 0, "the async event fd must be a pipe or a socket"), false;
+        // The context's kick and cmd-done eventfds and async pipe (the
+        // connection's own socket is charged at accept).
+        if (!c.charges.take(Res::Fds, 3, "Attach"))
+            return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)"), false;
         int err = 0;
         std::string why;
         Context* ctx = eng.attach(*c.guest, std::move(fds[0]), a.arena_gva, a.arena_len, std::move(fds[1]),
@@ -155,9 +182,13 @@ bool handle_connection_message(Engine& eng, Connection& c) {
         if (size_t(n) != sizeof(m) || fds.size() != 1)
             return reply(c, EINVAL, 0, "CreateChannel needs %zu bytes and 1 fd", sizeof(m));
         std::memcpy(&m, buf, sizeof(m));
-        if (int err = ctx->add_channel(m.channel_id, std::move(fds[0])))
+        if (!ctx->charges.take(Res::Fds, 1, "CreateChannel"))
+            return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)");
+        if (int err = ctx->add_channel(m.channel_id, std::move(fds[0]))) {
+            ctx->charges.give(Res::Fds, 1);
             return reply(c, err, 0, "cannot add completion channel %u: %s", m.channel_id,
                          err == EINVAL ? "id 0 or not the write end of a pipe" : strerror(err));
+        }
         return reply(c, 0, 0, nullptr);
     }
     case abi::SockOp::DestroyChannel: {
@@ -168,6 +199,7 @@ bool handle_connection_message(Engine& eng, Connection& c) {
             return reply(c, EINVAL, 0, "DestroyChannel needs %zu bytes and no fd", sizeof(m));
         std::memcpy(&m, buf, sizeof(m));
         if (!ctx->remove_channel(m.channel_id)) return reply(c, ENOENT, 0, "no completion channel %u", m.channel_id);
+        ctx->charges.give(Res::Fds, 1);
         return reply(c, 0, 0, nullptr);
     }
     }

@@ -9,25 +9,35 @@
 
 #include "device_model.h"
 #include "engine.h"
+#include "guest_access.h"
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::shim {
 
-// Creates the guest's listening SOCK_SEQPACKET socket at `path` (mode 0666).
-bool open_guest_socket(const std::string& path, UniqueFd& out, std::string& error);
+// Creates the guest's listening SOCK_SEQPACKET socket at `path`, owned and
+// moded as `access` says.
+bool open_guest_socket(const std::string& path, const GuestAccess& access, UniqueFd& out, std::string& error);
 
 struct Connection {
     uint64_t id = 0;
     const GuestIdentity* guest = nullptr;
     UniqueFd sock;
     uint64_t ctx_id = 0;  // 0 until attached
+    uint64_t accepted_ns = 0;  // monotonic; unattached past --attach-timeout: closed
     pid_t pid = -1;
     uid_t uid = 0;
+    gid_t gid = 0;
     Charges charges;  // Res::Connections of the guest, given back when closed
 };
 
 // Reads the peer's credentials (SO_PEERCRED) into the connection.
 void read_peer_credentials(Connection& c);
+
+// Refuses a connection whose peer `access` does not allow: an EACCES reply
+// saying why, counted in `security`, and a warning in the log (at most one
+// a second per guest, with the number refused meanwhile). The caller
+// closes it.
+void refuse_connection(Connection& c, const GuestAccess& access, GuestSecurity& security);
 
 // Handles one message on the connection. Returns false when the connection
 // must be closed (peer gone, protocol error, failed attach).

@@ -6,6 +6,8 @@
 //   port NAME down   port 1 of guest NAME goes DOWN: PORT_ERR to its contexts
 //   port NAME up     back to ACTIVE: PORT_ACTIVE
 //   peers            one line per peer shim of the fabric (fabric.h)
+//   counters         what isolation stopped, per guest and per QP
+//                    (security_report.h)
 //
 // Replies: "ok", the text asked for, or "error: REASON".
 #pragma once
@@ -27,6 +29,8 @@ struct ControlActions {
     std::function<bool(const std::string& guest, bool up, std::string& error)> set_port;
     // The fabric's peers, one line each.
     std::function<std::string()> peers;
+    // The isolation counters, one line per guest and per QP that has any.
+    std::function<std::string()> counters;
 };
 
 // Checks the peer, reads one request from the accepted connection `fd`,

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "guest_fd.h"
+#include "security_report.h"
 #include "vrdma_common/guest_paths.h"
 #include "vrdma_common/log.h"
 
@@ -51,13 +52,19 @@ bool Daemon::start(std::string& error) {
     for (size_t i = 0; i < opts_.guests.size(); ++i) {
         const std::string& name = opts_.guests[i];
         const GuestIdentity& id =
-            engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name));
+            engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name),
+                              i < opts_.controlled_qkeys.size() && opts_.controlled_qkeys[i]);
+        if (i < opts_.pkeys.size() && !opts_.pkeys[i].empty()) engine_.set_pkeys(id, opts_.pkeys[i]);
         auto pub = std::make_unique<GuestPublication>();
         bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
         published_.push_back(std::move(pub));
         if (!ok) return false;
+        if (opts_.access.size() <= i) opts_.access.resize(i + 1);  // default: the shim's own user
+        const GuestAccess& access = opts_.access[i];
         UniqueFd lfd;
-        if (!open_guest_socket(guest_paths(run_dir_.path(), name).socket, lfd, error)) return false;
+        if (!access.apply(guest_paths(run_dir_.path(), name).dir, true, error) ||
+            !open_guest_socket(guest_paths(run_dir_.path(), name).socket, access, lfd, error))
+            return false;
         if (!epoll_add(lfd.get(), EPOLLIN, tag(kListen, i))) {
             error = std::string("epoll: ") + strerror(errno);
             return false;
@@ -214,17 +221,24 @@ void Daemon::accept_all(size_t guest_index) {
             if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept: %s", strerror(errno));
             return;
         }
+        close_stale_connections();
         uint64_t id = next_conn_id_++;
         Connection& c = conns_[id];
         c.id = id;
+        c.accepted_ns = monotonic_ns();
         c.guest = engine_.guests()[guest_index].get();
         c.sock.reset(fd);
+        read_peer_credentials(c);
+        if (!opts_.access[guest_index].allows(c.uid, c.gid)) {  // before anything is charged
+            refuse_connection(c, opts_.access[guest_index], engine_.security_of(*c.guest));
+            conns_.erase(id);
+            continue;
+        }
         c.charges.bind(engine_.usage_of(*c.guest));
-        if (!c.charges.take(Res::Connections, 1, "a connection")) {
+        if (!c.charges.take(Res::Connections, 1, "a connection") || !c.charges.take(Res::Fds, 1, "a connection")) {
             conns_.erase(id);  // closes it: the guest sees EOF
             continue;
         }
-        read_peer_credentials(c);
         if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kConn, id))) {
             LOG_WARN("epoll: %s", strerror(errno));
             conns_.erase(id);
@@ -249,6 +263,19 @@ void Daemon::on_connection(uint64_t conn_id, uint32_t events) {
         return;
     }
     if (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) close_connection(conn_id);
+}
+
+// Connections that never attached, past --attach-timeout, are closed when
+// the next one arrives (that is when the quota they hold matters).
+void Daemon::close_stale_connections() {
+    const uint64_t now = monotonic_ns();
+    const uint64_t limit = uint64_t(opts_.attach_timeout_s) * 1'000'000'000ull;
+    std::vector<uint64_t> stale;
+    for (auto& [id, c] : conns_)
+        if (!c.ctx_id && now - c.accepted_ns > limit) stale.push_back(id);
+    if (stale.empty()) return;
+    LOG_WARN("closing %zu connection(s) that did not attach within %u s", stale.size(), opts_.attach_timeout_s);
+    for (uint64_t id : stale) close_connection(id);
 }
 
 void Daemon::close_connection(uint64_t conn_id) {
@@ -309,6 +336,7 @@ void Daemon::on_control(uint64_t id) {
     ControlActions actions;
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
     actions.peers = [this] { return fabric_.enabled() ? fabric_.status() : std::string("no fabric\n"); };
+    actions.counters = [this] { return security_report(engine_); };
     if (!handle_control_connection(it->second.get(), actions)) return;
     epoll_del(it->second.get());
     control_conns_.erase(it);

@@ -57,6 +57,7 @@ private:
     void accept_all(size_t guest_index);
     void on_connection(uint64_t conn_id, uint32_t events);
     void close_connection(uint64_t conn_id);
+    void close_stale_connections();
     void reap_dead_contexts();
     void accept_control();
     void on_control(uint64_t id);

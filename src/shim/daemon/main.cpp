@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
         setrlimit(RLIMIT_NOFILE, &nofile);
     }
 
+    if (!opts.quotas.max_fds && getrlimit(RLIMIT_NOFILE, &nofile) == 0)
+        opts.quotas.max_fds = shim::default_fd_share(uint64_t(nofile.rlim_cur), opts.guests.size());
+
     shim::Daemon daemon(opts);
     if (!daemon.start(error)) {
         std::fprintf(stderr, "vrdma-shim: %s\n", error.c_str());

@@ -14,8 +14,9 @@ const char* help_text() {
     vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
 
 SYNOPSIS
-    vrdma-shim [--run-dir DIR] --guest NAME [--guest NAME ...] [--lid-base N]
-               [--lid-count N] [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
+    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
+               [--guest ...] [--lid-base N] [--lid-count N] [--attach-timeout SECONDS]
+               [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
     vrdma-shim --help
 
@@ -46,14 +47,47 @@ OPTIONS
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing. Only one shim may serve a run directory.
 
-    --guest NAME
+    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given.
+        Only the guest's owner, members of its group and root may use it.
+        The owner defaults to the user the shim runs as, and there is no
+        group unless given: DIR/NAME belongs to the owner with mode 0700
+        and its socket with mode 0600 (0750 and 0660, group GROUP, when a
+        group is given). Every connection's peer credentials (SO_PEERCRED)
+        are checked when it is accepted, before anything is charged to
+        the guest; a refused one gets an EACCES reply, is closed, and is
+        logged (at most once a second per guest, with the count). Giving a
+        guest to another user needs a shim run as root. Example:
+            vrdma-shim --guest a:owner=alice --guest b:owner=bob:group=rdma
+        :pkeys=P[,P...] puts the guest in partitions: P_Keys (1 to 16) as
+        on InfiniBand, the low 15 bits naming a partition (0x0001-0x7fff),
+        bit 15 set for a full member (0x8001) and clear for a limited one
+        (0x0001). They are the port's P_Key table (sysfs pkeys/N,
+        ibv_query_pkey) in the order given; a QP's pkey_index picks one.
+        Traffic between two QPs of this shim passes only when their P_Keys
+        name the same partition and at least one is a full member; other
+        requests and datagrams are dropped (RC requesters end in
+        IBV_WC_RETRY_EXC_ERR) and counted (vrdmactl counters). Default: the
+        default partition, 0xffff, which every guest without :pkeys is in.
+        Partitions are not yet checked across the fabric.
+        :controlled-qkeys lets the guest give its UD QPs a controlled qkey
+        (the high bit set, 0x80000000 and up), which InfiniBand reserves
+        to privileged consumers (such as the subnet administrator's GSI
+        users); without it ibv_modify_qp with such a qkey fails with EPERM,
+        as it does for an unprivileged process on Linux.
 
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
         gets LID N+i. LIDs must stay in the unicast range 1..0xbfff.
+
+    --attach-timeout SECONDS
+        A connection to a guest's socket that has not attached after
+        SECONDS (default 10, 1..3600) is closed, when the next connection
+        to any guest arrives: a process that opens connections and never
+        attaches holds its guest's connection quota only that long. The
+        provider attaches within milliseconds of connecting.
 
     --lid-count N
         How many LIDs this shim owns from --lid-base (default: one per
@@ -150,6 +184,21 @@ bool parse_u32(const char* s, uint32_t& out) {
     return true;
 }
 
+// "0x8001,0x0002": 1-16 P_Keys, each naming a partition (low 15 bits not 0).
+bool parse_pkeys(const std::string& list, std::vector<uint16_t>& out) {
+    out.clear();
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        if (comma == std::string::npos) comma = list.size();
+        uint32_t v;
+        if (!parse_u32(list.substr(start, comma - start).c_str(), v) || v > 0xffff || (v & 0x7fff) == 0) return false;
+        out.push_back(uint16_t(v));
+        start = comma + 1;
+    }
+    return !out.empty() && out.size() <= kMaxPkeys;
+}
+
 }  // namespace
 
 bool parse_options(int argc, char** argv, Options& o, std::string& error) {
@@ -189,6 +238,35 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
         } else if (a == "--guest") {
             std::string g;
             if (!need_value(g)) return false;
+            GuestAccess acc;
+            const auto colon = g.find(':');
+            std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
+            bool qkeys = false;
+            std::vector<uint16_t> table;
+            std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
+            for (size_t start = 0; start < spec.size();) {
+                size_t end = spec.find(':', start);
+                if (end == std::string::npos) end = spec.size();
+                std::string part = spec.substr(start, end - start);
+                if (part == "controlled-qkeys") {
+                    qkeys = true;
+                } else if (part.rfind("pkeys=", 0) == 0) {
+                    if (!parse_pkeys(part.substr(6), table)) {
+                        error = "--guest " + g + ": pkeys= wants 1-16 P_Keys like 0x8001,0x0002 (partition "
+                                "0x0001-0x7fff, bit 15 for full membership)";
+                        return false;
+                    }
+                } else
+                    rest += (rest.empty() ? "" : ":") + part;
+                start = end + 1;
+            }
+            spec = rest;
+            std::string why;
+            if (!acc.parse(spec, why)) {
+                error = "--guest " + g + ": " + why;
+                return false;
+            }
+            if (colon != std::string::npos) g.resize(colon);
             if (!valid_guest_name(g)) {
                 error = "invalid guest name '" + g + "' (1-32 characters of A-Z a-z 0-9 _ . -)";
                 return false;
@@ -199,11 +277,21 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                     return false;
                 }
             o.guests.push_back(g);
+            o.access.push_back(acc);
+            o.controlled_qkeys.push_back(qkeys);
+            o.pkeys.push_back(table);
         } else if (a == "--lid-base") {
             std::string v;
             if (!need_value(v)) return false;
             if (!parse_u32(v.c_str(), o.lid_base) || o.lid_base == 0 || o.lid_base >= 0xc000) {
                 error = "--lid-base must be a LID in 1..0xbfff, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--attach-timeout") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.attach_timeout_s) || o.attach_timeout_s == 0 || o.attach_timeout_s > 3600) {
+                error = "--attach-timeout must be 1..3600 seconds, not '" + v + "'";
                 return false;
             }
         } else if (a == "--lid-count") {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "device_model.h"
+#include "guest_access.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -13,6 +14,9 @@ namespace vrdma::shim {
 struct Options {
     std::string run_dir = "/run/vrdma";
     std::vector<std::string> guests;
+    std::vector<GuestAccess> access;  // parallel to guests: who may use each
+    std::vector<bool> controlled_qkeys;  // parallel to guests: :controlled-qkeys given
+    std::vector<std::vector<uint16_t>> pkeys;  // parallel to guests: :pkeys=..., empty: the default 0xffff
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE
@@ -20,6 +24,7 @@ struct Options {
     std::string fabric_listen;
     std::vector<std::string> fabric_peers;
     std::string fabric_key;
+    uint32_t attach_timeout_s = 10;  // an unattached connection is closed after this
     uint32_t lid_count = 0;  // LIDs this shim owns from lid_base (0: one per guest)
     bool help = false;
 };

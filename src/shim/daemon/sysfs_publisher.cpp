@@ -64,8 +64,11 @@ bool GuestPublication::publish(const std::string& run_dir, const std::string& de
         {port + "/link_layer", "InfiniBand"},
         {port + "/gids/0", format_gid(pa.gid)},
         {port + "/gid_attrs/types/0", "IB/RoCE v1"},
-        {port + "/pkeys/0", "0xffff"},
     };
+    for (size_t i = 0; i < id.pkeys.size(); ++i) {
+        std::snprintf(buf, sizeof(buf), "0x%04x", id.pkeys[i]);
+        files.emplace_back(port + "/pkeys/" + std::to_string(i), buf);
+    }
     std::snprintf(buf, sizeof(buf), "0x%x", id.lid);
     files.emplace_back(port + "/lid", buf);
     std::snprintf(buf, sizeof(buf), "0x%08x", pa.port_cap_flags);

@@ -13,6 +13,7 @@
 
 #include "device_model.h"
 #include "handle_table.h"
+#include "key_table.h"
 #include "resources.h"
 #include "segment_table.h"
 #include "vrdma/abi.h"
@@ -57,6 +58,7 @@ public:
     HandleTable<Qp, HandleType::Qp> qps;
     HandleTable<Srq, HandleType::Srq> srqs;
     HandleTable<Ah, HandleType::Ah> ahs;
+    KeyTable keys;  // lkeys and rkeys -> MR handles
 
     // Engine state.
     uint32_t cmd_cons = 0;

@@ -96,7 +96,7 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.max_srq_wr = q.max_srq_wr;
     a.max_srq_sge = q.max_sge;
     a.max_inline_data = q.max_inline;
-    a.max_pkeys = 1;
+    a.max_pkeys = kMaxPkeys;
     a.local_ca_ack_delay = 16;
     a.phys_port_cnt = 1;
     std::snprintf(a.fw_ver, sizeof(a.fw_ver), "%s", kFwVersion);
@@ -111,7 +111,7 @@ abi::PortAttr make_port_attr(const GuestIdentity& id) {
     p.gid_tbl_len = 1;
     p.port_cap_flags = IBV_PORT_SYS_IMAGE_GUID_SUP;
     p.max_msg_sz = kMaxMsgSize;
-    p.pkey_tbl_len = 1;
+    p.pkey_tbl_len = uint16_t(id.pkeys.size());
     p.lid = id.lid;
     p.sm_lid = 1;
     p.lmc = 0;

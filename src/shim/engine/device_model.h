@@ -5,6 +5,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "guest_security.h"
 
 #include "vrdma/abi.h"
 
@@ -33,6 +36,10 @@ struct Quotas {
     uint64_t max_wr = 1u << 22;            // work-queue entries of all QPs and SRQs
     uint64_t max_mappings = 16384;         // mmap()s (segments, multi-segment MRs)
     uint64_t max_map_bytes = 2ull << 40;   // bytes of guest memory mapped
+    // File descriptors the shim holds for the guest: sockets, each context's
+    // eventfds and async pipe, completion channels. 0: no limit (tests); the
+    // shim sets a share of its RLIMIT_NOFILE (default_fd_share).
+    uint64_t max_fds = 0;
 };
 
 // Identity of the device. vendor_id 0xFFFFFF is the value IBTA leaves to a
@@ -51,6 +58,11 @@ constexpr uint32_t kHwVersion = abi::kVersion;
 constexpr const char* kFwVersion = VRDMA_VERSION;
 
 constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
+constexpr uint32_t kMaxPkeys = 16;        // P_Key table entries a guest may be given
+
+// Two P_Keys admit traffic between their QPs when they name the same
+// partition (low 15 bits) and at least one of them is a full member (bit 15).
+constexpr bool pkeys_match(uint16_t a, uint16_t b) { return (a & 0x7fff) == (b & 0x7fff) && ((a | b) & 0x8000); }
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 
 struct GuestIdentity {
@@ -60,6 +72,15 @@ struct GuestIdentity {
     // Port 1 is ACTIVE, or DOWN (Disabled) after the operator took it down
     // (vrdmactl port NAME down): then nothing reaches or leaves the guest.
     bool port_active = true;
+    // The guest may give its UD QPs a controlled qkey (the high bit set),
+    // which IB reserves to privileged consumers (vrdma-shim --guest
+    // NAME:controlled-qkeys). Otherwise ModifyQp refuses one with EPERM.
+    bool controlled_qkeys = false;
+    // The P_Key table of port 1 (vrdma-shim --guest NAME:pkeys=...): the
+    // partitions the guest is in, bit 15 set for full membership. Default:
+    // the default partition, full member.
+    std::vector<uint16_t> pkeys = {0xffff};
+    GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
 };
 
 // A 64-bit id of this host (hash of /etc/machine-id, or of the hostname).

@@ -15,6 +15,7 @@
 #include "cq_writer.h"
 #include "fault_guard.h"
 #include "requester.h"
+#include "secure_random.h"
 #include "transport.h"
 #include "qp_state.h"
 #include "vrdma/ring.h"
@@ -55,12 +56,26 @@ GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
     return nullptr;
 }
 
+void Engine::set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys) {
+    for (auto& g : guests_)
+        if (g.get() == &guest && !pkeys.empty()) g->pkeys = std::move(pkeys);
+}
+
+GuestSecurity& Engine::security_of(const GuestIdentity& guest) {
+    for (auto& g : guests_)
+        if (g.get() == &guest) return g->security;
+    static GuestSecurity unknown;  // a guest of no engine (tests): counted nowhere that matters
+    return unknown;
+}
+
 Engine::~Engine() {
     while (!contexts_.empty()) detach(contexts_.begin()->first);
 }
 
-const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, uint64_t guid) {
+const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, uint64_t guid,
+                                       bool controlled_qkeys) {
     auto g = std::make_unique<GuestIdentity>();
+    g->controlled_qkeys = controlled_qkeys;
     g->name = name;
     g->lid = lid;
     g->guid = guid;
@@ -153,17 +168,20 @@ std::vector<uint64_t> Engine::dead_contexts() const {
 }
 
 uint32_t Engine::alloc_qpn() {
-    if (qpns_.size() >= 0xfffff0) return 0;
+    // Live and quarantined QPNs together stay far below 2^24 (the QP quota
+    // of all guests is), so a few draws find a free one.
+    if (qpns_.size() + recent_qpns_.size() >= 0xc00000) return 0;
     for (;;) {
-        uint32_t q = next_qpn_;
-        next_qpn_ = (next_qpn_ + 1) & 0xffffff;
-        if (next_qpn_ < 2) next_qpn_ = 2;
-        if (!qpns_.count(q)) return q;
+        uint32_t q = secure_random_u32() & 0xffffff;
+        if (q < 2 || qpns_.count(q) || recent_qpns_.contains(q)) continue;  // 0 and 1: IB's special QPs
+        return q;
     }
 }
 
 void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) { qpns_[qpn] = QpLoc{&ctx, handle}; }
-void Engine::unregister_qp(uint32_t qpn) { qpns_.erase(qpn); }
+void Engine::unregister_qp(uint32_t qpn) {
+    if (qpns_.erase(qpn)) recent_qpns_.add(qpn);
+}
 
 Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     auto it = qpns_.find(qpn);

@@ -17,6 +17,7 @@
 #include "device_model.h"
 #include "local_transport.h"
 #include "quota.h"
+#include "recent_ids.h"
 #include "route_table.h"
 #include "work_queue.h"
 
@@ -29,8 +30,13 @@ public:
     explicit Engine(Quotas quotas = {});
     ~Engine();
 
-    const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid);
+    const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid,
+                                   bool controlled_qkeys = false);
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
+    // Sets the P_Key table of a guest (before any context attaches).
+    void set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys);
+    // The counters of what isolation stopped for `guest` (guest_security.h).
+    GuestSecurity& security_of(const GuestIdentity& guest);
     const Quotas& quotas() const { return quotas_; }
     // What every context of `guest` holds together (quota.h). Null for a
     // guest this engine does not serve.
@@ -46,6 +52,10 @@ public:
     Context* find_context(uint64_t ctx_id);
     std::vector<uint64_t> dead_contexts() const;
     size_t context_count() const { return contexts_.size(); }
+    template <typename F>
+    void for_each_context(F&& f) {
+        for (auto& entry : contexts_) f(*entry.second);
+    }
 
     // One pass over every context. Returns true if anything progressed.
     bool poll_once();
@@ -63,7 +73,10 @@ public:
     bool set_port_active(const std::string& guest, bool active);
     std::vector<int> kick_fds() const;
 
-    // QPN registry (QPNs are unique per shim).
+    // QPN registry. QPNs are unique per shim, drawn at random (24 bits, never
+    // 0 or 1) and not handed out again until kQpnQuarantine other QPNs were
+    // freed after them: a stale QPN names nothing rather than a newcomer.
+    static constexpr size_t kQpnQuarantine = 1u << 16;
     struct QpRef {
         Context* ctx = nullptr;
         Qp* qp = nullptr;
@@ -74,6 +87,9 @@ public:
     void register_qp(uint32_t qpn, Context& ctx, uint32_t handle);
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
+    // Each QP created is a new incarnation: an RC connection binds the two
+    // incarnations it joined (responder.cpp), not just their QPNs.
+    uint64_t new_incarnation() { return next_incarnation_++; }
     uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
     // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
     // of this shim connected to exactly it goes to error (QP_FATAL).
@@ -109,7 +125,8 @@ private:
         uint32_t handle;
     };
     std::unordered_map<uint32_t, QpLoc> qpns_;
-    uint32_t next_qpn_ = 2;  // 0 and 1 are the special QPs of IB
+    RecentIds recent_qpns_{kQpnQuarantine};
+    uint64_t next_incarnation_ = 1;
     uint32_t next_srqn_ = 1;
     uint64_t (*clock_)() = monotonic_ns;
     RouteTable routes_;

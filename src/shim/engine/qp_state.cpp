@@ -118,7 +118,7 @@ bool qp_modify_is_ok(uint32_t cur, uint32_t next, uint32_t qp_type, uint32_t mas
 int qp_check_attr_values(const abi::QpAttr& a, uint32_t mask, const Quotas& q) {
     if ((mask & IBV_QP_CUR_STATE) && a.cur_qp_state > IBV_QPS_ERR) return EINVAL;
     if ((mask & IBV_QP_ACCESS_FLAGS) && (a.qp_access_flags & ~kKnownAccess)) return EINVAL;
-    if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index != 0) return EINVAL;
+    if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index >= kMaxPkeys) return EINVAL;  // the guest's table: cmd_qp.cpp
     if ((mask & IBV_QP_PORT) && a.port_num != 1) return EINVAL;
     if ((mask & IBV_QP_AV) && !ah_ok(a.ah)) return EINVAL;
     if ((mask & IBV_QP_PATH_MTU) && (a.path_mtu < IBV_MTU_256 || a.path_mtu > IBV_MTU_4096)) return EINVAL;

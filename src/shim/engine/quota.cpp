@@ -18,6 +18,7 @@ constexpr Key kKeys[] = {
     {Res::Connections, "connections"}, {Res::Pd, "pd"},   {Res::Mr, "mr"},   {Res::MrBytes, "mr_bytes"},
     {Res::Cq, "cq"},                   {Res::Qp, "qp"},   {Res::Srq, "srq"}, {Res::Ah, "ah"},
     {Res::Wr, "wr"},                   {Res::Mappings, "mappings"},          {Res::MapBytes, "map_bytes"},
+    {Res::Fds, "fds"},
 };
 static_assert(sizeof(kKeys) / sizeof(kKeys[0]) == kResCount);
 
@@ -53,6 +54,13 @@ const char* res_key(Res r) {
     return "?";
 }
 
+uint64_t default_fd_share(uint64_t nofile_limit, size_t guests) {
+    if (guests == 0) guests = 1;
+    const uint64_t reserve = 64 + 8 * uint64_t(guests);
+    const uint64_t share = nofile_limit > reserve ? (nofile_limit - reserve) / guests : 0;
+    return share > 8 ? share : 8;  // a guest needs at least one attached context
+}
+
 uint64_t quota_limit(const Quotas& q, Res r) {
     switch (r) {
     case Res::Connections: return q.max_connections;
@@ -66,6 +74,7 @@ uint64_t quota_limit(const Quotas& q, Res r) {
     case Res::Wr: return q.max_wr;
     case Res::Mappings: return q.max_mappings;
     case Res::MapBytes: return q.max_map_bytes;
+    case Res::Fds: return q.max_fds ? q.max_fds : UINT64_MAX;
     case Res::kCount: break;
     }
     return 0;
@@ -96,9 +105,10 @@ bool set_quota(Quotas& q, const std::string& kv, std::string& error) {
     else if (key == "wr") q.max_wr = v;
     else if (key == "mappings") q.max_mappings = v;
     else if (key == "map_bytes") q.max_map_bytes = v;
+    else if (key == "fds") q.max_fds = v ? v : 1;
     else {
         error = "unknown --quota key '" + key +
-                "' (connections, pd, mr, mr_bytes, cq, qp, srq, ah, wr, mappings, map_bytes)";
+                "' (connections, pd, mr, mr_bytes, cq, qp, srq, ah, wr, mappings, map_bytes, fds)";
         return false;
     }
     if (!ok) {

@@ -30,6 +30,7 @@ enum class Res : uint8_t {
     Wr,           // work-queue entries: SQ + RQ depths of QPs, SRQ depths ("outstanding work")
     Mappings,     // mmap()s the shim holds for the guest (segments; MR composites: 1 + pieces)
     MapBytes,     // bytes of guest memory the shim maps (segments and MR composites)
+    Fds,          // fds the shim holds: sockets (1), contexts (3: eventfds, async pipe), channels (1)
     kCount
 };
 constexpr unsigned kResCount = unsigned(Res::kCount);
@@ -40,6 +41,11 @@ const char* res_key(Res r);
 // of 1024) into `q`. False with a message on an unknown key or a bad value.
 bool set_quota(Quotas& q, const std::string& key_value, std::string& error);
 uint64_t quota_limit(const Quotas& q, Res r);
+// The fds quota when the operator gives none: an equal share, per guest, of
+// the shim's fd limit less a reserve for the shim itself (listeners, the
+// control socket, the fabric, spare fds). Every guest can then always
+// attach, whatever the others hold.
+uint64_t default_fd_share(uint64_t nofile_limit, size_t guests);
 
 // Shim-wide mappings (the kernel's vm.max_map_count is per process: guests
 // together must leave room for the shim's own allocations).

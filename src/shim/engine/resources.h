@@ -18,6 +18,7 @@ struct Pd {
 
 struct Mr {
     uint32_t pd = 0;
+    uint32_t key = 0;     // lkey = rkey (Context::keys)
     uint32_t access = 0;  // ibv_access_flags
     uint64_t addr = 0;    // gva
     uint64_t length = 0;
@@ -77,6 +78,11 @@ struct Qp {
     uint32_t handle = 0;          // its handle in the context's table
     bool work_marked = false;     // in the context's list of QPs with work (Context::mark_work)
     uint32_t qpn = 0;
+    // This QP's incarnation (Engine::new_incarnation) and, for RC, the one it
+    // was connected to at RTR when that peer is on this shim (0: none found,
+    // or the peer is on another shim).
+    uint64_t incarnation = 0;
+    uint64_t peer_incarnation = 0;
     uint32_t type = 0;            // IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
     WorkQueue sq, rq;             // rq unused when srq != 0
@@ -109,6 +115,10 @@ struct Qp {
     bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
     uint32_t atomic_replay_psn = 0;
     uint64_t atomic_replay_orig = 0;
+
+    // What isolation stopped at this QP (guest_security.h).
+    uint64_t remote_access_errors = 0;
+    uint64_t stranger_requests = 0;
 
     // Async events (async_events.h).
     uint32_t async_events = 0;    // records written (reported at DestroyQp)

@@ -11,6 +11,7 @@
 #include "fault_guard.h"
 #include "psn.h"
 #include "qp_state.h"
+#include "vrdma_common/log.h"
 
 namespace vrdma::shim {
 namespace {
@@ -65,6 +66,31 @@ void consume_recv(Context& ctx, RecvQueue& rq) {
     }
 }
 
+// Partitions: a sender on this shim must share a partition with the target
+// QP (the P_Keys at the QPs' pkey_index, pkeys_match); a mismatch is
+// dropped, as an IB port drops a packet with a bad P_Key, and counted.
+bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
+    if (eng.routes().lookup(req.slid) != &eng.local_transport()) return true;  // vouched for by its shim
+    Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
+    bool ok = false;
+    if (src) {
+        const auto& sk = src.ctx->guest().pkeys;
+        const auto& dk = ctx.guest().pkeys;
+        const uint32_t si = src.qp->attr.pkey_index, di = qp.attr.pkey_index;
+        ok = si < sk.size() && di < dk.size() && pkeys_match(sk[si], dk[di]);
+    }
+    if (ok) return true;
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.pkey_violations;
+    if (s.pkey_log.due(eng.now())) {
+        LOG_WARN("guest %s: QP %u: request from lid %u QPN %u dropped: no common partition (P_Key) "
+                 "(%llu more since the last warning)",
+                 ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, (unsigned long long)s.pkey_log.unlogged);
+        s.pkey_log.unlogged = 0;
+    }
+    return false;
+}
+
 void set_recv_cqe(Delivery& d, const Request& req, uint64_t wr_id, uint32_t status, uint32_t opcode,
                   uint32_t byte_len) {
     abi::Cqe& c = d.cqe;
@@ -106,7 +132,8 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
     if (!dst || dst.qp->type != IBV_QPT_UD || !responder_ready(dst.qp->state)) return;
-    if (dst.qp->attr.qkey != req.qkey || !dst.ctx->guest().port_active) return;
+    if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
+    if (dst.qp->attr.qkey != req.qkey) return;
     if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
     if (req.length > kPortMtuBytes) return;
     RecvQueue rq;
@@ -209,6 +236,31 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.length = req.length;
 }
 
+// A request for `qp` from a QP it is not connected to: dropped, counted.
+void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
+    ++qp.stranger_requests;
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.stranger_requests;
+    if (!s.stranger_log.due(eng.now())) return;
+    LOG_WARN("guest %s: QP %u: request from lid %u QPN %u dropped: not the QP it is connected to "
+             "(%llu more since the last warning)",
+             ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, (unsigned long long)s.stranger_log.unlogged);
+    s.stranger_log.unlogged = 0;
+}
+
+// A request with an rkey, range or access the responder refuses: counted.
+void note_access_error(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
+    ++qp.remote_access_errors;
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.remote_access_errors;
+    if (!s.access_log.due(eng.now())) return;
+    LOG_WARN("guest %s: QP %u: remote access error from lid %u QPN %u (rkey 0x%x addr 0x%llx length %llu) "
+             "(%llu more since the last warning)",
+             ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.rkey, (unsigned long long)req.remote_addr,
+             (unsigned long long)req.length, (unsigned long long)s.access_log.unlogged);
+    s.access_log.unlogged = 0;
+}
+
 // The responder QP fails with `event` and the requester gets `syndrome`.
 void nak(Delivery& d, Context& ctx, Qp& qp, Syndrome syndrome, int event) {
     d.resp.syndrome = syndrome;
@@ -224,7 +276,19 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
     // Only the QP this one is connected to may talk to it.
-    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid || !ctx.guest().port_active) return;
+    if (!ctx.guest().port_active) return;
+    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return note_stranger(eng, ctx, qp, req);
+    // A sender on this shim must also be the very incarnation this QP was
+    // connected to, and be connected to this one: a QP that got a vanished
+    // peer's QPN is a stranger. (A peer shim's sender is vouched for by
+    // the fabric, which tells of QPs that vanish: Engine::fail_peer_qp.)
+    if (eng.routes().lookup(req.slid) == &eng.local_transport()) {
+        Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
+        if (!src || !qp.peer_incarnation || src.qp->incarnation != qp.peer_incarnation ||
+            src.qp->peer_incarnation != qp.incarnation)
+            return note_stranger(eng, ctx, qp, req);
+    }
+    if (!partition_ok(eng, req, ctx, qp)) return;
     d.ctx = &ctx;
     d.qp = &qp;
     d.ctx_id = ctx.id();
@@ -298,11 +362,14 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if ((is_atomic || is_atomic_write) && (req.length != 8 || (req.remote_addr & 7)))
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         if (req.length > 0) {
-            if ((qp.attr.qp_access_flags & need) != need)
-                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
             std::shared_ptr<Mapping>* keep = nullptr;
-            uint8_t* p = resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, need, &keep);
-            if (!p) return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            uint8_t* p = (qp.attr.qp_access_flags & need) == need
+                             ? resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, need, &keep)
+                             : nullptr;
+            if (!p) {
+                note_access_error(eng, ctx, qp, req);
+                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            }
             if (pins && keep) pins->add(*keep);
             d.spans[0] = Span{p, req.length};
             d.nspans = 1;
