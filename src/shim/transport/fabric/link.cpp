@@ -787,7 +787,7 @@ void Link::batch_done() {
         if (s->count || s->in_rr || s->wake_ctx) continue;
         auto it = senders_.find(s->key);
         if (it == senders_.end()) continue;
-        if (idle_senders_.size() < 64) idle_senders_.push_back(std::move(it->second));
+        if (idle_senders_.size() < 16) idle_senders_.push_back(std::move(it->second));  // about 2 MiB kept
         senders_.erase(it);
     }
     batch_senders_.clear();
