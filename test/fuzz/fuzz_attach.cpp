@@ -171,10 +171,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             // The reply (if any) says whether the shim accepted the memory.
             abi::SockReply rep{};
             bool got = recv(cn.peer, &rep, sizeof(rep), MSG_DONTWAIT) == ssize_t(sizeof(rep));
-            if (got && rep.status == 0 && nfds >= 1 &&
-                ((h.op == abi::SockOp::Attach && !before) || h.op == abi::SockOp::AddSegment) &&
+            // The arena holds rings: only a memfd sealed against shrinking
+            // will do. A segment added later may be any file (MR memory of
+            // every kind: docs/protocol.md "Guest memory"), reached only under
+            // the SIGBUS guard, and it must not be able to hold rings.
+            if (got && rep.status == 0 && nfds >= 1 && h.op == abi::SockOp::Attach && !before &&
                 !acceptable_memory(kinds[0]))
-                violation("the shim accepted memory it could fault on (unsealed, or not a memfd)");
+                violation("the shim accepted an arena it could fault on (unsealed, or not a memfd)");
+            if (got && rep.status == 0 && nfds >= 1 && h.op == abi::SockOp::AddSegment && !acceptable_memory(kinds[0]) &&
+                len >= sizeof(abi::SockAddSegment))
+                if (Context* ctx = eng.find_context(cn.c().ctx_id)) {
+                    abi::SockAddSegment a;
+                    std::memcpy(&a, msg, sizeof(a));
+                    HostRange r;
+                    // Segments never overlap: an accepted one is its range.
+                    if (a.len >= 64 && ctx->segments.translate_ring(a.gva, 64, r) == 0)
+                        violation("the shim let memory it could fault on hold rings");
+                }
             if (got && rep.status == 0 && nfds >= 1 && acceptable_memory(kinds[0]) && ftruncate(fds[0], 0) == 0)
                 violation("an accepted memfd could be shrunk");
             if (!before && cn.c().ctx_id && nfds >= 1) {  // attached: keep the guest's view of the arena
