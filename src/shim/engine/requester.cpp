@@ -35,6 +35,16 @@ void rewind(Qp& qp) {
     qp.ack_deadline_ns = 0;
 }
 
+// The engine's pins, emptied, when transport `t` moves the payload after
+// send() returns (it must keep the mappings alive); null when it copies at
+// once.
+Pins* fresh_pins(Engine& eng, Transport* t) {
+    if (!t || !t->keeps_memory()) return nullptr;
+    Pins& p = eng.scratch_pins();
+    p.clear();
+    return &p;
+}
+
 // The sender's memory of a WQE: inline data, or its SGEs resolved with the
 // access the operation needs (the shim writes READ data and atomic results).
 uint32_t resolve_local(const Context& ctx, const Qp& qp, SendWork& w, Span* loc, uint32_t& nl, uint64_t& len,
@@ -188,8 +198,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (st != IBV_WC_SUCCESS) return local_error(st);
     if (!is_request_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = transport_of(eng, qp);
-    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
-    if (pins) pins->clear();
+    Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
@@ -245,8 +254,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const Ah* ah = ctx.ahs.get(h.ah_handle);
     if (!ah || ah->pd != qp.pd) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
     Transport* t = eng.routes().lookup(ah->attr.dlid);
-    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
-    if (pins) pins->clear();
+    Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
@@ -300,8 +308,7 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const bool write = h.opcode == IBV_WR_RDMA_WRITE || h.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
     if (!send && !write) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
     Transport* t = transport_of(eng, qp);
-    Pins* pins = t && t->keeps_memory() ? &eng.scratch_pins() : nullptr;
-    if (pins) pins->clear();
+    Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
