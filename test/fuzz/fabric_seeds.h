@@ -53,14 +53,18 @@ struct Seed {
     }
     // A request message cut into 64 KiB segments; segments [first, last)
     // only (to interleave messages), all by default.
-    void request(const Request& r, uint8_t fill = 0x30, size_t first = 0, size_t last = ~size_t(0)) {
+    // The peer's QP `qpn` is always the same incarnation (connections bind it).
+    static uint64_t incarnation_of(uint32_t qpn) { return 0x5eed00000000ull + qpn; }
+    void request(Request r, uint8_t fill = 0x30, size_t first = 0, size_t last = ~size_t(0)) {
+        if (r.qp_type != IBV_QPT_UD && !r.src_incarnation) r.src_incarnation = incarnation_of(r.sqpn);
         const bool carries = r.opcode == IBV_WR_SEND || r.opcode == IBV_WR_SEND_WITH_IMM ||
                              r.opcode == IBV_WR_RDMA_WRITE || r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
         message(fab::SegType::Request, &encode_req(r), sizeof(fab::WireRequest), carries ? r.length : 0, r.slid,
                 r.sqpn, r.dlid, r.dqpn, r.psn, fill, first, last);
     }
-    void response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn, const Response& resp,
+    void response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn, Response resp,
                   uint64_t data, uint8_t fill = 0x60) {
+        if (resp.syndrome != Syndrome::Drop && !resp.incarnation) resp.incarnation = incarnation_of(src_qpn);
         fab::WireResponse w = fab::encode(resp, data);
         message(fab::SegType::Response, &w, sizeof(w), data, src_lid, src_qpn, dst_lid, dst_qpn, resp.psn, fill, 0,
                 ~size_t(0));

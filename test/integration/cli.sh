@@ -21,6 +21,7 @@ expect_fail() {  # expect_fail CODE PATTERN CMD...
 expect_fail 2 'unknown (argument|option)' "$SHIM" --bogus
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest 'bad/name'
+expect_fail 2 'rkey-guess-limit must be 0..1000000' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --rkey-guess-limit many
 expect_fail 2 'no guest' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none -- true
 expect_fail 2 'no program' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a
 expect_fail 3 'is vrdma-shim running' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a -- true

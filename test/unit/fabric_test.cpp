@@ -130,6 +130,8 @@ struct RcOverFabric : Fabric2 {
         A.p.connect_rc(qa, 2, qb.qpn, kAllAccess);
         B.p.connect_rc(qb, 1, qa.qpn, kAllAccess);
     }
+    // The incarnation of qa, which A's requests from it carry.
+    uint64_t qa_incarnation() { return A.eng.find_qp(1, qa.qpn).qp->incarnation; }
     uint8_t* pa(uint64_t off = 0) { return A.p.at(ma.addr + off); }
     uint8_t* pb(uint64_t off = 0) { return B.p.at(mb.addr + off); }
     abi::Sge sa(uint64_t off, uint32_t len) { return abi::Sge{ma.addr + off, len, ma.lkey}; }
@@ -552,6 +554,7 @@ TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working
              r.slid = 1;
              r.dlid = 2;
              r.sqpn = t.qa.qpn;
+             r.src_incarnation = t.qa_incarnation();
              r.dqpn = t.qb.qpn;
              return request_segment(r, {}, 1);
          }},
@@ -563,6 +566,7 @@ TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working
              r.slid = 1;
              r.dlid = 2;
              r.sqpn = t.qa.qpn;
+             r.src_incarnation = t.qa_incarnation();
              r.dqpn = t.qb.qpn;
              r.rkey = t.mb.rkey;
              r.remote_addr = t.mb.addr;
@@ -607,6 +611,7 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
     r.qp_type = IBV_QPT_RC;
     r.dlid = 2;
     r.sqpn = t.qa.qpn;
+    r.src_incarnation = t.qa_incarnation();
     r.dqpn = t.qb.qpn;
     r.rkey = t.mb.rkey;  // a valid key: only the source LID is wrong
     r.remote_addr = t.mb.addr;
@@ -713,4 +718,125 @@ TEST_CASE("fabric: a WRITE cut short by a lost connection is never acknowledged 
         CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);
         CHECK(t.B.p.qp_state(t.qb.handle) == IBV_QPS_ERR);
     }
+}
+
+// Guest b's QP, destroyed; a second process of guest b (on shim B) whose QP
+// then got the same QPN (what cycling QPNs would achieve) tries to use the
+// connection guest a's QP still holds. Across shims the requests carry
+// incarnations, so it reaches nothing, and a's requests do not reach it.
+TEST_CASE("fabric: a QP that gets a destroyed peer's QPN cannot reach the old partner", "[shim][fabric][isolation]") {
+    RcOverFabric t(64 * 1024, 7, /*retry_cnt=*/1);
+    t.send_ok();  // the connection has carried a message: both ends are bound
+    FakeProvider b2(t.B.eng, t.B.g);
+    const uint32_t pd2 = b2.pd();
+    auto cq2 = b2.cq(64);
+    auto q2 = b2.qp(pd2, cq2, cq2);
+    auto m2 = b2.mr(pd2, 4096, kAllAccess);
+    std::memset(b2.at(m2.addr), 0xee, 4096);
+    std::memset(t.pa(0), 0x5a, 4096);
+    const uint32_t x = t.qb.qpn;
+    REQUIRE(t.B.p.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{t.qb.handle}).status == 0);
+    Qp* q = b2.ctx().qps.get(q2.handle);
+    REQUIRE(q);
+    t.B.eng.unregister_qp(q->qpn);
+    q->qpn = x;
+    t.B.eng.register_qp(x, b2.ctx(), q2.handle);
+    b2.connect_rc(q2, 1, t.qa.qpn, kAllAccess, 0, 0);
+
+    t.A.p.post_recv(t.qa.rq, 77, {t.sa(0, 4096)});
+    const uint64_t strangers0 = t.A.eng.security_of(t.A.g).stranger_requests;
+    for (uint32_t op : {IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ}) {
+        auto w = send_wqe(op, op);
+        w.remote_addr = t.ma.addr;
+        w.rkey = t.ma.rkey;
+        b2.post_send(q2.sq, w, {abi::Sge{m2.addr, 64, m2.lkey}});
+        for (int i = 0; i < 4; ++i) {
+            g_fake_now += ack_timeout_ns(14) + 1;
+            t.pump();
+        }
+    }
+    auto sc = b2.poll(cq2);
+    REQUIRE(!sc.empty());
+    CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);  // as if nobody were there
+    for (auto& c : sc) CHECK(c.status != IBV_WC_SUCCESS);
+    CHECK(t.A.eng.security_of(t.A.g).stranger_requests > strangers0);
+    // Nor does a's traffic reach the newcomer (connected again, ready).
+    abi::QpAttr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    REQUIRE(b2.modify_qp(q2.handle, IBV_QP_STATE, reset) == 0);
+    b2.connect_rc(q2, 1, t.qa.qpn, kAllAccess, 0, 0);
+    b2.post_recv(q2.rq, 50, {abi::Sge{m2.addr + 1024, 1024, m2.lkey}});
+    t.A.p.post_send(t.qa.sq, send_wqe(60, IBV_WR_SEND), {t.sa(0, 64)});
+    std::vector<abi::Cqe> ac;
+    for (int i = 0; i < 16 && ac.empty(); ++i) {
+        g_fake_now += ack_timeout_ns(14) + 1;
+        t.pump();
+        ac = t.A.p.poll(t.cq_a);
+    }
+    // The send fails; the QP's error flushes the receive nobody consumed.
+    REQUIRE(ac.size() == 2);
+    for (const auto& c : ac) CHECK(c.status == (c.wr_id == 60 ? IBV_WC_RETRY_EXC_ERR : IBV_WC_WR_FLUSH_ERR));
+    CHECK(ac[0].wr_id + ac[1].wr_id == 60 + 77);
+    CHECK(b2.poll(cq2).empty());
+    std::vector<uint8_t> want(4096, 0x5a), mine(4096, 0xee);
+    CHECK(std::memcmp(t.pa(0), want.data(), 4096) == 0);     // nothing written, the receive unconsumed
+    CHECK(std::memcmp(b2.at(m2.addr), mine.data(), 4096) == 0);  // READ brought nothing, nothing received
+}
+
+// Partitions across shims: the request carries the sender's P_Key.
+TEST_CASE("fabric: RC and UD between guests of different partitions fail across shims", "[shim][fabric][isolation]") {
+    Fabric2 f;
+    f.A.eng.set_pkeys(f.A.g, {0x8001});
+    const bool same = GENERATE(false, true);
+    f.B.eng.set_pkeys(f.B.g, {uint16_t(same ? 0x8001 : 0x8002)});
+    const uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
+    auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
+    auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);
+    std::memcpy(f.A.p.at(ma.addr), "partition", 9);
+    std::memset(f.B.p.at(mb.addr), 0xee, 8192);
+    const uint64_t violations0 = f.B.eng.security_of(f.B.g).pkey_violations;
+
+    // RC: a SEND.
+    (void)f.B.p.qp(pb, cb, cb);  // QPNs differ between the shims
+    auto qa = f.A.p.qp(pa, ca, ca), qb = f.B.p.qp(pb, cb, cb);
+    f.A.p.connect_rc(qa, 2, qb.qpn, kAllAccess, 7, 1);
+    f.B.p.connect_rc(qb, 1, qa.qpn, kAllAccess, 7, 1);
+    f.B.p.post_recv(qb.rq, 1, {abi::Sge{mb.addr, 64, mb.lkey}});
+    f.A.p.post_send(qa.sq, send_wqe(2, IBV_WR_SEND), {abi::Sge{ma.addr, 9, ma.lkey}});
+    std::vector<abi::Cqe> sc;
+    for (int i = 0; i < 8 && sc.empty(); ++i) {
+        f.pump();
+        sc = f.A.p.poll(ca);
+        g_fake_now += ack_timeout_ns(14) + 1;
+    }
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].status == (same ? IBV_WC_SUCCESS : IBV_WC_RETRY_EXC_ERR));
+    auto rc = f.B.p.poll(cb);
+    CHECK(rc.size() == (same ? 1u : 0u));
+    CHECK((std::memcmp(f.B.p.at(mb.addr), "partition", 9) == 0) == same);
+
+    // UD: a datagram.
+    FakeProvider::QpSpec ud;
+    ud.type = IBV_QPT_UD;
+    auto ua = f.A.p.qp(pa, ca, ca, ud), ub = f.B.p.qp(pb, cb, cb, ud);
+    f.A.p.ud_ready(ua, 0x1234);
+    f.B.p.ud_ready(ub, 0x1234);
+    abi::CmdCreateAhReq ahr{};
+    ahr.pd_handle = pa;
+    ahr.attr.dlid = 2;
+    ahr.attr.port_num = 1;
+    const uint32_t ah = f.A.p.cmd(CmdOp::CreateAh, ahr).as<abi::CmdCreateAhResp>().ah_handle;
+    f.B.p.post_recv(ub.rq, 3, {abi::Sge{mb.addr + 4096, 100, mb.lkey}});
+    auto w = send_wqe(4, IBV_WR_SEND);
+    w.ah_handle = ah;
+    w.remote_qpn = ub.qpn;
+    w.remote_qkey = 0x1234;
+    f.A.p.post_send(ua.sq, w, {abi::Sge{ma.addr, 9, ma.lkey}});
+    f.pump();
+    auto us = f.A.p.poll(ca);
+    REQUIRE(us.size() == 1);
+    CHECK(us[0].status == IBV_WC_SUCCESS);  // a datagram's send completes either way
+    CHECK(f.B.p.poll(cb).size() == (same ? 1u : 0u));
+    // Apart: the RC send's first try and its one retry, and the datagram.
+    CHECK(f.B.eng.security_of(f.B.g).pkey_violations - violations0 == (same ? 0u : 3u));
 }

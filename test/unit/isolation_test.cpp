@@ -288,3 +288,53 @@ TEST_CASE("the PSNs set by modify_qp are honoured: a request the responder did n
     CHECK(std::memcmp(t.b.at(mb.addr), want.data(), 64) == 0);  // the WRITE was not executed
     CHECK(t.b.poll(cq_b).empty());                              // nor the SEND delivered
 }
+
+// Guest b guesses a's rkey over and over, each time on a new connection
+// (every wrong guess fails both QPs). Past the limit its RDMA requests are
+// dropped unexamined, even one with the right key, while SENDs still pass;
+// once it kept below the rate for a while, RDMA works again.
+TEST_CASE("a source that keeps guessing rkeys is throttled", "[shim][isolation]") {
+    TwoGuests t;
+    t.eng.guess_throttle().set_limit(2);  // 2 at once, then 2 a second
+    const uint32_t pd_a = t.a.pd(), pd_b = t.b.pd();
+    auto cq_a = t.a.cq(256), cq_b = t.b.cq(256);
+    auto ma = t.a.mr(pd_a, 4096, kAllAccess), mb = t.b.mr(pd_b, 4096, kAllAccess);
+    std::memset(t.a.at(ma.addr), 0x5a, 4096);
+    std::memset(t.b.at(mb.addr), 0x77, 4096);
+    // One WQE from b to a on a new pair of QPs; the status of b's completion.
+    auto attempt = [&](uint32_t opcode, uint32_t rkey) {
+        auto qa = t.a.qp(pd_a, cq_a, cq_a), qb = t.b.qp(pd_b, cq_b, cq_b);
+        t.a.connect_rc(qa, 2, qb.qpn, kAllAccess, 7, 1);
+        t.b.connect_rc(qb, 1, qa.qpn, kAllAccess, 7, 1);
+        t.a.post_recv(qa.rq, 1, {abi::Sge{ma.addr + 2048, 2048, ma.lkey}});
+        auto w = send_wqe(2, opcode);
+        w.remote_addr = ma.addr;
+        w.rkey = rkey;
+        t.b.post_send(qb.sq, w, {abi::Sge{mb.addr, 64, mb.lkey}});
+        std::vector<abi::Cqe> sc;
+        for (int i = 0; i < 8; ++i) {
+            t.run();
+            sc = t.b.poll(cq_b);
+            if (!sc.empty()) break;
+            g_fake_now += 70'000'000;  // past the QP's timeout (14: 67 ms); 0.14 tokens
+        }
+        (void)t.a.poll(cq_a);
+        REQUIRE(sc.size() == 1);
+        return sc[0].status;
+    };
+    for (int i = 0; i < 2; ++i) CHECK(attempt(IBV_WR_RDMA_WRITE, ma.rkey ^ (0x100u << i)) == IBV_WC_REM_ACCESS_ERR);
+    CHECK(t.eng.security_of(t.ga).remote_access_errors == 2);
+    // Throttled: the right key does not help, nothing is written.
+    CHECK(attempt(IBV_WR_RDMA_WRITE, ma.rkey) == IBV_WC_RETRY_EXC_ERR);
+    CHECK(attempt(IBV_WR_RDMA_READ, ma.rkey) == IBV_WC_RETRY_EXC_ERR);
+    CHECK(t.eng.security_of(t.ga).throttled_requests >= 2);
+    std::vector<uint8_t> want(4096, 0x5a);
+    CHECK(std::memcmp(t.a.at(ma.addr), want.data(), 2048) == 0);
+    CHECK(attempt(IBV_WR_SEND, 0) == IBV_WC_SUCCESS);  // no key: not throttled
+    // Guest a, which guessed nothing, is not throttled towards b.
+    CHECK(!t.eng.guess_throttle().throttled(1, t.eng.now()));
+    // A second later a token is back: the right key works again.
+    g_fake_now += 1'000'000'000;
+    CHECK(attempt(IBV_WR_RDMA_WRITE, ma.rkey) == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(t.a.at(ma.addr), t.b.at(mb.addr), 64) == 0);
+}

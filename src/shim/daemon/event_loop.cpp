@@ -19,7 +19,9 @@
 
 namespace vrdma::shim {
 
-Daemon::Daemon(Options opts) : opts_(std::move(opts)), engine_(opts_.quotas) {}
+Daemon::Daemon(Options opts) : opts_(std::move(opts)), engine_(opts_.quotas) {
+    engine_.guess_throttle().set_limit(opts_.rkey_guess_limit);
+}
 
 Daemon::~Daemon() { shutdown(); }
 

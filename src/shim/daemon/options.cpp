@@ -16,6 +16,7 @@ const char* help_text() {
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
                [--guest ...] [--lid-base N] [--lid-count N] [--attach-timeout SECONDS]
+               [--rkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
     vrdma-shim --help
@@ -88,6 +89,19 @@ OPTIONS
         to any guest arrives: a process that opens connections and never
         attaches holds its guest's connection quota only that long. The
         provider attaches within milliseconds of connecting.
+
+    --rkey-guess-limit N
+        Remote access errors (a wrong rkey, address range or access in an
+        RDMA or atomic request: the requester gets IBV_WC_REM_ACCESS_ERR)
+        that one source, a guest of this shim or of a peer shim known by
+        its LID, may cause: N at once, then N a second (default 32,
+        0..1000000; 0 turns throttling off). A source over the limit has
+        its RDMA and atomic requests to this shim's guests dropped
+        unexamined (its QPs see lost packets and, after their timeout,
+        IBV_WC_RETRY_EXC_ERR) until it has kept below the rate; SENDs are
+        not affected. Correct programs make no remote access errors: each
+        one puts both QPs in error. Counted as throttled_requests in
+        vrdmactl counters and logged.
 
     --lid-count N
         How many LIDs this shim owns from --lid-base (default: one per
@@ -292,6 +306,13 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             if (!need_value(v)) return false;
             if (!parse_u32(v.c_str(), o.attach_timeout_s) || o.attach_timeout_s == 0 || o.attach_timeout_s > 3600) {
                 error = "--attach-timeout must be 1..3600 seconds, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--rkey-guess-limit") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.rkey_guess_limit) || o.rkey_guess_limit > 1000000) {
+                error = "--rkey-guess-limit must be 0..1000000 errors a second, not '" + v + "'";
                 return false;
             }
         } else if (a == "--lid-count") {

@@ -11,10 +11,10 @@ std::string security_report(Engine& eng) {
         const GuestSecurity& s = g->security;
         std::snprintf(line, sizeof(line),
                       "guest %s remote_access_errors %llu stranger_requests %llu pkey_violations %llu "
-                      "refused_connections %llu\n",
+                      "refused_connections %llu throttled_requests %llu\n",
                       g->name.c_str(), (unsigned long long)s.remote_access_errors,
                       (unsigned long long)s.stranger_requests, (unsigned long long)s.pkey_violations,
-                      (unsigned long long)s.refused_connections);
+                      (unsigned long long)s.refused_connections, (unsigned long long)s.throttled_requests);
         out += line;
     }
     eng.for_each_context([&](Context& ctx) {

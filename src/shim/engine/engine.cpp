@@ -38,7 +38,8 @@ uint64_t monotonic_ns() {
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-Engine::Engine(Quotas quotas) : quotas_(quotas) {
+Engine::Engine(Quotas quotas)
+    : quotas_(quotas), next_incarnation_(uint64_t(secure_random_u32()) << 32 | secure_random_u32()) {
     install_fault_guard();  // guest files behind MRs may be truncated under the shim
     // Leave the shim's own allocations room under vm.max_map_count.
     uint64_t max_maps = 65530;

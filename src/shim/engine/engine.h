@@ -15,6 +15,7 @@
 
 #include "context.h"
 #include "device_model.h"
+#include "guess_throttle.h"
 #include "local_transport.h"
 #include "quota.h"
 #include "recent_ids.h"
@@ -37,6 +38,9 @@ public:
     void set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys);
     // The counters of what isolation stopped for `guest` (guest_security.h).
     GuestSecurity& security_of(const GuestIdentity& guest);
+    // Remote access errors per source LID; sources that keep making them
+    // have their RDMA requests dropped (guess_throttle.h).
+    GuessThrottle& guess_throttle() { return guess_throttle_; }
     const Quotas& quotas() const { return quotas_; }
     // What every context of `guest` holds together (quota.h). Null for a
     // guest this engine does not serve.
@@ -87,9 +91,14 @@ public:
     void register_qp(uint32_t qpn, Context& ctx, uint32_t handle);
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
-    // Each QP created is a new incarnation: an RC connection binds the two
-    // incarnations it joined (responder.cpp), not just their QPNs.
-    uint64_t new_incarnation() { return next_incarnation_++; }
+    // Each QP created is a new incarnation: an RC or UC connection binds
+    // the two incarnations it joined (responder.cpp), not just their QPNs.
+    // Never 0 ("not known"); counted from a random start, so that a
+    // restarted shim's QPs are not taken for its earlier ones by peers.
+    uint64_t new_incarnation() {
+        const uint64_t v = next_incarnation_++;
+        return v ? v : next_incarnation_++;
+    }
     uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
     // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
     // of this shim connected to exactly it goes to error (QP_FATAL).
@@ -126,10 +135,11 @@ private:
     };
     std::unordered_map<uint32_t, QpLoc> qpns_;
     RecentIds recent_qpns_{kQpnQuarantine};
-    uint64_t next_incarnation_ = 1;
+    uint64_t next_incarnation_;  // Engine::Engine: random
     uint32_t next_srqn_ = 1;
     uint64_t (*clock_)() = monotonic_ns;
     RouteTable routes_;
+    GuessThrottle guess_throttle_;
     LocalTransport local_;
     SendWork scratch_;
     Pins scratch_pins_;

@@ -14,6 +14,7 @@ struct GuestSecurity {
     uint64_t stranger_requests = 0;     // dropped: not from the connected QP incarnation
     uint64_t refused_connections = 0;   // SO_PEERCRED: not the owner
     uint64_t pkey_violations = 0;       // dropped: sender in no partition of the target QP's
+    uint64_t throttled_requests = 0;    // dropped: RDMA from a source that keeps guessing keys
     // Rate limit of the warnings: at most one a second per guest and kind,
     // saying how many were not logged.
     struct Limiter {
@@ -24,7 +25,7 @@ struct GuestSecurity {
         // sets it to 0).
         bool due(uint64_t now_ns);
     };
-    Limiter access_log, stranger_log, refusal_log, pkey_log;
+    Limiter access_log, stranger_log, refusal_log, pkey_log, throttle_log;
 };
 
 }  // namespace vrdma::shim

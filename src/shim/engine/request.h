@@ -39,6 +39,15 @@ struct Request {
     uint16_t dlid = 0;         // destination (LID, QPN)
     uint32_t sqpn = 0;
     uint32_t dqpn = 0;
+    // RC and UC: the sending QP's incarnation and the one it is bound to
+    // (0: not yet known, a peer on another shim before its first answer).
+    // The responder accepts only the incarnation its QP is bound to
+    // (docs/protocol.md "Fabric": connections bind incarnations).
+    uint64_t src_incarnation = 0;
+    uint64_t dst_incarnation = 0;
+    // The P_Key at the sending QP's pkey_index: the responder drops a
+    // request from outside the target QP's partition.
+    uint16_t pkey = 0xffff;
     uint8_t sl = 0;
     bool solicited = false;
     bool has_imm = false;
@@ -85,6 +94,9 @@ struct Response {
     uint8_t rnr_timer = 0;      // RnrNak: the responder's min_rnr_timer (IB encoding)
     uint32_t psn = 0;           // the request's PSN (NakSeq: the expected one)
     uint64_t atomic_orig = 0;   // Ack of an atomic
+    // The responding QP's incarnation (0 with Drop): a requester on another
+    // shim binds its connection to it on the first answer.
+    uint64_t incarnation = 0;
 };
 
 }  // namespace vrdma::shim

@@ -175,6 +175,17 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
     }
 }
 
+// What names the sender in every request: its (LID, QPN), its P_Key, and
+// for a connection the incarnations it joins (responder.cpp checks them).
+void stamp_source(const Context& ctx, const Qp& qp, Request& req) {
+    const auto& keys = ctx.guest().pkeys;
+    req.slid = ctx.guest().lid;
+    req.sqpn = qp.qpn;
+    req.pkey = qp.attr.pkey_index < keys.size() ? keys[qp.attr.pkey_index] : 0;  // 0: no partition
+    req.src_incarnation = qp.incarnation;
+    req.dst_incarnation = qp.peer_incarnation;
+}
+
 Transport* transport_of(Engine& eng, Qp& qp) {
     const RouteTable& routes = eng.routes();
     if (qp.route_gen != routes.generation()) {
@@ -210,8 +221,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.opcode = op;
     req.qp_type = IBV_QPT_RC;
     req.psn = qp.next_psn;
-    req.slid = ctx.guest().lid;
-    req.sqpn = qp.qpn;
+    stamp_source(ctx, qp, req);
     req.dlid = qp.attr.ah.dlid;
     req.dqpn = qp.attr.dest_qp_num;
     req.sl = qp.attr.ah.sl;
@@ -265,8 +275,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     Request req;
     req.opcode = h.opcode;
     req.qp_type = IBV_QPT_UD;
-    req.slid = ctx.guest().lid;
-    req.sqpn = qp.qpn;
+    stamp_source(ctx, qp, req);
     req.dlid = ah->attr.dlid;
     req.dqpn = h.remote_qpn;
     req.sl = ah->attr.sl;
@@ -319,8 +328,7 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.opcode = h.opcode;
     req.qp_type = IBV_QPT_UC;
     req.psn = qp.next_psn;
-    req.slid = ctx.guest().lid;
-    req.sqpn = qp.qpn;
+    stamp_source(ctx, qp, req);
     req.dlid = qp.attr.ah.dlid;
     req.dqpn = qp.attr.dest_qp_num;
     req.sl = qp.attr.ah.sl;
@@ -508,6 +516,14 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
 void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& resp) {
     if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons) return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    // From a peer on another shim: the connection binds to the incarnation
+    // of the first QP that answers, and an answer from another one (an
+    // earlier or later QP with that QPN) is not for this connection.
+    if (resp.syndrome != Syndrome::Drop) {
+        if (!resp.incarnation) return;
+        if (!qp.peer_incarnation) qp.peer_incarnation = resp.incarnation;
+        if (resp.incarnation != qp.peer_incarnation) return;
+    }
     const uint32_t ahead = psn_diff(resp.psn, qp.una_psn);
     if (ahead >= inflight_count(qp)) return;  // stale, or not a PSN in flight
     if (resp.syndrome == Syndrome::NakSeq) {

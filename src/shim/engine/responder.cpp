@@ -66,29 +66,51 @@ void consume_recv(Context& ctx, RecvQueue& rq) {
     }
 }
 
-// Partitions: a sender on this shim must share a partition with the target
-// QP (the P_Keys at the QPs' pkey_index, pkeys_match); a mismatch is
-// dropped, as an IB port drops a packet with a bad P_Key, and counted.
+// Partitions: the sender must share a partition with the target QP (its
+// P_Key, which its shim puts in the request, against the one at the target
+// QP's pkey_index; pkeys_match); a mismatch is dropped, as an IB port
+// drops a packet with a bad P_Key, and counted.
 bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
-    if (eng.routes().lookup(req.slid) != &eng.local_transport()) return true;  // vouched for by its shim
-    Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
-    bool ok = false;
-    if (src) {
-        const auto& sk = src.ctx->guest().pkeys;
-        const auto& dk = ctx.guest().pkeys;
-        const uint32_t si = src.qp->attr.pkey_index, di = qp.attr.pkey_index;
-        ok = si < sk.size() && di < dk.size() && pkeys_match(sk[si], dk[di]);
-    }
-    if (ok) return true;
+    const auto& dk = ctx.guest().pkeys;
+    const uint32_t di = qp.attr.pkey_index;
+    if (di < dk.size() && pkeys_match(req.pkey, dk[di])) return true;
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.pkey_violations;
     if (s.pkey_log.due(eng.now())) {
-        LOG_WARN("guest %s: QP %u: request from lid %u QPN %u dropped: no common partition (P_Key) "
+        LOG_WARN("guest %s: QP %u: request from lid %u QPN %u (P_Key 0x%04x) dropped: no common partition "
                  "(%llu more since the last warning)",
-                 ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, (unsigned long long)s.pkey_log.unlogged);
+                 ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.pkey,
+                 (unsigned long long)s.pkey_log.unlogged);
         s.pkey_log.unlogged = 0;
     }
     return false;
+}
+
+// Only the QP this one (RC or UC) is connected to may talk to it: the
+// (LID, QPN) it names, and the very incarnation it is bound to, itself bound
+// to this one, so that a QP that got a vanished peer's QPN is a stranger.
+// A sender on this shim is checked against the truth; one on another shim
+// by the incarnations its shim puts in the request: a request meant for an
+// earlier QP with this QPN, or from another QP than the bound one, is a
+// stranger. A connection to another shim binds on its first message
+// (bind_remote_peer).
+bool from_connected_peer(Engine& eng, const Request& req, Qp& qp) {
+    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return false;
+    if (eng.routes().lookup(req.slid) == &eng.local_transport()) {
+        Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
+        return src && qp.peer_incarnation && src.qp->incarnation == qp.peer_incarnation &&
+               src.qp->peer_incarnation == qp.incarnation;
+    }
+    if (!req.src_incarnation) return false;
+    if (req.dst_incarnation && req.dst_incarnation != qp.incarnation) return false;
+    return !qp.peer_incarnation || qp.peer_incarnation == req.src_incarnation;
+}
+
+// A connection to a QP on another shim is bound to the incarnation of the
+// first peer message this QP accepts (a request in sequence, or an answer:
+// requester_on_response).
+void bind_remote_peer(Qp& qp, const Request& req) {
+    if (!qp.peer_incarnation) qp.peer_incarnation = req.src_incarnation;
 }
 
 void set_recv_cqe(Delivery& d, const Request& req, uint64_t wr_id, uint32_t status, uint32_t opcode,
@@ -167,6 +189,8 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(abi::kUdGrhBytes + req.length));
 }
 
+void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req);
+
 // UC: no acknowledgements, so nothing is ever answered and nothing waits.
 // What RC would NAK or RNR-NAK is dropped here (the message is lost, as on
 // a real fabric); the PSN only resynchronises (a gap is a lost message).
@@ -177,12 +201,14 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     if (!dst || dst.qp->type != IBV_QPT_UC || !responder_ready(dst.qp->state)) return;
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
-    // Only the QP this one is connected to may talk to it.
-    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid || !ctx.guest().port_active) return;
+    if (!ctx.guest().port_active) return;
+    if (!from_connected_peer(eng, req, qp)) return note_stranger(eng, ctx, qp, req);
+    if (!partition_ok(eng, req, ctx, qp)) return;
     const uint32_t op = req.opcode;
     const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
     const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     if ((!is_send && !is_write) || req.length > kMaxMsgSize) return;
+    bind_remote_peer(qp, req);
     qp.epsn = psn_next(req.psn);
     qp_request_arrived(ctx, qp);
     d.ctx = &ctx;
@@ -253,12 +279,27 @@ void note_access_error(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
     ++qp.remote_access_errors;
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.remote_access_errors;
+    if (eng.guess_throttle().charge(req.slid, eng.now()))
+        LOG_WARN("lid %u: over %u remote access errors a second (guessing keys?): its RDMA and atomic requests "
+                 "are dropped while it goes on",
+                 req.slid, eng.guess_throttle().limit());
     if (!s.access_log.due(eng.now())) return;
     LOG_WARN("guest %s: QP %u: remote access error from lid %u QPN %u (rkey 0x%x addr 0x%llx length %llu) "
              "(%llu more since the last warning)",
              ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.rkey, (unsigned long long)req.remote_addr,
              (unsigned long long)req.length, (unsigned long long)s.access_log.unlogged);
     s.access_log.unlogged = 0;
+}
+
+// An RDMA request from a source that keeps guessing keys: dropped, counted.
+void note_throttled(Engine& eng, Context& ctx, const Request& req) {
+    GuestSecurity& s = eng.security_of(ctx.guest());
+    ++s.throttled_requests;
+    if (!s.throttle_log.due(eng.now())) return;
+    LOG_WARN("guest %s: RDMA request from lid %u QPN %u dropped: that source is throttled for guessing keys "
+             "(%llu more since the last warning)",
+             ctx.guest().name.c_str(), req.slid, req.sqpn, (unsigned long long)s.throttle_log.unlogged);
+    s.throttle_log.unlogged = 0;
 }
 
 // The responder QP fails with `event` and the requester gets `syndrome`.
@@ -275,25 +316,18 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     if (!dst || dst.qp->type != IBV_QPT_RC || !responder_ready(dst.qp->state)) return;
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
-    // Only the QP this one is connected to may talk to it.
     if (!ctx.guest().port_active) return;
-    if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return note_stranger(eng, ctx, qp, req);
-    // A sender on this shim must also be the very incarnation this QP was
-    // connected to, and be connected to this one: a QP that got a vanished
-    // peer's QPN is a stranger. (A peer shim's sender is vouched for by
-    // the fabric, which tells of QPs that vanish: Engine::fail_peer_qp.)
-    if (eng.routes().lookup(req.slid) == &eng.local_transport()) {
-        Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
-        if (!src || !qp.peer_incarnation || src.qp->incarnation != qp.peer_incarnation ||
-            src.qp->peer_incarnation != qp.incarnation)
-            return note_stranger(eng, ctx, qp, req);
-    }
+    if (!from_connected_peer(eng, req, qp)) return note_stranger(eng, ctx, qp, req);
     if (!partition_ok(eng, req, ctx, qp)) return;
+    if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM &&
+        eng.guess_throttle().throttled(req.slid, eng.now()))
+        return note_throttled(eng, ctx, req);
     d.ctx = &ctx;
     d.qp = &qp;
     d.ctx_id = ctx.id();
     d.qp_handle = dst.handle;
     d.qpn = qp.qpn;
+    d.resp.incarnation = qp.incarnation;
 
     const uint32_t op = req.opcode;
     const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
@@ -331,6 +365,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     }
     if (!is_send && !is_write && !is_read && !is_atomic) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
     if (req.length > kMaxMsgSize) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+    bind_remote_peer(qp, req);
     qp_request_arrived(ctx, qp);
 
     // A receive WQE first for what consumes one: no data moves before an RNR.

@@ -508,8 +508,9 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     if (resp.syndrome != Syndrome::Ack) return;
     Engine::QpRef q = eng_.find_qp(hdr_.dst_lid, hdr_.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
-        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons)
-        return;  // stale: nobody waits for this data
+        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons ||
+        (q.qp->peer_incarnation && resp.incarnation != q.qp->peer_incarnation))
+        return;  // stale, or from another QP with that QPN: nobody waits for this data
     // The ACK of a READ must bring exactly the bytes asked for; data for
     // anything else is a bad response.
     uint64_t len = 0;

@@ -32,6 +32,9 @@ WireRequest encode(const Request& r) {
     w.traffic_class = r.traffic_class;
     w.hop_limit = r.hop_limit;
     w.flow_label = r.flow_label;
+    w.pkey = r.pkey;
+    w.src_incarnation = r.src_incarnation;
+    w.dst_incarnation = r.dst_incarnation;
     std::memcpy(w.sgid, r.sgid, 16);
     std::memcpy(w.dgid, r.dgid, 16);
     return w;
@@ -65,6 +68,9 @@ bool decode(const WireRequest& w, Request& r) {
     r.traffic_class = w.traffic_class;
     r.hop_limit = w.hop_limit;
     r.flow_label = w.flow_label & 0xfffff;
+    r.pkey = w.pkey;
+    r.src_incarnation = w.src_incarnation;
+    r.dst_incarnation = w.dst_incarnation;
     std::memcpy(r.sgid, w.sgid, 16);
     std::memcpy(r.dgid, w.dgid, 16);
     return true;
@@ -77,6 +83,7 @@ WireResponse encode(const Response& r, uint64_t length) {
     w.psn = r.psn;
     w.atomic_orig = r.atomic_orig;
     w.length = length;
+    w.incarnation = r.incarnation;
     return w;
 }
 
@@ -86,6 +93,7 @@ bool decode(const WireResponse& w, Response& r, uint64_t& length) {
     r.rnr_timer = w.rnr_timer;
     r.psn = w.psn;
     r.atomic_orig = w.atomic_orig;
+    r.incarnation = w.incarnation;
     length = w.length;
     return true;
 }

@@ -23,7 +23,7 @@
 namespace vrdma::shim::fabric {
 
 constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;  // 2: incarnations and the P_Key in requests
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 constexpr uint32_t kNonceBytes = 32;
 constexpr uint32_t kMacBytes = 32;
@@ -88,12 +88,14 @@ struct WireRequest {
     uint64_t swap;
     uint8_t traffic_class;
     uint8_t hop_limit;
-    uint16_t reserved;
+    uint16_t pkey;             // the sending QP's P_Key
     uint32_t flow_label;
     uint8_t sgid[16];
     uint8_t dgid[16];
+    uint64_t src_incarnation;  // RC, UC: the sending QP's incarnation
+    uint64_t dst_incarnation;  // and the one it is bound to (0: not yet known)
 };
-static_assert(sizeof(WireRequest) == 112);
+static_assert(sizeof(WireRequest) == 128);
 
 struct WireResponse {
     uint8_t syndrome;
@@ -102,8 +104,9 @@ struct WireResponse {
     uint32_t psn;
     uint64_t atomic_orig;
     uint64_t length;       // READ: bytes of data that follow as payload
+    uint64_t incarnation;  // the responding QP's (0 with Drop)
 };
-static_assert(sizeof(WireResponse) == 24);
+static_assert(sizeof(WireResponse) == 32);
 
 constexpr size_t kMaxFixed = sizeof(WireRequest);
 
