@@ -169,6 +169,23 @@ inline int write_all(const char* dir, FabricWorld& w) {
     }
     add("send_multiseg").request(rc(IBV_WR_SEND, 0, 100000));
     {
+        // A SEND and a WRITE whose sender lost its memory under the payload:
+        // each ends with an empty segment flagged abort (wire.h kSegAbort).
+        Seed& s = add("aborted");
+        Request r = rc(IBV_WR_SEND, 0, 100);
+        for (int i = 0; i < 2; ++i) {
+            r.src_incarnation = Seed::incarnation_of(r.sqpn);
+            fab::WireRequest wr = fab::encode(r);
+            s.seg(fab::SegType::Request, fab::kSegFirst, &wr, sizeof(wr), r.length, r.slid, r.sqpn, r.dlid, r.dqpn,
+                  r.psn, 0, 0x30);
+            s.seg(fab::SegType::Request, fab::kSegLast | fab::kSegAbort, nullptr, 0, 0, r.slid, r.sqpn, r.dlid,
+                  r.dqpn, r.psn, r.length, 0);
+            r = rc(IBV_WR_RDMA_WRITE, 1, 5000);
+            r.rkey = w.a_remote.rkey;
+            r.remote_addr = w.a_remote.addr;
+        }
+    }
+    {
         Seed& s = add("write_multiseg");
         Request r = rc(IBV_WR_RDMA_WRITE, 0, 150000);
         r.rkey = w.a_remote.rkey;

@@ -33,7 +33,7 @@ int setup_wq(const Context& ctx, uint64_t gva, uint32_t entries, uint32_t stride
     return 0;
 }
 
-// An RC QP reaching RTR is bound to the incarnation of the QP it names, when
+// An RC or UC QP reaching RTR is bound to the incarnation of the QP it names, when
 // that QP is on this shim: only that incarnation may talk to it
 // (responder.cpp). A QPN that names nothing now stays bound to nothing.
 void bind_peer(Engine& eng, Qp& qp) {
@@ -145,7 +145,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
     } else {
         if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
         if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) qp->epsn = qp->attr.rq_psn;
-        if (qp->type == IBV_QPT_RC && ((cur == IBV_QPS_INIT && next == IBV_QPS_RTR) || (mask & IBV_QP_AV)))
+        if (qp->type != IBV_QPT_UD && ((cur == IBV_QPS_INIT && next == IBV_QPS_RTR) || (mask & IBV_QP_AV)))
             bind_peer(eng, *qp);
         if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) requester_start(*qp);
         if (next == IBV_QPS_SQD && cur == IBV_QPS_RTS) {

@@ -84,10 +84,11 @@ enum class Syndrome : uint8_t {
     NakOp = 5,      // the responder failed (bad receive WQE): IBV_WC_REM_OP_ERR
     Drop = 6,       // silently discarded (no such QP, not connected to the sender, not
                     // ready, port down): the requester's timer decides
-    LocalFault = 7, // never on the wire: the requester's own memory lost a page while
-                    // the payload moved (fault_guard.h): IBV_WC_LOC_PROT_ERR
+    LocalFault = 7, // the requester's own memory lost a page while the payload moved
+                    // (fault_guard.h): IBV_WC_LOC_PROT_ERR. On the fabric: the answer to
+                    // a request its sender's shim aborted for that reason
 };
-constexpr uint8_t kSyndromeMax = 6;  // the last syndrome a peer may send
+constexpr uint8_t kSyndromeMax = 7;  // the last syndrome a peer may send
 
 struct Response {
     Syndrome syndrome = Syndrome::Drop;

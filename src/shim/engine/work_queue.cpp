@@ -109,6 +109,12 @@ uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t a
     return mr->mem.host + (addr - mr->addr);
 }
 
+bool Pins::fragile() const {
+    for (uint32_t i = 0; i < count; ++i)
+        if (!keep[i] || !keep[i]->ring_safe) return true;
+    return false;
+}
+
 CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes) {
     uint32_t di = 0, si = 0;
     uint64_t doff = dst_skip, soff = 0;

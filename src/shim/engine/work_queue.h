@@ -39,6 +39,9 @@ struct Pins {
     void add(const std::shared_ptr<Mapping>& m) {
         if (count < abi::kMaxSge) keep[count++] = m;
     }
+    // Whether any of this memory is a file the guest may truncate under the
+    // shim (not a sealed memfd: segment_table.h), so that reading it can fail.
+    bool fragile() const;
     void clear() {
         for (uint32_t i = 0; i < count; ++i) keep[i].reset();
         count = 0;

@@ -27,6 +27,9 @@ constexpr size_t kBatchBytes = 1024 * 1024;
 constexpr size_t kReadBudget = 4 * 1024 * 1024;  // bytes handled per on_readable call
 constexpr size_t kMaxInbound = 4096;          // unfinished incoming messages per link
 
+// What is written in place of guest memory that vanished under a write.
+const uint8_t kZeros[kMaxSegmentPayload] = {};
+
 bool carries_payload(uint32_t opcode) {
     return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
            opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -67,6 +70,8 @@ struct Link::InMsg {
     uint64_t total = 0;    // payload bytes announced
     uint64_t received = 0;
     bool discard = false;  // payload read and dropped
+    bool aborted = false;  // the sender lost its memory under the payload (kSegAbort)
+    bool faulted = false;  // the target memory lost a page under the payload
     // A request (responder side).
     Request req;
     Delivery d;
@@ -87,7 +92,7 @@ struct Link::InMsg {
         lid = 0;
         qpn = 0;
         total = received = 0;
-        discard = false;
+        discard = aborted = faulted = false;
         req = Request{};
         d.reset();
         pins.clear();
@@ -118,6 +123,8 @@ Link::Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t
     discard_.resize(kMaxSegmentPayload);
     iov_.reserve(kMaxIovPerBatch + 64);
     seg_hdrs_.reserve(kMaxSegsPerBatch);
+    iov_msg_.reserve(kMaxIovPerBatch + 64);
+    seg_msg_.reserve(kMaxSegsPerBatch);
     mine_.magic = kHelloMagic;
     mine_.version = kProtocolVersion;
     random_bytes(mine_.nonce, sizeof(mine_.nonce));
@@ -247,6 +254,10 @@ bool Link::fill_buffer() {
             k = 1;
         }
         ssize_t r = ::readv(fd_.get(), iov, int(k));
+        if (r < 0 && errno == EFAULT && cur_ && !cur_->discard) {
+            target_fault();  // the bytes stay in the socket: read them into the discard buffer
+            return true;
+        }
         if (!took(r)) return false;
         short_read_ = uint64_t(r) < iov_bytes(iov, k);
         seg_left_ -= uint64_t(r);
@@ -369,7 +380,7 @@ bool Link::parse() {
                 uint64_t skip;
                 const Span* t = cur_->target(cnt, skip);
                 Span src{const_cast<uint8_t*>(p), n};
-                copy_sg(t, cnt, skip + seg_offset_, &src, 1, n);
+                if (copy_sg(t, cnt, skip + seg_offset_, &src, 1, n) != CopyFault::None) target_fault();
             }
             if (cur_) cur_->received += n;
             rpos_ += n;
@@ -387,6 +398,7 @@ bool Link::on_header() {
     if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
     cur_ = find_inbound(hdr_.type, hdr_.src_lid, hdr_.src_qpn);
     if (!cur_) return violation("a continuation of no message");
+    if (hdr_.flags & kSegAbort) cur_->aborted = true;
     if (hdr_.offset != cur_->received) return violation("a segment out of order");
     if (hdr_.payload_len > cur_->total - cur_->received) return violation("more payload than announced");
     rx_ = RxState::Payload;
@@ -485,6 +497,25 @@ void Link::begin_request(InMsg& m, const Request& req) {
 void Link::finish_request(InMsg& m) {
     const Request& req = m.req;
     Delivery& d = m.d;
+    if (m.aborted || m.faulted) {
+        // A page was lost under the payload: as with the same fault on one
+        // shim (local_transport.cpp), the side whose memory it was fails.
+        const bool live = d.ctx && responder_revalidate(eng_, d);
+        if (m.aborted) {  // the requester's: IBV_WC_LOC_PROT_ERR there
+            if (live && req.qp_type == IBV_QPT_RC)
+                responder_finish(d, false);
+            else if (live)
+                responder_memory_fault(d);
+            d.resp.syndrome = Syndrome::LocalFault;
+        } else {  // this responder's: IBV_WC_REM_ACCESS_ERR there
+            if (live) responder_memory_fault(d);
+            d.resp.syndrome = Syndrome::NakAccess;
+        }
+        d.nspans = 0;
+        if (req.qp_type == IBV_QPT_RC)
+            queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, false, nullptr, &m.pins);
+        return;
+    }
     if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(eng_, d)) responder_finish(d);
     if (req.qp_type != IBV_QPT_RC) return;
     // A drop is answered too (the guest never sees it: its requester treats
@@ -528,6 +559,10 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
 void Link::finish_response(InMsg& m) {
     Engine::QpRef q = eng_.find_qp(m.dst_lid, m.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != m.lid || q.qp->attr.dest_qp_num != m.qpn) return;
+    // READ data the responder's shim could not read (kSegAbort), or could
+    // not be written here.
+    if (!m.local_error && m.aborted) m.local_error = IBV_WC_REM_ACCESS_ERR;
+    if (!m.local_error && m.faulted) m.local_error = IBV_WC_LOC_PROT_ERR;
     if (m.local_error)
         requester_local_error(eng_, *q.ctx, *q.qp, m.resp.psn, m.local_error);
     else
@@ -599,6 +634,7 @@ OutMsg* Link::reserve(QpSender& s) {
     m.total = 0;
     m.sent = 0;
     m.header_sent = false;
+    m.fragile = m.faulted = false;
     m.pins.clear();
     return &m;
 }
@@ -648,6 +684,7 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
                 m->pins.count = pins->count;
                 pins->count = 0;
             }
+            m->fragile = !pins || m->pins.fragile();
         }
     }
     commit(*s);
@@ -709,6 +746,7 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
         for (uint32_t i = 0; i < pins->count; ++i) m->pins.keep[i].swap(pins->keep[i]);
         m->pins.count = pins->count;
         pins->count = 0;
+        m->fragile = m->pins.fragile();
     }
     commit(*s);
     ++stats.tx_msgs;
@@ -723,8 +761,10 @@ bool Link::wants_write() const {
 // the batch is full.
 void Link::build_batch() {
     iov_.clear();
+    iov_msg_.clear();
     iov_pos_ = 0;
     seg_hdrs_.clear();
+    seg_msg_.clear();
     batch_senders_.clear();
     size_t bytes = 0;
     while (!rr_.empty() && seg_hdrs_.size() < kMaxSegsPerBatch && iov_.size() + abi::kMaxSge + 2 <= kMaxIovPerBatch &&
@@ -737,10 +777,15 @@ void Link::build_batch() {
         }
         OutMsg& m = s->at(s->committed);
         SegHeader& h = seg_hdrs_.emplace_back();
+        seg_msg_.push_back(&m);
         h = SegHeader{};
         h.type = uint8_t(m.type);
+        // A fragile message's payload ends one segment early: an empty last
+        // segment follows, to tell whether the payload was whole.
+        const bool trailer = m.fragile && m.header_sent && m.sent == m.total;
         uint64_t n = std::min<uint64_t>(kMaxSegmentPayload, m.total - m.sent);
-        h.flags = (m.header_sent ? 0 : kSegFirst) | (m.sent + n == m.total ? kSegLast : 0);
+        const bool last = m.sent + n == m.total && (!m.fragile || trailer);
+        h.flags = (m.header_sent ? 0 : kSegFirst) | (last ? kSegLast : 0) | (trailer && m.faulted ? kSegAbort : 0);
         h.fixed_len = m.header_sent ? 0 : m.fixed_len;
         h.payload_len = uint32_t(n);
         h.src_lid = m.src_lid;
@@ -750,16 +795,26 @@ void Link::build_batch() {
         h.psn = m.psn;
         h.offset = m.sent;
         iov_.push_back(iovec{&h, sizeof(h)});
-        if (!m.header_sent && m.fixed_len) iov_.push_back(iovec{m.fixed, m.fixed_len});
+        iov_msg_.push_back(nullptr);
+        if (!m.header_sent && m.fixed_len) {
+            iov_.push_back(iovec{m.fixed, m.fixed_len});
+            iov_msg_.push_back(nullptr);
+        }
         iovec pieces[abi::kMaxSge];
-        size_t k = spans_to_iov(m.spans, m.nspans, m.sent, n, pieces, abi::kMaxSge);
+        size_t k = 0;
+        if (m.faulted && n) {
+            pieces[k++] = iovec{const_cast<uint8_t*>(kZeros), n};
+        } else {
+            k = spans_to_iov(m.spans, m.nspans, m.sent, n, pieces, abi::kMaxSge);
+        }
         iov_.insert(iov_.end(), pieces, pieces + k);
+        iov_msg_.insert(iov_msg_.end(), k, &m);
         bytes += sizeof(h) + h.fixed_len + n;
         m.header_sent = true;
         m.sent += n;
         if (std::find(batch_senders_.begin(), batch_senders_.end(), s) == batch_senders_.end())
             batch_senders_.push_back(s);
-        if (h.flags & kSegLast) ++s->committed;
+        if (last) ++s->committed;
         if (s->committed < s->count)
             rr_.push_back(s);
         else
@@ -793,6 +848,7 @@ void Link::batch_done() {
     }
     batch_senders_.clear();
     iov_.clear();
+    iov_msg_.clear();
     iov_pos_ = 0;
     if (room && paused_) {
         paused_ = false;
@@ -800,13 +856,59 @@ void Link::batch_done() {
     }
 }
 
+// A page of guest memory vanished (its guest truncated the file behind an
+// MR) at the first iovec not yet written. If that is the payload of a
+// fragile message, the message goes on with zeros in its place and its
+// last segment says it is void (kSegAbort); every other message, and the
+// link, go on. False: not guest payload (a real error).
+bool Link::write_fault() {
+    if (iov_pos_ >= iov_.size()) return false;
+    OutMsg* m = iov_msg_[iov_pos_];
+    if (!m || !m->fragile) return false;
+    if (!m->faulted) {
+        m->faulted = true;
+        LOG_DEBUG("fabric: peer %s: lid %u QPN %u: a page of the payload of PSN %u vanished", remote_.c_str(),
+                  m->src_lid, m->src_qpn, m->psn);
+        // READ data from this responder's memory: the QP fails as it would
+        // on one shim (responder_memory_fault).
+        if (m->type == SegType::Response)
+            if (Engine::QpRef q = eng_.find_qp(m->src_lid, m->src_qpn); q && q.qp->type == IBV_QPT_RC)
+                qp_set_error(*q.ctx, *q.qp, IBV_EVENT_QP_ACCESS_ERR);
+    }
+    for (size_t k = iov_pos_; k < iov_.size(); ++k)
+        if (iov_msg_[k] == m) iov_[k].iov_base = const_cast<uint8_t*>(kZeros);
+    for (size_t j = 0; j < seg_hdrs_.size(); ++j)
+        if (seg_msg_[j] == m && (seg_hdrs_[j].flags & kSegLast)) seg_hdrs_[j].flags |= kSegAbort;
+    return true;
+}
+
+// The target memory of the incoming message lost a page: the rest of its
+// payload is read and dropped, and the message fails when it ends.
+void Link::target_fault() {
+    cur_->faulted = true;
+    cur_->discard = true;
+}
+
 bool Link::flush() {
     // Bounded: a link never holds the shim's thread for long (and a
     // zero-progress write can never spin it).
     for (int round = 0; round < 64 && state_ != LinkState::Closed; ++round) {
         if (iov_pos_ < iov_.size()) {
-            int cnt = int(std::min<size_t>(iov_.size() - iov_pos_, IOV_MAX));
+            int cnt = probing_ ? 1 : int(std::min<size_t>(iov_.size() - iov_pos_, IOV_MAX));
             ssize_t n = ::writev(fd_.get(), iov_.data() + iov_pos_, cnt);
+            if (n < 0 && errno == EFAULT) {
+                // Guest memory vanished somewhere in the first bytes not
+                // written (TCP copies in chunks, which may span iovecs): go
+                // one iovec at a time until the one that fails is first.
+                if (!probing_) {
+                    probing_ = true;
+                    continue;
+                }
+                if (write_fault()) {
+                    probing_ = false;
+                    continue;
+                }
+            }
             if (n < 0) {
                 if (errno == EAGAIN || errno == EINTR) return true;
                 close(std::string("write: ") + strerror(errno));

@@ -53,6 +53,11 @@ struct OutMsg {
     uint64_t sent = 0;   // payload bytes placed in batches so far
     bool header_sent = false;
     bool plain_ack = false;  // a Response ACK of a SEND or WRITE: later ones may fold into it
+    // The payload is memory its guest may truncate (Pins::fragile): the
+    // message ends with an empty segment, which says whether a page was lost
+    // while writing it (faulted: the rest went as zeros; kSegAbort).
+    bool fragile = false;
+    bool faulted = false;
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];
 };
@@ -149,6 +154,8 @@ private:
                         const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins);
     void build_batch();
     void batch_done();
+    bool write_fault();
+    void target_fault();
     void send_raw(const void* p, size_t n);
     void flush_raw();
 
@@ -185,8 +192,11 @@ private:
     std::vector<std::unique_ptr<QpSender>> idle_senders_;  // emptied queues, reused
     std::deque<QpSender*> rr_;
     std::vector<iovec> iov_;
+    std::vector<OutMsg*> iov_msg_;  // parallel to iov_: whose payload (null: a header or fixed part)
     size_t iov_pos_ = 0;
+    bool probing_ = false;  // writing one iovec at a time to find the one whose memory is gone
     std::vector<SegHeader> seg_hdrs_;
+    std::vector<OutMsg*> seg_msg_;  // parallel to seg_hdrs_
     std::vector<QpSender*> batch_senders_;
 };
 

@@ -104,7 +104,9 @@ bool header_ok(const SegHeader& h, const char** why) {
         return false;
     };
     if (h.type < uint8_t(SegType::Request) || h.type > uint8_t(SegType::QpGone)) return bad("unknown segment type");
-    if (h.flags & ~(kSegFirst | kSegLast)) return bad("unknown segment flags");
+    if (h.flags & ~(kSegFirst | kSegLast | kSegAbort)) return bad("unknown segment flags");
+    if ((h.flags & kSegAbort) && (h.flags != (kSegLast | kSegAbort) || h.payload_len != 0))
+        return bad("an abort flag on a segment that is not a message's empty last one");
     if (h.payload_len > kMaxSegmentPayload) return bad("segment payload over 64 KiB");
     if (h.type == uint8_t(SegType::Error)) return h.fixed_len == 0 ? true : bad("error segment with a fixed part");
     if (h.type == uint8_t(SegType::QpGone))

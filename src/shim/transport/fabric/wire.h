@@ -53,7 +53,13 @@ enum class SegType : uint8_t {
                    // connected peer, the destination QP, goes to error
 };
 
-enum SegFlags : uint8_t { kSegFirst = 1, kSegLast = 2 };
+// kSegAbort: only on the last segment of a message (no payload) whose
+// payload came from memory its guest may truncate: the sender lost a page
+// of it while writing (the bytes in its place were zeros), so the message
+// is void. Such messages always end with a segment without payload, so
+// that a fault found while writing their last payload bytes can still be
+// told (link.cpp).
+enum SegFlags : uint8_t { kSegFirst = 1, kSegLast = 2, kSegAbort = 4 };
 
 struct SegHeader {
     uint8_t type;          // SegType
