@@ -72,10 +72,21 @@ public:
         qp.work_marked = true;
         work_marked_.push_back(qp.handle);
     }
-    // The marked QPs, handed over for one pass (the list starts anew).
+    // A QP with work that the turn had no room for (engine.h, work per
+    // turn): on the next pass it comes before the QPs marked otherwise, so
+    // that one busy QP cannot keep the others of its context waiting.
+    void mark_skipped(Qp& qp) {
+        if (qp.work_marked) return;
+        qp.work_marked = true;
+        work_skipped_.push_back(qp.handle);
+    }
+    // The marked QPs, handed over for one pass, skipped ones first (the
+    // lists start anew).
     std::vector<uint32_t>& take_marked() {
         work_batch_.clear();
-        work_batch_.swap(work_marked_);
+        work_batch_.swap(work_skipped_);
+        work_batch_.insert(work_batch_.end(), work_marked_.begin(), work_marked_.end());
+        work_marked_.clear();
         return work_batch_;
     }
     uint64_t next_deadline_ns = 0;   // earliest waiting QP deadline, 0: none
@@ -93,7 +104,7 @@ private:
     UniqueFd kick_, cmd_done_, async_;
     std::map<uint32_t, UniqueFd> channels_;
     bool warned_lost_event_ = false;  // one warning per context, not one per event
-    std::vector<uint32_t> work_marked_, work_batch_;
+    std::vector<uint32_t> work_marked_, work_skipped_, work_batch_;
 };
 
 }  // namespace vrdma::shim

@@ -108,6 +108,7 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
 void Engine::destroy_resources(Context& ctx) {
     std::unordered_set<uint32_t> gone;
     ctx.qps.for_each([&](uint32_t, Qp& qp) {
+        local_.abandon(*this, qp);
         unregister_qp(qp.qpn);
         if (qp.type != IBV_QPT_RC) return;
         gone.insert(qp.qpn);
@@ -266,22 +267,39 @@ bool Engine::process_context(Context& ctx) {
     std::vector<uint32_t>& marked = ctx.take_marked();
     if (!full && marked.empty()) return false;
     bool progress = false;
+    turn_used_ = 0;
+    // Once the turn is spent, the QPs not looked at yet wait for the next
+    // pass, first in line then, so that other contexts are served in
+    // between and no QP of this one is passed over twice.
+    auto serve = [&](Qp& qp) {
+        if (turn_spent())
+            ctx.mark_skipped(qp);
+        else
+            progress |= requester_process(*this, ctx, qp, t);
+    };
     if (full) {
         ctx.last_doorbell = db;
         ctx.rescan = false;
         ctx.next_deadline_ns = 0;
         progress = process_commands(ctx);
         if (ctx.dead) return true;
-        for (uint32_t h : marked)
-            if (Qp* qp = ctx.qps.get(h)) qp->work_marked = false;
-        ctx.qps.for_each([&](uint32_t, Qp& qp) { progress |= requester_process(*this, ctx, qp, t); });
+        // The marked QPs first (those skipped last time lead), then all
+        // (a QP served twice just finds less to do).
+        for (uint32_t h : marked) {
+            Qp* qp = ctx.qps.get(h);
+            if (!qp) continue;
+            qp->work_marked = false;
+            serve(*qp);
+            if (ctx.dead) return true;
+        }
+        ctx.qps.for_each([&](uint32_t, Qp& qp) { serve(qp); });
         return progress;
     }
     for (uint32_t h : marked) {
         Qp* qp = ctx.qps.get(h);
         if (!qp) continue;  // destroyed since it was marked
         qp->work_marked = false;
-        progress |= requester_process(*this, ctx, *qp, t);
+        serve(*qp);
         if (ctx.dead) return true;
     }
     return progress;

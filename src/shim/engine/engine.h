@@ -118,6 +118,17 @@ public:
     // Processes one context's commands and queues (tests call it directly).
     bool process_context(Context& ctx);
 
+    // Work per turn (protocol.md "Work per turn"): a context's queues get at
+    // most kTurnBudget bytes of work per pass, each WQE started counting
+    // kWqeCost and each payload byte the shim copies one; QPs left with work
+    // are looked at on the next pass, after every other context had its
+    // turn. A large transfer moves kSliceBytes per turn (local_transport.h).
+    static constexpr uint64_t kTurnBudget = 256 * 1024;
+    static constexpr uint64_t kWqeCost = 2048;
+    static constexpr uint64_t kSliceBytes = 64 * 1024;
+    void charge_turn(uint64_t bytes) { turn_used_ += bytes; }
+    bool turn_spent() const { return turn_used_ >= kTurnBudget; }
+
 private:
     bool process_commands(Context& ctx);
     void destroy_resources(Context& ctx);
@@ -143,6 +154,7 @@ private:
     LocalTransport local_;
     SendWork scratch_;
     Pins scratch_pins_;
+    uint64_t turn_used_ = 0;  // of the context being processed
 };
 
 }  // namespace vrdma::shim

@@ -433,6 +433,9 @@ void requester_begin_drain(Qp& qp) {
 }
 
 bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
+    // A QP that failed on its own (a local error in the middle of a large
+    // transfer) gives up the transfer: the peer's receive it took fails.
+    if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_SQE) eng.local_transport().abandon(eng, qp);
     if (qp.state == IBV_QPS_ERR) {
         bool a = flush_sq(ctx, qp);
         bool b = flush_rq(ctx, qp);
@@ -499,6 +502,11 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     const uint32_t run_state = qp.state;
     SendWork& w = eng.scratch();
     for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.wait == SqWait::None; ++i) {
+        if (eng.turn_spent()) {
+            ctx.mark_work(qp);  // the rest on the next pass (engine.h: work per turn)
+            break;
+        }
+        eng.charge_turn(Engine::kWqeCost);
         uint32_t st = read_send_wqe(qp.sq, qp.sq_next, qp.max_send_sge, qp.max_inline, w);
         Step s = qp.type == IBV_QPT_UD   ? start_ud(eng, ctx, qp, w, st)
                  : qp.type == IBV_QPT_UC ? start_uc(eng, ctx, qp, w, st)

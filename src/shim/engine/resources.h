@@ -70,6 +70,13 @@ struct Srq {
 
 class Transport;
 
+// A large transfer the local transport moves one slice per turn
+// (local_transport.h); defined there.
+struct SlicedCopy;
+struct SlicedCopyDeleter {
+    void operator()(SlicedCopy* s) const;
+};
+
 // Why a QP's send queue is paused on its oldest WQE: an RNR NAK, or a lost
 // request (a timeout) waiting to be sent again.
 enum class SqWait : uint8_t { None, Rnr, Retry };
@@ -109,6 +116,9 @@ struct Qp {
     uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
     uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
     uint32_t drain_end = 0;          // SQD: the WQEs before this index still run
+    // The local transport's transfer of the WQE at sq_next, while it moves
+    // slice by slice (kept between transfers: no allocation per message).
+    std::unique_ptr<SlicedCopy, SlicedCopyDeleter> sliced;
 
     // Responder (responder.h).
     uint32_t epsn = 0;               // PSN expected next

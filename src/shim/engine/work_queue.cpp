@@ -115,10 +115,12 @@ bool Pins::fragile() const {
     return false;
 }
 
-CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes) {
+CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t src_skip,
+                  uint64_t bytes) {
     uint32_t di = 0, si = 0;
-    uint64_t doff = dst_skip, soff = 0;
+    uint64_t doff = dst_skip, soff = src_skip;
     while (di < nd && doff >= dst[di].len) doff -= dst[di++].len;
+    while (si < ns && soff >= src[si].len) soff -= src[si++].len;
     while (bytes > 0 && di < nd && si < ns) {
         uint64_t n = std::min({bytes, dst[di].len - doff, src[si].len - soff});
         uintptr_t at = 0;

@@ -89,10 +89,15 @@ uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t a
 enum class CopyFault { None, Dst, Src };
 
 // Copies `bytes` from the gather list to the scatter list, skipping the
-// first `dst_skip` bytes of the scatter list. One guarded memmove per piece;
-// a page the guest took away (a truncated file) stops the copy and says
-// which side it was on. The caller has checked that both lists are long
-// enough.
-CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t bytes);
+// first `dst_skip` bytes of the scatter list (and `src_skip` of the gather
+// list). One guarded memmove per piece; a page the guest took away (a
+// truncated file) stops the copy and says which side it was on. The caller
+// has checked that both lists are long enough.
+CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns, uint64_t src_skip,
+                  uint64_t bytes);
+inline CopyFault copy_sg(const Span* dst, uint32_t nd, uint64_t dst_skip, const Span* src, uint32_t ns,
+                         uint64_t bytes) {
+    return copy_sg(dst, nd, dst_skip, src, ns, 0, bytes);
+}
 
 }  // namespace vrdma::shim

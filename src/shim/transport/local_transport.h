@@ -1,7 +1,15 @@
 // The local transport: both ends are guests of this shim. The requester and
 // the responder run in one process; the payload moves with one memcpy
-// between the two guests' memory mappings (no bounce buffer), and the
-// response is known at once (nothing is ever left in flight).
+// between the two guests' memory mappings (no bounce buffer).
+//
+// A message up to Engine::kSliceBytes moves at once and its response is
+// known when send() returns. A larger one moves kSliceBytes at a time while
+// the context's turn lasts (engine.h, protocol.md "Work per turn"), so that
+// no transfer holds the shim for much longer than a turn: send() answers
+// Busy until the last slice, the requester offers the same WQE again on the
+// next pass, and the copy goes on where it stopped. Both sides' mappings
+// are pinned meanwhile (the guests may deregister the memory; the bytes
+// then land in pages nobody uses, never in unmapped memory).
 #pragma once
 
 #include "transport.h"
@@ -13,6 +21,12 @@ public:
     const char* name() const override { return "local"; }
     SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
                     Pins* pins, Response& resp) override;
+
+    // `qp` stops a large transfer it was moving (it is reset, in error or
+    // destroyed, or its WQE changed): a receive the transfer took completes
+    // with IBV_WC_REM_ABORT_ERR and the responder QP goes to error, as when
+    // a peer shim goes away mid-message.
+    void abandon(Engine& eng, Qp& qp);
 };
 
 }  // namespace vrdma::shim
