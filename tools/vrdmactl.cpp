@@ -28,6 +28,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
+    "    vrdmactl [--run-dir DIR] load\n"
     "\n"
     "COMMANDS\n"
     "    list    One line per guest: name, LID, port GID, whether its shim\n"
@@ -69,6 +70,21 @@ constexpr const char* kHelp =
     "            access errors than vrdma-shim --rkey-guess-limit allows.\n"
     "            The shim also logs each kind, at most once a second per\n"
     "            guest. Exit status 3 if no shim answers.\n"
+    "    load    Who uses the shim since it started: one line per worker\n"
+    "            thread (the shim has one), then one per guest:\n"
+    "              worker 0 guests N contexts N passes N busy_s S asleep_s S\n"
+    "                uptime_s S\n"
+    "              guest NAME contexts N turns N messages N bytes N busy_s S\n"
+    "            busy_s: seconds spent in turns that found work (a guest's:\n"
+    "            the turns of its contexts, control commands included);\n"
+    "            asleep_s: seconds the worker slept with nothing to do (the\n"
+    "            rest of uptime_s went to polling, the fabric and attaches);\n"
+    "            turns: passes over one of the guest's contexts that found\n"
+    "            work; messages and bytes: what the guest's QPs sent, over\n"
+    "            every transport, a resent message counted once. Each turn\n"
+    "            is bounded (docs/protocol.md, \"Work per turn\"), so a guest\n"
+    "            with a large busy_s is one that keeps asking, not one that\n"
+    "            holds the others up. Exit status 3 if no shim answers.\n"
     "\n"
     "OPTIONS\n"
     "    --run-dir DIR  The shim's run directory. Default: VRDMA_RUN_DIR, else\n"
@@ -185,6 +201,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "counters") return control(run_dir, "counters", true);
+    if (cmd == "load") return control(run_dir, "load", true);
     if (cmd == "status") {
         std::string pid = read_line(run_dir + "/ready");
         if (pid.empty()) {

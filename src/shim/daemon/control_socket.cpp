@@ -31,7 +31,8 @@ std::string execute(const std::string& request, const ControlActions& actions) {
     }
     if (words.size() == 1 && words[0] == "peers" && actions.peers) return actions.peers();
     if (words.size() == 1 && words[0] == "counters" && actions.counters) return actions.counters();
-    return "error: unknown request (expected: port NAME up|down, peers or counters)";
+    if (words.size() == 1 && words[0] == "load" && actions.load) return actions.load();
+    return "error: unknown request (expected: port NAME up|down, peers, counters or load)";
 }
 
 }  // namespace
@@ -77,7 +78,7 @@ bool handle_control_connection(int fd, const ControlActions& actions) {
     buf[n] = 0;
     std::string request(buf, size_t(n));
     std::string reply = execute(request, actions);
-    if (request != "peers" && request != "counters") LOG_INFO("control (pid %d): %s -> %s", int(cred.pid), request.c_str(), reply.c_str());
+    if (request != "peers" && request != "counters" && request != "load") LOG_INFO("control (pid %d): %s -> %s", int(cred.pid), request.c_str(), reply.c_str());
     send_reply(fd, reply);
     return true;
 }

@@ -8,6 +8,8 @@
 //   peers            one line per peer shim of the fabric (fabric.h)
 //   counters         what isolation stopped, per guest and per QP
 //                    (security_report.h)
+//   load             who uses the shim: per worker and per guest
+//                    (load_report.h)
 //
 // Replies: "ok", the text asked for, or "error: REASON".
 #pragma once
@@ -31,6 +33,8 @@ struct ControlActions {
     std::function<std::string()> peers;
     // The isolation counters, one line per guest and per QP that has any.
     std::function<std::string()> counters;
+    // Work per worker and per guest, one line each.
+    std::function<std::string()> load;
 };
 
 // Checks the peer, reads one request from the accepted connection `fd`,

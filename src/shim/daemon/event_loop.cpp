@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "guest_fd.h"
+#include "load_report.h"
 #include "security_report.h"
 #include "vrdma_common/guest_paths.h"
 #include "vrdma_common/log.h"
@@ -149,7 +150,9 @@ void Daemon::run() {
             }
             timeout_ms = int((dl - t) / 1'000'000);
         }
+        const uint64_t asleep_from = monotonic_ns();
         poll_events(timeout_ms);
+        asleep_ns_ += monotonic_ns() - asleep_from;
         engine_.set_sleeping(false);
         idle_since = monotonic_ns();
     }
@@ -339,6 +342,7 @@ void Daemon::on_control(uint64_t id) {
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
     actions.peers = [this] { return fabric_.enabled() ? fabric_.status() : std::string("no fabric\n"); };
     actions.counters = [this] { return security_report(engine_); };
+    actions.load = [this] { return load_report(engine_, asleep_ns_, monotonic_ns() - started_ns_); };
     if (!handle_control_connection(it->second.get(), actions)) return;
     epoll_del(it->second.get());
     control_conns_.erase(it);

@@ -76,6 +76,8 @@ private:
     uint64_t next_conn_id_ = 1;
     UniqueFd epoll_, signal_fd_;
     bool stop_ = false;
+    const uint64_t started_ns_ = monotonic_ns();  // vrdmactl load: uptime
+    uint64_t asleep_ns_ = 0;                      // in epoll_wait with nothing to do
     bool shut_down_ = false;
     // Held in reserve and given up at the fd limit to refuse a connection
     // (see accept_all); opened at start so the shim's fd count is stable.

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "guest_load.h"
 #include "guest_security.h"
 
 #include "vrdma/abi.h"
@@ -81,6 +82,7 @@ struct GuestIdentity {
     // the default partition, full member.
     std::vector<uint16_t> pkeys = {0xffff};
     GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
+    mutable GuestLoad load;  // statistics the engine counts as it serves the guest (guest_load.h)
 };
 
 // A 64-bit id of this host (hash of /etc/machine-id, or of the hostname).

@@ -239,6 +239,7 @@ std::vector<int> Engine::kick_fds() const {
 
 bool Engine::poll_once() {
     bool progress = false;
+    ++worker_load_.passes;
     for (auto& [id, c] : contexts_)
         if (!c->dead) progress |= process_context(*c);
     return progress;
@@ -266,6 +267,18 @@ bool Engine::process_context(Context& ctx) {
     }
     std::vector<uint32_t>& marked = ctx.take_marked();
     if (!full && marked.empty()) return false;
+    // The turn's time goes to its guest and to the worker (vrdmactl load).
+    struct TurnClock {
+        Engine& eng;
+        GuestLoad& load;
+        uint64_t start;
+        ~TurnClock() {
+            const uint64_t d = eng.now() - start;
+            load.busy_ns += d;
+            eng.worker_load_.busy_ns += d;
+        }
+    } turn_clock{*this, ctx.guest().load, t};
+    ++ctx.guest().load.turns;
     bool progress = false;
     turn_used_ = 0;
     // Once the turn is spent, the QPs not looked at yet wait for the next

@@ -127,6 +127,8 @@ public:
     static constexpr uint64_t kWqeCost = 2048;
     static constexpr uint64_t kSliceBytes = 64 * 1024;
     void charge_turn(uint64_t bytes) { turn_used_ += bytes; }
+    // Passes and the time of turns that found work (guest_load.h).
+    const WorkerLoad& worker_load() const { return worker_load_; }
     bool turn_spent() const { return turn_used_ >= kTurnBudget; }
 
 private:
@@ -155,6 +157,7 @@ private:
     SendWork scratch_;
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed
+    WorkerLoad worker_load_;
 };
 
 }  // namespace vrdma::shim

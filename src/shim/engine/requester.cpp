@@ -186,6 +186,13 @@ void stamp_source(const Context& ctx, const Qp& qp, Request& req) {
     req.dst_incarnation = qp.peer_incarnation;
 }
 
+// A message the transport took (vrdmactl load); a resent one was counted.
+void count_issued(const Context& ctx, const Request& req) {
+    if (req.resend) return;
+    ++ctx.guest().load.messages;
+    ctx.guest().load.bytes += req.length;
+}
+
 Transport* transport_of(Engine& eng, Qp& qp) {
     const RouteTable& routes = eng.routes();
     if (qp.route_gen != routes.generation()) {
@@ -240,6 +247,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     SendResult sent = SendResult::Done;  // resp.syndrome is Drop: lost
     if (t && ctx.guest().port_active) sent = t->send(eng, ctx, qp, req, loc, nl, pins, resp);
     if (sent == SendResult::Busy) return Step::Stop;
+    count_issued(ctx, req);
     qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
     qp.next_psn = psn_next(qp.next_psn);
     if (!req.resend) qp.sent_high = qp.next_psn;
@@ -298,6 +306,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (t && ctx.guest().port_active) {
         Response r;
         if (t->send(eng, ctx, qp, req, loc, nl, pins, r) == SendResult::Busy) return Step::Stop;
+        count_issued(ctx, req);
         // Only the sender's own memory failing is the sender's error.
         if (r.syndrome == Syndrome::LocalFault) {
             fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, &w);
@@ -343,6 +352,7 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (t && ctx.guest().port_active) {
         Response ignored;
         if (t->send(eng, ctx, qp, req, loc, nl, pins, ignored) == SendResult::Busy) return Step::Stop;
+        count_issued(ctx, req);
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;

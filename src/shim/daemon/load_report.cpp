@@ -1,0 +1,34 @@
+#include "load_report.h"
+
+#include <cstdio>
+#include <map>
+
+namespace vrdma::shim {
+namespace {
+
+double seconds(uint64_t ns) { return double(ns) / 1e9; }
+
+}  // namespace
+
+std::string load_report(Engine& eng, uint64_t asleep_ns, uint64_t uptime_ns) {
+    std::map<const GuestIdentity*, unsigned> contexts;
+    eng.for_each_context([&](Context& ctx) { ++contexts[&ctx.guest()]; });
+    std::string out;
+    char line[256];
+    const WorkerLoad& w = eng.worker_load();
+    std::snprintf(line, sizeof(line), "worker 0 guests %zu contexts %zu passes %llu busy_s %.3f asleep_s %.3f uptime_s %.3f\n",
+                  eng.guests().size(), eng.context_count(), (unsigned long long)w.passes, seconds(w.busy_ns),
+                  seconds(asleep_ns), seconds(uptime_ns));
+    out += line;
+    for (auto& g : eng.guests()) {
+        const GuestLoad& l = g->load;
+        auto it = contexts.find(g.get());
+        std::snprintf(line, sizeof(line), "guest %s contexts %u turns %llu messages %llu bytes %llu busy_s %.3f\n",
+                      g->name.c_str(), it == contexts.end() ? 0u : it->second, (unsigned long long)l.turns,
+                      (unsigned long long)l.messages, (unsigned long long)l.bytes, seconds(l.busy_ns));
+        out += line;
+    }
+    return out;
+}
+
+}  // namespace vrdma::shim

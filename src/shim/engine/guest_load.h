@@ -1,0 +1,26 @@
+// What a guest asks of the shim, for the operator (vrdmactl load): the
+// turns its contexts got (passes that found work), the messages its
+// requesters issued and their payload bytes (resends not counted again,
+// whatever transport carried them), and the shim time its contexts' turns
+// took (commands included). Written by the worker that serves the guest.
+#pragma once
+
+#include <cstdint>
+
+namespace vrdma::shim {
+
+struct GuestLoad {
+    uint64_t turns = 0;
+    uint64_t messages = 0;
+    uint64_t bytes = 0;
+    uint64_t busy_ns = 0;
+};
+
+// The worker's side: passes over all its contexts, and the time spent in
+// turns that found work (the rest is spinning, the fabric and sleep).
+struct WorkerLoad {
+    uint64_t passes = 0;
+    uint64_t busy_ns = 0;
+};
+
+}  // namespace vrdma::shim
