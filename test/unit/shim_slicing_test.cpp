@@ -159,3 +159,46 @@ TEST_CASE("a large message whose requester loses its memory mid-way fails at bot
     CHECK(rc[0].status == IBV_WC_REM_ABORT_ERR);
     CHECK(t.b.qp_state(t.qb.handle) == IBV_QPS_ERR);
 }
+
+TEST_CASE("a guest's contexts share one turn: more contexts do not buy more of the shim",
+          "[shim][transport][slicing]") {
+    BigPair t;
+    // A second process of guest a, with its own 2 MiB send to b.
+    FakeProvider a2(t.eng, t.ga);
+    const uint32_t pd2 = a2.pd();
+    auto cq2 = a2.cq(64);
+    auto q2 = a2.qp(pd2, cq2, cq2);
+    auto m2 = a2.mr(pd2, kBig, kAllAccess);
+    auto qb2 = t.b.qp(t.pd_b, t.cq_b, t.cq_b);
+    auto mb2 = t.b.mr(t.pd_b, kBig, kAllAccess);
+    a2.connect_rc(q2, 2, qb2.qpn, kAllAccess);
+    t.b.connect_rc(qb2, 1, q2.qpn, kAllAccess);
+    std::memset(a2.at(m2.addr), 0x5a, kBig);
+    t.b.post_recv(qb2.rq, 51, {abi::Sge{mb2.addr, kBig, mb2.lkey}});
+    t.send_big();
+    a2.post_send(q2.sq, send_wqe(2, IBV_WR_SEND), {abi::Sge{m2.addr, kBig, m2.lkey}});
+    // Each pass moves at most one budget (and the slice that crosses it)
+    // for guest a, whatever number of contexts it has.
+    auto landed = [&] {
+        uint64_t n = 0;
+        for (uint64_t i = 0; i < kBig; i += 4096) {
+            // 16 bytes of a's pattern are never all zero (b's fresh memory).
+            n += std::memcmp(t.b.at(t.mb.addr) + i, t.a.at(t.ma.addr) + i, 16) == 0 ? 4096 : 0;
+            n += t.b.at(mb2.addr)[i] == 0x5a ? 4096 : 0;
+        }
+        return n;
+    };
+    for (int pass = 1; pass <= 4; ++pass) {
+        t.run(1);
+        CHECK(landed() <= uint64_t(pass) * (Engine::kTurnBudget + Engine::kSliceBytes));
+    }
+    // Both sends progress (the pass starts at a different context each time)
+    // and both complete.
+    CHECK(t.b.at(mb2.addr)[0] == 0x5a);
+    CHECK(t.b.at(t.mb.addr)[0] == t.a.at(t.ma.addr)[0]);
+    t.run(int(2 * kBig / Engine::kTurnBudget) + 8);
+    CHECK(t.arrived(kBig));
+    CHECK(std::memcmp(t.b.at(mb2.addr), a2.at(m2.addr), kBig) == 0);
+    CHECK(t.a.poll(t.cq_a).size() == 1);
+    CHECK(a2.poll(cq2).size() == 1);
+}

@@ -143,7 +143,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
         qp->wait = SqWait::None;
         qp->ack_deadline_ns = 0;
         qp->sq_draining = false;
-        ctx.rescan = true;
+        ctx.request_rescan();
         if (cur != IBV_QPS_ERR) qp_entered_error(ctx, *qp);
     } else {
         if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
@@ -161,7 +161,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
             qp->sq_draining = false;
         }
         qp->state = next;
-        ctx.rescan = true;
+        ctx.request_rescan();
     }
     return 0;
 }

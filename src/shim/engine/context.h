@@ -64,6 +64,10 @@ public:
     uint32_t cmd_cons = 0;
     uint32_t last_doorbell = 0;
     bool rescan = true;              // look at every queue on the next pass
+    void request_rescan() {
+        rescan = true;
+        request_pass();
+    }
     // QPs to look at on the next pass (found in the guest's work bits, or
     // marked by the shim: a response arrived, room freed). No allocation
     // once the lists have grown to the number of QPs.
@@ -71,6 +75,23 @@ public:
         if (qp.work_marked) return;
         qp.work_marked = true;
         work_marked_.push_back(qp.handle);
+        request_pass();
+    }
+    bool has_marked() const { return !work_marked_.empty() || !work_skipped_.empty(); }
+
+    // Dormancy (engine.h, protocol.md "Idle contexts"): a context idle for a
+    // while is left out of the passes, its guest told the shim sleeps; the
+    // kick eventfd or the shim itself (request_pass) wakes it.
+    bool dormant = false;
+    bool wake_queued = false;        // its id is on the engine's wake list
+    uint64_t last_work_ns = 0;       // the last pass that made progress
+    void set_wake_list(std::vector<uint64_t>* list) { wake_list_ = list; }
+    // The shim has work for this context (a response arrived, a QP failed):
+    // a dormant one joins the next pass.
+    void request_pass() {
+        if (!dormant || wake_queued || !wake_list_) return;
+        wake_queued = true;
+        wake_list_->push_back(id_);
     }
     // A QP with work that the turn had no room for (engine.h, work per
     // turn): on the next pass it comes before the QPs marked otherwise, so
@@ -79,6 +100,7 @@ public:
         if (qp.work_marked) return;
         qp.work_marked = true;
         work_skipped_.push_back(qp.handle);
+        request_pass();
     }
     // The marked QPs, handed over for one pass, skipped ones first (the
     // lists start anew).
@@ -105,6 +127,7 @@ private:
     std::map<uint32_t, UniqueFd> channels_;
     bool warned_lost_event_ = false;  // one warning per context, not one per event
     std::vector<uint32_t> work_marked_, work_skipped_, work_batch_;
+    std::vector<uint64_t>* wake_list_ = nullptr;  // the engine's, by context id
 };
 
 }  // namespace vrdma::shim

@@ -101,7 +101,10 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
                                          std::move(async), usage);
     Context* p = ctx.get();
+    p->set_wake_list(&wake_ids_);
+    p->last_work_ns = now();
     contexts_.emplace(id, std::move(ctx));
+    awake_.push_back(p);
     return p;
 }
 
@@ -154,6 +157,10 @@ void Engine::detach(uint64_t ctx_id) {
     destroy_resources(ctx);
     LOG_INFO("guest %s: context %llu detached (%u QPs, %u MRs freed)", ctx.guest().name.c_str(),
              (unsigned long long)ctx_id, ctx.qps.size(), ctx.mrs.size());
+    if (ctx.dormant)
+        --dormant_count_;
+    else
+        std::erase(awake_, &ctx);
     contexts_.erase(it);
 }
 
@@ -203,11 +210,61 @@ uint64_t Engine::next_deadline_ns() const {
 }
 
 void Engine::set_sleeping(bool sleeping) {
-    for (auto& [id, c] : contexts_) c->control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+    sleeping_ = sleeping;
+    // A dormant context's guest was told the shim sleeps: it stays told.
+    for (Context* c : awake_) c->control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+void Engine::wake(Context& ctx) {
+    ctx.wake_queued = false;
+    if (!ctx.dormant) return;
+    ctx.dormant = false;
+    --dormant_count_;
+    ctx.last_work_ns = now();
+    ctx.control()->shim_sleeping.store(sleeping_ ? 1 : 0, std::memory_order_seq_cst);
+    awake_.push_back(&ctx);
+}
+
+// Contexts idle for kDormantAfterNs leave the passes: their guest is told
+// the shim sleeps (so its next doorbell kicks the eventfd, which wakes the
+// context), then its rings are looked at once more, so that a doorbell rung
+// before it was told is not missed (the handshake of protocol.md "Doorbell
+// and sleeping", per context). Dormant contexts are also looked at here, in
+// case something of the shim's own was missed.
+bool Engine::sweep(uint64_t t) {
+    bool progress = false;
+    for (size_t i = 0; i < awake_.size();) {
+        Context& c = *awake_[i];
+        // Without a kick eventfd (in-process tests) its guest could never
+        // wake it.
+        if (c.dead || c.kick_fd() < 0 || c.rescan || c.next_deadline_ns || c.has_marked() ||
+            t - c.last_work_ns < kDormantAfterNs) {
+            ++i;
+            continue;
+        }
+        c.control()->shim_sleeping.store(1, std::memory_order_seq_cst);
+        if (process_context(c, t)) {
+            c.control()->shim_sleeping.store(sleeping_ ? 1 : 0, std::memory_order_seq_cst);
+            progress = true;
+            ++i;
+            continue;
+        }
+        c.dormant = true;
+        ++dormant_count_;
+        awake_[i] = awake_.back();  // order among contexts does not matter
+        awake_.pop_back();
+    }
+    if (dormant_count_)
+        for (auto& [id, c] : contexts_)
+            if (c->dormant && !c->dead && process_context(*c, t)) {
+                wake(*c);
+                progress = true;
+            }
+    return progress;
 }
 
 void Engine::rescan_all() {
-    for (auto& [id, c] : contexts_) c->rescan = true;
+    for (auto& [id, c] : contexts_) c->request_rescan();
 }
 
 void Engine::mark_all_fatal() {
@@ -240,8 +297,29 @@ std::vector<int> Engine::kick_fds() const {
 bool Engine::poll_once() {
     bool progress = false;
     ++worker_load_.passes;
-    for (auto& [id, c] : contexts_)
-        if (!c->dead) progress |= process_context(*c);
+    const uint64_t t = now();  // one clock read a pass, not one a context
+    if (!wake_ids_.empty()) {
+        wake_batch_.swap(wake_ids_);
+        for (uint64_t id : wake_batch_)
+            if (Context* c = find_context(id)) wake(*c);
+        wake_batch_.clear();
+    }
+    // Only awake contexts: an idle one costs nothing (sweep). Each pass
+    // starts one further along, so that no context always comes after
+    // another of its guest that spends their common budget. Contexts woken
+    // during the pass join the next one.
+    const size_t n = awake_.size();
+    const size_t first = n ? size_t(worker_load_.passes % n) : 0;
+    for (size_t i = 0; i < n; ++i) {
+        Context* c = awake_[(first + i) % n];
+        if (c->dead || !process_context(*c, t)) continue;
+        c->last_work_ns = t;
+        progress = true;
+    }
+    if (t >= next_sweep_ns_) {
+        next_sweep_ns_ = t + kSweepNs;
+        progress |= sweep(t);
+    }
     return progress;
 }
 
@@ -249,12 +327,17 @@ bool Engine::poll_once() {
 // slot), a QP deadline that passed or a shim-side rescan make the pass look
 // at every QP; otherwise only the QPs named by the guest's work bits and
 // those the shim marked are looked at, so an idle QP costs nothing.
-bool Engine::process_context(Context& ctx) {
+bool Engine::process_context(Context& ctx) { return process_context(ctx, now()); }
+
+bool Engine::process_context(Context& ctx, uint64_t t) {
     if (ctx.dead) return false;
     abi::ControlBlock* cb = ctx.control();
     const uint32_t db = cb->doorbell.load(std::memory_order_seq_cst);
-    const uint64_t summary = cb->work_summary.exchange(0, std::memory_order_seq_cst);
-    const uint64_t t = now();
+    // An idle context costs two loads: the summary is taken (a locked
+    // read-modify-write) only when it names something. The load is seq_cst
+    // like the exchange, so the sleeping handshake (protocol.md) holds.
+    uint64_t summary = cb->work_summary.load(std::memory_order_seq_cst);
+    if (summary) summary = cb->work_summary.exchange(0, std::memory_order_seq_cst);
     const bool due = ctx.next_deadline_ns && t >= ctx.next_deadline_ns;
     const bool full = db != ctx.last_doorbell || ctx.rescan || due;
     // The words the summary names; a bit for a slot with no QP is ignored.
@@ -268,6 +351,7 @@ bool Engine::process_context(Context& ctx) {
     std::vector<uint32_t>& marked = ctx.take_marked();
     if (!full && marked.empty()) return false;
     // The turn's time goes to its guest and to the worker (vrdmactl load).
+    // The guest's budget for this pass is shared by its contexts.
     struct TurnClock {
         Engine& eng;
         GuestLoad& load;
@@ -275,12 +359,18 @@ bool Engine::process_context(Context& ctx) {
         ~TurnClock() {
             const uint64_t d = eng.now() - start;
             load.busy_ns += d;
+            load.pass_used = eng.turn_used_;
             eng.worker_load_.busy_ns += d;
         }
-    } turn_clock{*this, ctx.guest().load, t};
-    ++ctx.guest().load.turns;
+    } turn_clock{*this, ctx.guest().load, now()};
+    GuestLoad& load = ctx.guest().load;
+    ++load.turns;
+    if (load.pass != worker_load_.passes) {
+        load.pass = worker_load_.passes;
+        load.pass_used = 0;
+    }
     bool progress = false;
-    turn_used_ = 0;
+    turn_used_ = load.pass_used;
     // Once the turn is spent, the QPs not looked at yet wait for the next
     // pass, first in line then, so that other contexts are served in
     // between and no QP of this one is passed over twice.
@@ -347,7 +437,7 @@ bool Engine::process_commands(Context& ctx) {
         cb->cmd_consumer.store(ctx.cmd_cons, std::memory_order_release);
     }
     ctx.signal_cmd_done();
-    ctx.rescan = true;  // new QPs or states: look at every queue next pass
+    ctx.request_rescan();  // new QPs or states: look at every queue next pass
     return true;
 }
 

@@ -66,6 +66,16 @@ public:
     // Earliest deadline of a QP waiting for an RNR or retry timer (0: none).
     uint64_t next_deadline_ns() const;
     void set_sleeping(bool sleeping);
+
+    // Idle contexts (protocol.md "Idle contexts"): one without work for
+    // kDormantAfterNs goes dormant, out of the passes, until its guest
+    // kicks its eventfd (the daemon calls wake) or the shim has work for it
+    // (Context::request_pass). Every kSweepNs a pass also looks at the
+    // dormant ones.
+    static constexpr uint64_t kDormantAfterNs = 1'000'000;
+    static constexpr uint64_t kSweepNs = 1'000'000;
+    void wake(Context& ctx);
+    size_t dormant_count() const { return dormant_count_; }
     // Every context looks at all its queues on the next pass (a route or a
     // transport's room changed).
     void rescan_all();
@@ -115,14 +125,17 @@ public:
     uint64_t now() const { return clock_(); }
     void set_clock(uint64_t (*clock)()) { clock_ = clock; }
 
-    // Processes one context's commands and queues (tests call it directly).
+    // Processes one context's commands and queues (tests call it directly);
+    // `t` is the pass's clock.
     bool process_context(Context& ctx);
+    bool process_context(Context& ctx, uint64_t t);
 
-    // Work per turn (protocol.md "Work per turn"): a context's queues get at
-    // most kTurnBudget bytes of work per pass, each WQE started counting
-    // kWqeCost and each payload byte the shim copies one; QPs left with work
-    // are looked at on the next pass, after every other context had its
-    // turn. A large transfer moves kSliceBytes per turn (local_transport.h).
+    // Work per turn (protocol.md "Work per turn"): a guest's queues (all its
+    // contexts together) get at most kTurnBudget bytes of work per pass,
+    // each WQE started counting kWqeCost and each payload byte the shim
+    // copies one; QPs left with work are looked at on the next pass, after
+    // every other guest had its turn. A large transfer moves kSliceBytes
+    // per turn (local_transport.h).
     static constexpr uint64_t kTurnBudget = 256 * 1024;
     static constexpr uint64_t kWqeCost = 2048;
     static constexpr uint64_t kSliceBytes = 64 * 1024;
@@ -133,6 +146,7 @@ public:
 
 private:
     bool process_commands(Context& ctx);
+    bool sweep(uint64_t t);
     void destroy_resources(Context& ctx);
     void fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns);
 
@@ -158,6 +172,11 @@ private:
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed
     WorkerLoad worker_load_;
+    std::vector<Context*> awake_;               // the contexts a pass looks at
+    std::vector<uint64_t> wake_ids_, wake_batch_;  // dormant contexts with work (by id)
+    size_t dormant_count_ = 0;
+    uint64_t next_sweep_ns_ = 0;
+    bool sleeping_ = false;
 };
 
 }  // namespace vrdma::shim

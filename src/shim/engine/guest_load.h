@@ -14,6 +14,10 @@ struct GuestLoad {
     uint64_t messages = 0;
     uint64_t bytes = 0;
     uint64_t busy_ns = 0;
+    // Work per turn is the guest's, not each context's (engine.h): what its
+    // contexts used of the budget in pass `pass`.
+    uint64_t pass = 0;
+    uint64_t pass_used = 0;
 };
 
 // The worker's side: passes over all its contexts, and the time spent in

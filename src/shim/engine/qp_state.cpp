@@ -161,7 +161,7 @@ void qp_set_error(Context& ctx, Qp& qp, int event) {
     qp.wait = SqWait::None;
     qp.ack_deadline_ns = 0;
     qp.sq_draining = false;
-    ctx.rescan = true;
+    ctx.request_rescan();
     if (event >= 0) post_qp_event(ctx, qp, uint32_t(event));
     qp_entered_error(ctx, qp);
 }
@@ -171,7 +171,7 @@ void qp_set_sq_error(Context& ctx, Qp& qp) {
     qp.state = IBV_QPS_SQE;
     qp.wait = SqWait::None;
     qp.ack_deadline_ns = 0;
-    ctx.rescan = true;
+    ctx.request_rescan();
 }
 
 uint64_t rnr_timer_ns(uint8_t code) {

@@ -527,7 +527,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     note_deadline(ctx, qp.ack_deadline_ns);
     if (draining && qp.state == IBV_QPS_SQD && qp.sq.cons == qp.drain_end && qp.wait == SqWait::None)
         return drained();
-    if (qp.state != run_state) ctx.rescan = true;  // flush what is left
+    if (qp.state != run_state) ctx.request_rescan();  // flush what is left
     return progress;
 }
 

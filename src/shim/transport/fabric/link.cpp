@@ -184,7 +184,7 @@ void Link::close(const std::string& reason) {
     for (auto& [k, s] : senders_) {
         for (uint32_t i = 0; i < s->count; ++i) s->at(i).pins.clear();
         if (s->wake_ctx)
-            if (Context* c = eng_.find_context(s->wake_ctx)) c->rescan = true;
+            if (Context* c = eng_.find_context(s->wake_ctx)) c->request_rescan();
     }
     senders_.clear();
     rr_.clear();
@@ -833,7 +833,7 @@ void Link::batch_done() {
             room = true;
         }
         if (s->wake_ctx && s->count < QpSender::kDepth) {
-            if (Context* c = eng_.find_context(s->wake_ctx)) c->rescan = true;
+            if (Context* c = eng_.find_context(s->wake_ctx)) c->request_rescan();
             s->wake_ctx = 0;
         }
     }
