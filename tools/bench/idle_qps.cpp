@@ -6,6 +6,9 @@
 // measurement vrdma0's context gets more QPs that never carry traffic
 // (RC, brought to RTS like the MPI and UCX QPs of a real job, most of them
 // idle). Prints one line per count: idle QPs and one-way latency (us).
+// With --contexts N,... it then opens more contexts on vrdma0 (each with a
+// PD, a CQ and an RC QP at RTS, never used: the devices of the other
+// processes of a job, or of other tenants) and prints one line per count.
 #include <infiniband/verbs.h>
 
 #include <atomic>
@@ -145,23 +148,63 @@ void bounce(End& e, bool first, std::atomic<int>& ready) {
     }
 }
 
+// One-way latency (us) of kIters round trips between a and b.
+double measure(End& a, End& b) {
+    std::atomic<int> ready{0};
+    auto t0 = std::chrono::steady_clock::now();
+    std::thread tb([&] { bounce(b, false, ready); });
+    bounce(a, true, ready);
+    tb.join();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return s * 1e6 / kIters / 2;
+}
+
+std::vector<long> parse_counts(const char* list) {
+    std::vector<long> v;
+    for (const char* p = list; *p;) {
+        char* end = nullptr;
+        long n = std::strtol(p, &end, 10);
+        if (end == p || n < 0) {
+            std::fprintf(stderr, "vrdma-idle-qps: bad count list '%s' (expected N,N,...)\n", list);
+            std::exit(2);
+        }
+        v.push_back(n);
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            std::fprintf(stderr, "vrdma-idle-qps: bad count list '%s' (expected N,N,...)\n", list);
+            std::exit(2);
+        }
+    }
+    return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
         std::printf(
-            "usage: vrdma-run --guest a --guest b -- vrdma-idle-qps [IDLE...]\n"
+            "usage: vrdma-run --guest a --guest b -- vrdma-idle-qps [--contexts N,...] [IDLE...]\n"
             "RC ping-pong of 8 bytes between vrdma0 and vrdma1 (two threads) while\n"
             "vrdma0's context holds IDLE connected but idle RC QPs (default: 0 1000\n"
             "4000, in that order; each count adds QPs to the previous ones).\n"
             "Prints: idle-qps COUNT VALUE us (one-way latency, average of %d round\n"
-            "trips).\n",
+            "trips).\n"
+            "--contexts N,...  then (the idle QPs destroyed) opens more contexts\n"
+            "        on vrdma0, each with a PD, a CQ and an RC QP at RTS that never\n"
+            "        carry traffic, up to each count in turn, and prints\n"
+            "        idle-contexts COUNT VALUE us.\n",
             kIters);
         return 0;
     }
-    std::vector<long> counts;
-    for (int i = 1; i < argc; ++i) counts.push_back(std::strtol(argv[i], nullptr, 10));
-    if (counts.empty()) counts = {0, 1000, 4000};
+    std::vector<long> counts, context_counts;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--contexts") && i + 1 < argc) {
+            context_counts = parse_counts(argv[++i]);
+            continue;
+        }
+        counts.push_back(parse_counts(argv[i]).at(0));
+    }
+    if (counts.empty() && context_counts.empty()) counts = {0, 1000, 4000};
 
     int n = 0;
     ibv_device** devs = ibv_get_device_list(&n);
@@ -187,20 +230,30 @@ int main(int argc, char** argv) {
             idle_a.push_back(qa);
             idle_b.push_back(qb);
         }
-        std::atomic<int> ready{0};
-        auto t0 = std::chrono::steady_clock::now();
-        std::thread tb([&] { bounce(b, false, ready); });
-        bounce(a, true, ready);
-        tb.join();
-        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::printf("idle-qps %zu %.2f us\n", idle_a.size(), s * 1e6 / kIters / 2);
+        std::printf("idle-qps %zu %.2f us\n", idle_a.size(), measure(a, b));
         std::fflush(stdout);
     }
     for (ibv_qp* q : idle_a) ibv_destroy_qp(q);
     for (ibv_qp* q : idle_b) ibv_destroy_qp(q);
+
+    // Idle contexts on vrdma0, each with a QP at RTS connected to b's.
+    std::vector<End> idle_ctx;
+    idle_ctx.reserve(context_counts.empty() ? 0 : size_t(context_counts.back()));
+    for (long want : context_counts) {
+        while (long(idle_ctx.size()) < want) {
+            idle_ctx.emplace_back();
+            open_end(devs[0], idle_ctx.back());
+            connect(idle_ctx.back().qp, b.lid, b.qp->qp_num);
+        }
+        std::printf("idle-contexts %zu %.2f us\n", idle_ctx.size(), measure(a, b));
+        std::fflush(stdout);
+    }
+    for (End& e : idle_ctx) ibv_destroy_qp(e.qp);
     ibv_destroy_qp(a.qp);
     ibv_destroy_qp(b.qp);
-    for (End* e : {&a, &b}) {
+    std::vector<End*> ends{&a, &b};
+    for (End& e : idle_ctx) ends.push_back(&e);
+    for (End* e : ends) {
         ibv_dereg_mr(e->mr);
         ibv_destroy_cq(e->cq);
         ibv_dealloc_pd(e->pd);

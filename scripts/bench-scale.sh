@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# The scale and fairness benchmark (issue 13; separate from the tests).
+# Builds if needed, starts one shim with guests a, b, c, d and e, and
+# measures in one run:
+#   idle objects      vrdma-idle-qps: 8-byte RC ping-pong between a and b
+#                     beside 0, 1000 and 10000 idle connected QPs in the
+#                     pinging context, then beside 0 and 100 idle contexts
+#                     (target: 10000 idle QPs cost at most 1.2 x none)
+#   a hostile guest   ib_send_lat and ib_write_bw between a and b alone,
+#                     then while vrdma-greedy-guest in c posts 2 GiB SENDs and
+#                     floods small WRITEs; how long a new guest (d) takes to
+#                     attach and answer ibv_devinfo meanwhile (targets: the
+#                     pair keeps at least 0.4 of its bandwidth and at most 3 x
+#                     its average latency; d within 50 ms)
+#   aggregate         ib_write_bw of one pair (a-b) and of two independent
+#                     pairs at once (a-b, d-e), with the shim's one worker
+#   event mode        ib_send_lat -e beside polling mode (target: at most 3 x)
+#   the floor         ib_send_lat beside vrdma-baselines shm-relay, a
+#                     three-process shared-memory relay (target: at most 1.5 x)
+# and prints a markdown table (docs/performance.md, "Scale and fairness").
+# It takes about three minutes, most of it creating 10000 QPs. ITERS_LAT,
+# ITERS_BW, IDLE_QPS (default 10000) and GREEDY_SECONDS (30) change the
+# amounts.
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+build="${BUILD_DIR:-$src/build}"
+[ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$src/scripts/build.sh"
+ITERS_BW="${ITERS_BW:-5000}"
+ITERS_LAT="${ITERS_LAT:-20000}"
+IDLE_QPS="${IDLE_QPS:-10000}"
+run="$build/tools/vrdma-run"
+
+run_dir="$(mktemp -d /tmp/vrdma-bench-scale.XXXXXX)"
+"$build/src/shim/vrdma-shim" --run-dir "$run_dir" \
+    --guest a --guest b --guest c --guest d --guest e >"$run_dir.log" 2>&1 &
+shim=$!
+greedy=""
+cleanup() {
+    [ -n "$greedy" ] && kill "$greedy" 2>/dev/null
+    kill -TERM "$shim" 2>/dev/null
+    wait "$shim" 2>/dev/null
+    rm -rf "$run_dir" "$run_dir.log" "$run_dir.greedy"
+}
+trap cleanup EXIT
+for _ in $(seq 1 100); do [ -e "$run_dir/ready" ] && break; sleep 0.1; done
+[ -e "$run_dir/ready" ] || { cat "$run_dir.log" >&2; echo "bench-scale: the shim did not start" >&2; exit 1; }
+
+port=20615
+# perftest SERVER_GUEST CLIENT_GUEST TOOL ARGS...: prints the client's
+# result line for the size measured.
+perftest() {
+    local sg="$1" cg="$2" tool="$3"
+    shift 3
+    port=$((port + 1))
+    "$run" --run-dir "$run_dir" --guest "$sg" -- "$tool" -d vrdma0 -p $port "$@" >/dev/null 2>&1 &
+    local server=$!
+    for _ in $(seq 1 200); do ss -ltnH "sport = :$port" | grep -q . && break; sleep 0.05; done
+    "$run" --run-dir "$run_dir" --guest "$cg" -- "$tool" -d vrdma0 -p $port "$@" 127.0.0.1 |
+        awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print; exit }'
+    wait "$server"
+}
+lat_avg() { awk '{print $6}' <<<"$1"; }     # t_avg [usec]
+lat_typ() { awk '{print $5}' <<<"$1"; }     # t_typical [usec]
+bw_avg() { awk '{print $4}' <<<"$1"; }      # BW average [MB/sec]
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+verdict() {  # VALUE OP LIMIT: "met" or "not met"
+    awk -v v="$1" -v l="$3" -v op="$2" 'BEGIN { ok = op == "<=" ? v <= l : v >= l; print ok ? "met" : "not met" }'
+}
+step() { echo "bench-scale: $*" >&2; }
+
+step "idle QPs (0, 1000, $IDLE_QPS) and idle contexts (0, 100)"
+idle_lines="$("$run" --run-dir "$run_dir" --guest a --guest b -- "$build/tools/vrdma-idle-qps" \
+    --contexts 0,100 0 1000 "$IDLE_QPS")"
+idle() { awk -v k="$1" -v n="$2" '$1 == k && $2 == n { print $3 }' <<<"$idle_lines"; }
+
+step "the honest pair alone"
+lat_alone="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
+bw_alone="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+
+step "two pairs at once"
+port=$((port + 2))
+"$run" --run-dir "$run_dir" --guest d -- ib_write_bw -d vrdma0 -p $((port + 1)) -s 65536 -n "$ITERS_BW" >/dev/null 2>&1 &
+second_server=$!
+for _ in $(seq 1 200); do ss -ltnH "sport = :$((port + 1))" | grep -q . && break; sleep 0.05; done
+second_client_out="$run_dir.pair2"
+"$run" --run-dir "$run_dir" --guest e -- ib_write_bw -d vrdma0 -p $((port + 1)) -s 65536 -n "$ITERS_BW" 127.0.0.1 \
+    >"$second_client_out" 2>&1 &
+second_client=$!
+bw_pair1="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+wait "$second_client" "$second_server"
+bw_pair2="$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4; exit }' "$second_client_out")"
+rm -f "$second_client_out"
+bw_two="$(awk -v a="$(bw_avg "$bw_pair1")" -v b="$bw_pair2" 'BEGIN { printf "%.2f", a + b }')"
+
+step "event mode and the relay floor"
+ev_line="$(perftest a b ib_send_lat -e -s 8 -n "$ITERS_LAT")"
+shm_relay="$("$build/tools/vrdma-baselines" shm-relay | awk '{print $3}')"
+
+step "the honest pair beside a greedy guest (c)"
+# It runs for GREEDY_SECONDS (30; longer than the measurements beside it)
+# and then prints what it got.
+"$run" --run-dir "$run_dir" --guest c -- "$build/test/integration/vrdma-greedy-guest" -S "${GREEDY_SECONDS:-30}" \
+    >"$run_dir.greedy" 2>&1 &
+greedy=$!
+sleep 2
+start=$(date +%s%N)
+"$run" --run-dir "$run_dir" --guest d -- ibv_devinfo >/dev/null
+attach_ms="$(awk -v n="$(( $(date +%s%N) - start ))" 'BEGIN { printf "%.1f", n / 1e6 }')"
+lat_hostile="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
+bw_hostile="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+busy_during="$(kill -0 "$greedy" 2>/dev/null && echo yes || echo "no: it ended before the measurements did")"
+wait "$greedy" || { cat "$run_dir.greedy" >&2; echo "bench-scale: the greedy guest failed" >&2; exit 1; }
+greedy=""
+load="$("$build/tools/vrdmactl" --run-dir "$run_dir" load)"
+
+lat0="$(idle idle-qps 0)"
+latN="$(idle idle-qps "$IDLE_QPS")"
+r_idle="$(ratio "$latN" "$lat0")"
+r_ctx="$(ratio "$(idle idle-contexts 100)" "$(idle idle-contexts 0)")"
+r_lat_h="$(ratio "$(lat_avg "$lat_hostile")" "$(lat_avg "$lat_alone")")"
+r_bw_h="$(ratio "$(bw_avg "$bw_hostile")" "$(bw_avg "$bw_alone")")"
+r_ev="$(ratio "$(lat_typ "$ev_line")" "$(lat_typ "$lat_alone")")"
+r_relay="$(ratio "$(lat_typ "$lat_alone")" "$shm_relay")"
+
+cat <<TABLE
+| measurement | value | baseline | baseline value | ratio | target |
+| --- | --- | --- | --- | --- | --- |
+| RC ping-pong 8 B, one way, $IDLE_QPS idle QPs in the context (us) | $latN | same, no idle QP | $lat0 | $r_idle x | at most 1.2 x: $(verdict "$r_idle" "<=" 1.2) |
+| same, 1000 idle QPs (us) | $(idle idle-qps 1000) | same, no idle QP | $lat0 | $(ratio "$(idle idle-qps 1000)" "$lat0") x | |
+| RC ping-pong 8 B, one way, 100 idle contexts (us) | $(idle idle-contexts 100) | same, no idle context | $(idle idle-contexts 0) | $r_ctx x | |
+| ib_send_lat 8 B beside the greedy guest (us, average) | $(lat_avg "$lat_hostile") | alone | $(lat_avg "$lat_alone") | $r_lat_h x | at most 3 x: $(verdict "$r_lat_h" "<=" 3) |
+| ib_write_bw 64 KiB beside the greedy guest (MB/s) | $(bw_avg "$bw_hostile") | alone | $(bw_avg "$bw_alone") | $r_bw_h of alone | at least 0.4: $(verdict "$r_bw_h" ">=" 0.4) |
+| a new guest attaches and answers ibv_devinfo beside the greedy guest (ms, whole program) | $attach_ms | | | | at most 50 ms: $(verdict "$attach_ms" "<=" 50) |
+| ib_write_bw 64 KiB, two pairs at once, 1 worker (MB/s, sum) | $bw_two | one pair alone | $(bw_avg "$bw_alone") | $(ratio "$bw_two" "$(bw_avg "$bw_alone")") x | (2 workers: the shim has one) |
+| ib_send_lat -e 8 B, event mode (us, typical) | $(lat_typ "$ev_line") | polling mode | $(lat_typ "$lat_alone") | $r_ev x | at most 3 x: $(verdict "$r_ev" "<=" 3) |
+| ib_send_lat 8 B (us, typical) | $(lat_typ "$lat_alone") | shared-memory relay, 3 processes (us) | $shm_relay | $r_relay x | at most 1.5 x: $(verdict "$r_relay" "<=" 1.5) |
+
+Greedy guest: $(sed -n 's/^greedy: //p' "$run_dir.greedy") (still running when the measurements beside it ended: $busy_during). Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg).
+
+vrdmactl load at the end:
+\`\`\`
+$load
+\`\`\`
+TABLE
