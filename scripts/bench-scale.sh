@@ -78,12 +78,13 @@ lat_alone="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
 bw_alone="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
 
 step "two pairs at once"
-port=$((port + 2))
-"$run" --run-dir "$run_dir" --guest d -- ib_write_bw -d vrdma0 -p $((port + 1)) -s 65536 -n "$ITERS_BW" >/dev/null 2>&1 &
+port=$((port + 1))  # the second pair's; perftest takes the next one
+second_port=$port
+"$run" --run-dir "$run_dir" --guest d -- ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" >/dev/null 2>&1 &
 second_server=$!
-for _ in $(seq 1 200); do ss -ltnH "sport = :$((port + 1))" | grep -q . && break; sleep 0.05; done
+for _ in $(seq 1 200); do ss -ltnH "sport = :$second_port" | grep -q . && break; sleep 0.05; done
 second_client_out="$run_dir.pair2"
-"$run" --run-dir "$run_dir" --guest e -- ib_write_bw -d vrdma0 -p $((port + 1)) -s 65536 -n "$ITERS_BW" 127.0.0.1 \
+"$run" --run-dir "$run_dir" --guest e -- ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" 127.0.0.1 \
     >"$second_client_out" 2>&1 &
 second_client=$!
 bw_pair1="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"

@@ -294,6 +294,14 @@ std::vector<int> Engine::kick_fds() const {
     return v;
 }
 
+bool Engine::turn_spent_timed() {
+    if (turn_spent()) return true;
+    if (++turn_checks_ % kTurnClockEvery) return false;
+    // WQEs are charged by count: the turn's real time counts too.
+    turn_used_ = std::max(turn_used_, turn_carried_ + (now() - turn_start_ns_) * kTurnBudget / kTurnNs);
+    return turn_used_ >= kTurnBudget;
+}
+
 bool Engine::poll_once() {
     bool progress = false;
     ++worker_load_.passes;
@@ -359,7 +367,7 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         ~TurnClock() {
             const uint64_t d = eng.now() - start;
             load.busy_ns += d;
-            load.pass_used = eng.turn_used_;
+            load.pass_used = std::max(eng.turn_used_, eng.turn_carried_ + d * kTurnBudget / kTurnNs);
             eng.worker_load_.busy_ns += d;
         }
     } turn_clock{*this, ctx.guest().load, now()};
@@ -370,7 +378,9 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         load.pass_used = 0;
     }
     bool progress = false;
-    turn_used_ = load.pass_used;
+    turn_used_ = turn_carried_ = load.pass_used;
+    turn_start_ns_ = turn_clock.start;
+    turn_checks_ = 0;
     // Once the turn is spent, the QPs not looked at yet wait for the next
     // pass, first in line then, so that other contexts are served in
     // between and no QP of this one is passed over twice.

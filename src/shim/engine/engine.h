@@ -5,6 +5,7 @@
 // here locks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -131,18 +132,34 @@ public:
     bool process_context(Context& ctx, uint64_t t);
 
     // Work per turn (protocol.md "Work per turn"): a guest's queues (all its
-    // contexts together) get at most kTurnBudget bytes of work per pass,
-    // each WQE started counting kWqeCost and each payload byte the shim
-    // copies one; QPs left with work are looked at on the next pass, after
-    // every other guest had its turn. A large transfer moves kSliceBytes
-    // per turn (local_transport.h).
+    // contexts together) get at most kTurnBudget of work per pass, counted
+    // in bytes: each WQE started counts kWqeCost, a copy under
+    // kTimedCopyBytes its length, a larger copy the time it took at
+    // kTurnBudget per kTurnNs (shares are of the shim's time: a copy from
+    // memory out of cache costs its guest more than one from cache), but
+    // never less than a quarter of its length; and the turn as a whole
+    // costs at least its time at that rate. QPs left with work are
+    // looked at on the next pass, after every other guest had its turn. A
+    // large transfer moves kSliceBytes per turn (local_transport.h).
     static constexpr uint64_t kTurnBudget = 256 * 1024;
+    static constexpr uint64_t kTurnNs = 10'000;
     static constexpr uint64_t kWqeCost = 2048;
     static constexpr uint64_t kSliceBytes = 64 * 1024;
+    static constexpr uint64_t kTimedCopyBytes = 4096;
     void charge_turn(uint64_t bytes) { turn_used_ += bytes; }
+    // A copy of `bytes` that took `ns` (0: not timed).
+    void charge_copy(uint64_t bytes, uint64_t ns) {
+        turn_used_ += ns ? std::max(ns * kTurnBudget / kTurnNs, bytes / 4) : bytes;
+    }
     // Passes and the time of turns that found work (guest_load.h).
     const WorkerLoad& worker_load() const { return worker_load_; }
+    // True once the guest's budget for this pass is used by its charges.
+    // The requester asks before each WQE with turn_spent_timed, which also
+    // counts the time the turn took (the clock read every kTurnClockEvery
+    // calls); looking at an idle QP costs nothing.
     bool turn_spent() const { return turn_used_ >= kTurnBudget; }
+    bool turn_spent_timed();
+    static constexpr uint32_t kTurnClockEvery = 8;
 
 private:
     bool process_commands(Context& ctx);
@@ -171,6 +188,9 @@ private:
     SendWork scratch_;
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed
+    uint64_t turn_carried_ = 0;  // what its guest used before this turn in this pass
+    uint64_t turn_start_ns_ = 0;
+    uint32_t turn_checks_ = 0;
     WorkerLoad worker_load_;
     std::vector<Context*> awake_;               // the contexts a pass looks at
     std::vector<uint64_t> wake_ids_, wake_batch_;  // dormant contexts with work (by id)

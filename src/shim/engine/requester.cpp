@@ -512,7 +512,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     const uint32_t run_state = qp.state;
     SendWork& w = eng.scratch();
     for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.wait == SqWait::None; ++i) {
-        if (eng.turn_spent()) {
+        if (eng.turn_spent_timed()) {
             ctx.mark_work(qp);  // the rest on the next pass (engine.h: work per turn)
             break;
         }

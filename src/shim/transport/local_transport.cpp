@@ -59,6 +59,16 @@ bool move_payload(const Request& req, Delivery& d, const Span* local, uint32_t n
     return false;
 }
 
+// move_payload, charged to the turn (engine.h: by its time when large).
+bool timed_move(Engine& eng, const Request& req, Delivery& d, const Span* local, uint32_t nlocal, uint64_t at,
+                uint64_t bytes) {
+    const bool timed = bytes >= Engine::kTimedCopyBytes;
+    const uint64_t t0 = timed ? eng.now() : 0;
+    const bool moved = move_payload(req, d, local, nlocal, at, bytes);
+    eng.charge_copy(bytes, timed ? eng.now() - t0 : 0);
+    return moved;
+}
+
 }  // namespace
 
 SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
@@ -69,8 +79,7 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
         if (!sliceable(req)) {
             Delivery d;
             responder_begin(eng, req, d);
-            if (d.resp.syndrome == Syndrome::Ack && d.length && move_payload(req, d, local, nlocal, 0, d.length))
-                eng.charge_turn(d.length);
+            if (d.resp.syndrome == Syndrome::Ack && d.length) timed_move(eng, req, d, local, nlocal, 0, d.length);
             responder_finish(d);
             resp = d.resp;
             return SendResult::Done;
@@ -108,8 +117,7 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
     bool moved = true;
     do {
         const uint64_t n = std::min(Engine::kSliceBytes, s->d.length - s->done);
-        moved = move_payload(req, s->d, local, nlocal, s->done, n);
-        eng.charge_turn(n);
+        moved = timed_move(eng, req, s->d, local, nlocal, s->done, n);
         s->done += n;
     } while (moved && s->done < s->d.length && !eng.turn_spent());
     if (moved && s->done < s->d.length) {
