@@ -769,17 +769,85 @@ int flood_fds(int hold_seconds) {
     return g_failures ? 1 : 0;
 }
 
+// A tenant that learned a victim's UD address (LID, QPN) and qkey, as a
+// peer of an exchange does, sends it datagrams: only a partition (P_Key)
+// stands between them (partitions.sh puts the two guests in different
+// ones). Each is a 64-byte SEND of 0xee bytes; the sender's completions
+// succeed whether or not a datagram arrives, as on a real fabric.
+int ud_inject(uint16_t lid, uint32_t qpn, uint32_t qkey, int count) {
+    Armed a;
+    if (!a.ok) {
+        bad("setup failed");
+        return 1;
+    }
+    uint32_t ah = 0;
+    if (a.g.create_ah(a.pd, lid, ah) != 0) {
+        bad("create_ah to LID %u refused", unsigned(lid));
+        return 1;
+    }
+    std::memset(a.g.at(a.buf), 0xee, 64);
+    int sent = 0;
+    while (sent < count) {
+        int batch = 0;
+        for (int i = 0; i < 8 && sent < count; ++i, ++sent, ++batch) {
+            abi::SendWqe w{};
+            w.wr_id = uint64_t(sent);
+            w.opcode = IBV_WR_SEND;
+            w.send_flags = IBV_SEND_SIGNALED;
+            w.num_sge = 1;
+            w.ah_handle = ah;
+            w.remote_qpn = qpn;
+            w.remote_qkey = qkey;
+            abi::Sge s{a.buf, 64, a.mr.lkey};
+            a.g.post_send(a.ud.sq, w, {&s, 1});
+        }
+        // Every send of the batch completes before the next batch: the send
+        // queue never overflows, so each datagram really leaves.
+        std::vector<abi::Cqe> done;
+        for (uint64_t until = now_ms() + 5000; int(done.size()) < batch && now_ms() < until;)
+            if (!a.g.poll_cq(a.cq, uint32_t(batch - int(done.size())), &done)) usleep(200);
+        if (int(done.size()) < batch) {
+            bad("ud inject: %d of %d sends completed within 5 s", int(done.size()), batch);
+            return 1;
+        }
+        for (const abi::Cqe& c : done)
+            if (c.status != IBV_WC_SUCCESS) {
+                bad("ud inject: a send completed with status %u", c.status);
+                return 1;
+            }
+    }
+    say("ud inject: %d datagrams of 64 bytes to LID %u QPN 0x%06x with qkey 0x%08x", sent, unsigned(lid), qpn, qkey);
+    return g_failures ? 1 : 0;
+}
+
+// "LID:QPN[:QKEY]", each in C notation (0x... for hex).
+bool parse_ud_target(const char* s, unsigned& lid, unsigned& qpn, unsigned& qkey) {
+    char* end = nullptr;
+    lid = unsigned(std::strtoul(s, &end, 0));
+    if (*end != ':') return false;
+    qpn = unsigned(std::strtoul(end + 1, &end, 0));
+    if (*end == ':') qkey = unsigned(std::strtoul(end + 1, &end, 0));
+    return *end == 0 && lid && lid < 0xc000 && qpn && qpn <= 0xffffff;
+}
+
 int main(int argc, char** argv) {
     int seconds = 20;
     int flood_seconds = -1;
+    int inject = 0;
+    unsigned inject_lid = 0, inject_qpn = 0, inject_qkey = 0x11111111;
     uint64_t seed = uint64_t(time(nullptr));
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "--seconds" && i + 1 < argc) seconds = std::atoi(argv[++i]);
         else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 0);
         else if (a == "--flood-fds" && i + 1 < argc) flood_seconds = std::atoi(argv[++i]);
-        else {
-            std::fprintf(stderr, "usage: adversarial_guest [--seconds N] [--seed S] | --flood-fds SECONDS\n");
+        else if (a == "--ud-inject" && i + 2 < argc && parse_ud_target(argv[i + 1], inject_lid, inject_qpn, inject_qkey)) {
+            inject = std::atoi(argv[i + 2]);
+            i += 2;
+        } else {
+            std::fprintf(stderr,
+                         "usage: adversarial_guest [--seconds N] [--seed S] | --flood-fds SECONDS\n"
+                         "       | --ud-inject LID:QPN[:QKEY] COUNT\n");
             return 2;
         }
     }
@@ -796,6 +864,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     if (flood_seconds >= 0) return flood_fds(flood_seconds);
+    if (inject > 0) return ud_inject(uint16_t(inject_lid), inject_qpn, inject_qkey, inject);
     say("adversarial guest: seed %llu, %d s of timed cases", (unsigned long long)seed, seconds);
     const int slice = std::max(1, seconds / 4);
     struct Named {

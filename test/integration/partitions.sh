@@ -5,8 +5,15 @@
 # ibv_ud_pingpong (pkey_index 0) work within a partition and fail between
 # partitions (RC: the requester's retries run out; UD: the datagrams are
 # dropped, so the UD client waits until `timeout` ends it); the shim
-# counts the dropped traffic (vrdmactl counters). One host: partitions are
-# not checked across the fabric yet.
+# counts the dropped traffic (vrdmactl counters). Then an adversary in b
+# that knows the address and qkey of a running UD pair of a and c (as a
+# peer of an exchange would) sends it datagrams: only the partition stands
+# between them; the pair's checked run must pass and the shim must count
+# every datagram as a P_Key violation. The count is the evidence:
+# ibv_ud_pingpong -c does not notice stray datagrams, and sent from guest c
+# (a's partition) the same 200 datagrams arrive, nothing is counted and this
+# test fails. Across shims, partitions are checked by the unit test
+# "RC and UD between guests of different partitions fail across shims".
 source "$(dirname "$0")/lib.sh"
 [ "$VRDMA_TOPOLOGY" = one-host ] || { echo "partitions are checked on one shim only"; exit 77; }
 start_shim a:pkeys=0x8001 b:pkeys=0x8002 c:pkeys=0x8001,0x8002
@@ -40,5 +47,33 @@ pair a b 18722 ibv_rc_pingpong && fail "RC between a and b (different partitions
 pair a b 18723 ibv_ud_pingpong && fail "UD between a and b (different partitions) passed"
 "$VRDMACTL" --run-dir "$RUN_DIR" counters | tee "$RUN_DIR.s"
 grep -qE "^guest (a|b) .*pkey_violations [1-9]" "$RUN_DIR.s" || fail "no P_Key violation counted"
+
+note "an adversary in b (0x8002) injects datagrams into a running UD pair of a and c (0x8001)"
+pkey_violations() {
+    "$VRDMACTL" --run-dir "$RUN_DIR" counters | awk -v g="$1" '$1 == "guest" && $2 == g {
+        for (i = 3; i < NF; i += 2) if ($i == "pkey_violations") print $(i + 1) }'
+}
+before="$(pkey_violations a)"
+ud="ibv_ud_pingpong -d vrdma0 -g 0 -p 18724 -n 50000 -c"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
+spid=$!
+wait_port 18724
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest c -- stdbuf -oL $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 &
+cpid=$!
+for _ in $(seq 1 200); do grep -q "remote address" "$RUN_DIR.c" && break; sleep 0.05; done
+qpn="$(sed -nE 's/.*local address: +LID 0x0*1, QPN (0x[0-9a-f]+).*/\1/p' "$RUN_DIR.s")"
+[ -n "$qpn" ] || { cat "$RUN_DIR.s" >&2; fail "no address from a's ibv_ud_pingpong"; }
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "$VRDMA_BUILD_DIR/test/integration/adversarial_guest" \
+    --ud-inject "1:$qpn:0x11111111" 200 | sed 's/^/  adversary| /'
+running="$(kill -0 "$spid" 2>/dev/null && kill -0 "$cpid" 2>/dev/null && echo yes || echo no)"
+src=0 crc=0
+wait "$spid" || src=$?
+wait "$cpid" || crc=$?
+echo "  the pair: server $src, client $crc; client: $(grep -m1 -iE 'failed|iters' "$RUN_DIR.c" || true)"
+[ "$src" -eq 0 ] && [ "$crc" -eq 0 ] || { cat "$RUN_DIR.s" "$RUN_DIR.c" >&2; fail "the UD pair of a and c failed beside the adversary"; }
+[ "$running" = yes ] || fail "the pair ended before the adversary did: the test proved nothing (make -n larger)"
+after="$(pkey_violations a)"
+echo "  pkey_violations of a: $before before, $after after"
+[ $((after - before)) -ge 200 ] || fail "the adversary's 200 datagrams were not all stopped at the partition"
 rm -f "$RUN_DIR.s" "$RUN_DIR.c"
 echo "partitions: ok"
