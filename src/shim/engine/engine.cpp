@@ -212,7 +212,7 @@ uint64_t Engine::next_deadline_ns() const {
 void Engine::set_sleeping(bool sleeping) {
     sleeping_ = sleeping;
     // A dormant context's guest was told the shim sleeps: it stays told.
-    for (Context* c : awake_) c->control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+    for (Context* c : awake_) tell_sleeping(*c, sleeping);
 }
 
 void Engine::wake(Context& ctx) {
@@ -221,7 +221,7 @@ void Engine::wake(Context& ctx) {
     ctx.dormant = false;
     --dormant_count_;
     ctx.last_work_ns = now();
-    ctx.control()->shim_sleeping.store(sleeping_ ? 1 : 0, std::memory_order_seq_cst);
+    tell_sleeping(ctx, sleeping_);
     awake_.push_back(&ctx);
 }
 
@@ -242,9 +242,9 @@ bool Engine::sweep(uint64_t t) {
             ++i;
             continue;
         }
-        c.control()->shim_sleeping.store(1, std::memory_order_seq_cst);
+        tell_sleeping(c, true);
         if (process_context(c, t)) {
-            c.control()->shim_sleeping.store(sleeping_ ? 1 : 0, std::memory_order_seq_cst);
+            tell_sleeping(c, sleeping_);
             progress = true;
             ++i;
             continue;
@@ -298,8 +298,8 @@ bool Engine::turn_spent_timed() {
     if (turn_spent()) return true;
     if (++turn_checks_ % kTurnClockEvery) return false;
     // WQEs are charged by count: the turn's real time counts too.
-    turn_used_ = std::max(turn_used_, turn_carried_ + (now() - turn_start_ns_) * kTurnBudget / kTurnNs);
-    return turn_used_ >= kTurnBudget;
+    turn_used_ = turn_cost(now() - turn_start_ns_);
+    return turn_spent();
 }
 
 bool Engine::poll_once() {
@@ -335,8 +335,6 @@ bool Engine::poll_once() {
 // slot), a QP deadline that passed or a shim-side rescan make the pass look
 // at every QP; otherwise only the QPs named by the guest's work bits and
 // those the shim marked are looked at, so an idle QP costs nothing.
-bool Engine::process_context(Context& ctx) { return process_context(ctx, now()); }
-
 bool Engine::process_context(Context& ctx, uint64_t t) {
     if (ctx.dead) return false;
     abi::ControlBlock* cb = ctx.control();
@@ -367,7 +365,7 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         ~TurnClock() {
             const uint64_t d = eng.now() - start;
             load.busy_ns += d;
-            load.pass_used = std::max(eng.turn_used_, eng.turn_carried_ + d * kTurnBudget / kTurnNs);
+            load.pass_used = eng.turn_cost(d);
             eng.worker_load_.busy_ns += d;
         }
     } turn_clock{*this, ctx.guest().load, now()};

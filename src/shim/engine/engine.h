@@ -126,11 +126,6 @@ public:
     uint64_t now() const { return clock_(); }
     void set_clock(uint64_t (*clock)()) { clock_ = clock; }
 
-    // Processes one context's commands and queues (tests call it directly);
-    // `t` is the pass's clock.
-    bool process_context(Context& ctx);
-    bool process_context(Context& ctx, uint64_t t);
-
     // Work per turn (protocol.md "Work per turn"): a guest's queues (all its
     // contexts together) get at most kTurnBudget of work per pass, counted
     // in bytes: each WQE started counts kWqeCost, a copy under
@@ -162,6 +157,19 @@ public:
     static constexpr uint32_t kTurnClockEvery = 8;
 
 private:
+    // One context's turn in the current pass (poll_once, sweep): its
+    // commands and queues; `t` is the pass's clock. Only within a pass: the
+    // guest's budget is per pass.
+    bool process_context(Context& ctx, uint64_t t);
+    // What the turn has used: its charges, or its time so far at the
+    // budget's rate, whichever is more.
+    uint64_t turn_cost(uint64_t elapsed_ns) const {
+        return std::max(turn_used_, turn_carried_ + elapsed_ns * kTurnBudget / kTurnNs);
+    }
+    // Tells the guest of `ctx` whether to kick its eventfd after a doorbell.
+    static void tell_sleeping(Context& ctx, bool sleeping) {
+        ctx.control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+    }
     bool process_commands(Context& ctx);
     bool sweep(uint64_t t);
     void destroy_resources(Context& ctx);

@@ -24,6 +24,12 @@ void SlicedCopyDeleter::operator()(SlicedCopy* s) const { delete s; }
 
 namespace {
 
+// The transfer is over (done, failed or abandoned): its pins go.
+void end_transfer(SlicedCopy& s) {
+    s.active = false;
+    s.target.clear();
+}
+
 bool sliceable(const Request& req) {
     return req.length > Engine::kSliceBytes && req.qp_type != IBV_QPT_UD &&
            (req.opcode == IBV_WR_SEND || req.opcode == IBV_WR_SEND_WITH_IMM || req.opcode == IBV_WR_RDMA_WRITE ||
@@ -106,8 +112,7 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
             s->d.cqe.wc_flags = 0;
         }
         responder_finish(s->d);
-        s->active = false;
-        s->target.clear();
+        end_transfer(*s);
         resp = Response{};
         resp.syndrome = Syndrome::Drop;
         resp.psn = req.psn;
@@ -126,17 +131,15 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
     }
     responder_finish(s->d);
     resp = s->d.resp;
-    s->active = false;
-    s->target.clear();
+    end_transfer(*s);
     return SendResult::Done;
 }
 
 void LocalTransport::abandon(Engine& eng, Qp& qp) {
     SlicedCopy* s = qp.sliced.get();
     if (!s || !s->active) return;
-    s->active = false;
     if (responder_revalidate(eng, s->d)) responder_finish(s->d, false);
-    s->target.clear();
+    end_transfer(*s);
 }
 
 }  // namespace vrdma::shim
