@@ -17,7 +17,7 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 2;  // 2: work slots (ControlBlock::work_bits)
+constexpr uint32_t kVersion = 3;  // 2: work slots (ControlBlock::work_bits); 3: memory windows
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -119,6 +119,15 @@ static_assert(sizeof(Sge) == 16);
 // send_flags has IBV_SEND_INLINE, by inline_len bytes of data.
 // opcode and send_flags use libibverbs' enum ibv_wr_opcode / ibv_send_flags
 // values.
+//
+// Memory windows (protocol.md "Memory windows"):
+// - IBV_WR_BIND_MW: mw_handle names the window, rkey is its new rkey (only
+//   the low 8 bits may differ from the current one), mr_lkey the MR it is
+//   bound to (0 with length 0: a type 1 window is unbound), remote_addr and
+//   compare_add the window's address and length, mw_access its access
+//   (IBV_ACCESS_REMOTE_*). No SGEs.
+// - IBV_WR_LOCAL_INV and IBV_WR_SEND_WITH_INV: rkey is the rkey to
+//   invalidate.
 struct SendWqe {
     uint64_t wr_id;
     uint32_t opcode;
@@ -126,16 +135,16 @@ struct SendWqe {
     uint32_t imm_data;      // network byte order, as in ibv_send_wr
     uint32_t num_sge;
     uint32_t inline_len;
-    uint32_t reserved0;
-    uint64_t remote_addr;   // RDMA and atomic operations
+    uint32_t mw_handle;     // BIND_MW
+    uint64_t remote_addr;   // RDMA and atomic operations; BIND_MW: the window's address
     uint32_t rkey;
-    uint32_t reserved1;
-    uint64_t compare_add;   // atomics
+    uint32_t mw_access;     // BIND_MW
+    uint64_t compare_add;   // atomics; BIND_MW: the window's length
     uint64_t swap;
     uint32_t ah_handle;     // UD
     uint32_t remote_qpn;    // UD
     uint32_t remote_qkey;   // UD
-    uint32_t reserved2;
+    uint32_t mr_lkey;       // BIND_MW
     uint64_t reserved3[2];
 };
 static_assert(sizeof(SendWqe) == 96);
@@ -157,7 +166,7 @@ struct Cqe {
     uint32_t opcode;
     uint32_t vendor_err;
     uint32_t byte_len;
-    uint32_t imm_data;      // network byte order
+    uint32_t imm_data;      // network byte order; with IBV_WC_WITH_INV the invalidated rkey (host order)
     uint32_t qp_num;
     uint32_t src_qp;
     uint32_t wc_flags;
@@ -225,6 +234,8 @@ enum class CmdOp : uint32_t {
     DestroyAh,
     ResizeCq,
     ReregMr,
+    AllocMw,
+    DeallocMw,
     kMax
 };
 
@@ -276,9 +287,11 @@ struct DeviceAttr {
     uint32_t max_pkeys;
     uint32_t local_ca_ack_delay;
     uint32_t phys_port_cnt;
+    uint32_t max_mw;
+    uint32_t reserved;
     char fw_ver[64];
 };
-static_assert(sizeof(DeviceAttr) == 32 + 24 * 4 + 64);
+static_assert(sizeof(DeviceAttr) == 32 + 26 * 4 + 64);
 
 struct PortAttr {
     uint32_t state;           // enum ibv_port_state
@@ -337,7 +350,7 @@ static_assert(sizeof(QpAttr) == 52 + 12 + 32);
 // CmdSlot::resp.
 struct CmdQueryPortReq { uint32_t port_num; };
 struct CmdAllocPdResp { uint32_t pd_handle; };
-struct CmdHandleReq { uint32_t handle; };  // DeallocPd, DeregMr, DestroyCq/Qp/Srq/Ah, QueryQp, QuerySrq
+struct CmdHandleReq { uint32_t handle; };  // DeallocPd, DeregMr, DeallocMw, DestroyCq/Qp/Srq/Ah, QueryQp, QuerySrq
 
 struct CmdRegMrReq {
     uint32_t pd_handle;
@@ -346,6 +359,12 @@ struct CmdRegMrReq {
     uint64_t length;
 };
 struct CmdRegMrResp { uint32_t mr_handle; uint32_t lkey; uint32_t rkey; };
+
+// AllocMw: a window of type IBV_MW_TYPE_1 or IBV_MW_TYPE_2, unbound; its rkey
+// names it from the start (bind WQEs change only its low 8 bits). DeallocMw
+// takes a CmdHandleReq.
+struct CmdAllocMwReq { uint32_t pd_handle; uint32_t type; };
+struct CmdAllocMwResp { uint32_t mw_handle; uint32_t rkey; };
 
 struct CmdCreateCqReq {
     uint64_t ring_gva;        // cq_ring_bytes(entries) bytes inside one segment

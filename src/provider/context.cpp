@@ -27,8 +27,10 @@ constexpr size_t kArenaBytes = 64u << 20;  // sparse: pages appear as rings use 
 void free_context(ibv_context* ibctx);
 
 const verbs_context_ops kContextOps = {
+    .alloc_mw = alloc_mw,
     .alloc_pd = alloc_pd,
     .async_event = async_event,
+    .bind_mw = bind_mw,
     .cq_event = cq_event,
     .create_ah = create_ah,
     .create_cq = create_cq,
@@ -36,6 +38,7 @@ const verbs_context_ops kContextOps = {
     .create_qp = create_qp,
     .create_qp_ex = create_qp_ex,
     .create_srq = create_srq,
+    .dealloc_mw = dealloc_mw,
     .dealloc_pd = dealloc_pd,
     .dereg_mr = dereg_mr,
     .destroy_ah = destroy_ah,

@@ -68,6 +68,7 @@ void end_poll(ibv_cq_ex* ibcq) {
 ibv_wc_opcode read_opcode(ibv_cq_ex* c) { return static_cast<ibv_wc_opcode>(cur(c).opcode); }
 uint32_t read_vendor_err(ibv_cq_ex* c) { return cur(c).vendor_err; }
 uint32_t read_byte_len(ibv_cq_ex* c) { return cur(c).byte_len; }
+// Also ibv_wc_read_invalidated_rkey (IBV_WC_WITH_INV): the same field.
 __be32 read_imm_data(ibv_cq_ex* c) { return cur(c).imm_data; }
 uint32_t read_qp_num(ibv_cq_ex* c) { return cur(c).qp_num; }
 uint32_t read_src_qp(ibv_cq_ex* c) { return cur(c).src_qp; }

@@ -22,7 +22,9 @@ int build_send(Qp& qp, const ibv_send_wr& wr, uint8_t* slot) {
     w.send_flags = flags;
     w.imm_data = wr.imm_data;
     uint8_t* payload = slot + sizeof(abi::SendWqe);
-    if (inl) {
+    if (is_local_op(wr.opcode)) {
+        // No data: the SGE list is not read.
+    } else if (inl) {
         uint64_t total = 0;
         for (int i = 0; i < wr.num_sge; ++i) total += wr.sg_list[i].length;
         if (total > qp.max_inline) return EINVAL;
@@ -54,6 +56,14 @@ int build_send(Qp& qp, const ibv_send_wr& wr, uint8_t* slot) {
         w.rkey = wr.wr.atomic.rkey;
         w.compare_add = wr.wr.atomic.compare_add;
         w.swap = wr.wr.atomic.swap;
+        break;
+    case IBV_WR_BIND_MW:
+        if (!wr.bind_mw.mw || wr.bind_mw.mw->context != qp.vqp.qp.context) return EINVAL;
+        fill_bind(w, *wr.bind_mw.mw, wr.bind_mw.rkey, wr.bind_mw.bind_info);
+        break;
+    case IBV_WR_LOCAL_INV:
+    case IBV_WR_SEND_WITH_INV:
+        w.rkey = wr.invalidate_rkey;
         break;
     default:
         break;

@@ -19,9 +19,13 @@ inline bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
         return type == IBV_QPT_RC || type == IBV_QPT_UC;
+    case IBV_WR_BIND_MW:
+    case IBV_WR_LOCAL_INV:
+        return type == IBV_QPT_RC || type == IBV_QPT_UC;
     case IBV_WR_RDMA_READ:
     case IBV_WR_ATOMIC_CMP_AND_SWP:
     case IBV_WR_ATOMIC_FETCH_AND_ADD:
+    case IBV_WR_SEND_WITH_INV:  // no UC opcode carries an invalidation
         return type == IBV_QPT_RC;
     default:
         return false;
@@ -29,8 +33,22 @@ inline bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
 }
 
 inline bool inline_allowed(ibv_wr_opcode op) {
-    return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE ||
+    return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV || op == IBV_WR_RDMA_WRITE ||
            op == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
+// Operations on the device's own tables: they carry no data (no SGEs).
+inline bool is_local_op(ibv_wr_opcode op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
+
+// The fields of a bind WQE (abi::SendWqe). The shim checks the window, the
+// MR and the range when the WQE runs.
+inline void fill_bind(abi::SendWqe& w, const ibv_mw& mw, uint32_t rkey, const ibv_mw_bind_info& b) {
+    w.mw_handle = mw.handle;
+    w.rkey = rkey;
+    w.mr_lkey = b.mr ? b.mr->lkey : 0;
+    w.remote_addr = b.addr;
+    w.compare_add = b.length;
+    w.mw_access = b.mw_access_flags;
 }
 
 inline bool send_state_ok(ibv_qp_state s) {

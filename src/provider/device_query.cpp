@@ -34,6 +34,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     a.max_cq = int(d.max_cq);
     a.max_cqe = int(d.max_cqe);
     a.max_mr = int(d.max_mr);
+    a.max_mw = int(d.max_mw);
     a.max_pd = int(d.max_pd);
     a.max_qp_rd_atom = int(d.max_qp_rd_atom);
     a.max_qp_init_rd_atom = int(d.max_qp_init_rd_atom);

@@ -122,6 +122,23 @@ void wr_atomic_write(ibv_qp_ex* qpx, uint32_t rkey, uint64_t addr, const void* a
     }
 }
 
+void wr_bind_mw(ibv_qp_ex* qpx, ibv_mw* mw, uint32_t rkey, const ibv_mw_bind_info* info) {
+    Qp* qp = qp_of(qpx);
+    if (!mw || !info || mw->context != qpx->qp_base.context) {
+        if (!qp->wr_err) qp->wr_err = EINVAL;
+        return;
+    }
+    if (auto* w = begin(qpx, IBV_WR_BIND_MW)) fill_bind(*w, *mw, rkey, *info);
+}
+
+void wr_local_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+    if (auto* w = begin(qpx, IBV_WR_LOCAL_INV)) w->rkey = invalidate_rkey;
+}
+
+void wr_send_inv(ibv_qp_ex* qpx, uint32_t invalidate_rkey) {
+    if (auto* w = begin(qpx, IBV_WR_SEND_WITH_INV)) w->rkey = invalidate_rkey;
+}
+
 void wr_set_ud_addr(ibv_qp_ex* qpx, ibv_ah* ah, uint32_t remote_qpn, uint32_t remote_qkey) {
     Qp* qp = qp_of(qpx);
     auto* w = cur(qp);
@@ -139,7 +156,7 @@ void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* list) {
     Qp* qp = qp_of(qpx);
     auto* w = cur(qp);
     if (!w) return;
-    if (num_sge > qp->sq.max_sge) {
+    if (num_sge > qp->sq.max_sge || is_local_op(static_cast<ibv_wr_opcode>(w->opcode))) {
         qp->wr_err = EINVAL;
         return;
     }
@@ -204,6 +221,9 @@ void install_qp_ex_ops(Qp& qp, uint64_t ops) {
     if (ops & IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP) x.wr_atomic_cmp_swp = wr_atomic_cmp_swp;
     if (ops & IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD) x.wr_atomic_fetch_add = wr_atomic_fetch_add;
     if (ops & IBV_QP_EX_WITH_ATOMIC_WRITE) x.wr_atomic_write = wr_atomic_write;
+    if (ops & IBV_QP_EX_WITH_BIND_MW) x.wr_bind_mw = wr_bind_mw;
+    if (ops & IBV_QP_EX_WITH_LOCAL_INV) x.wr_local_inv = wr_local_inv;
+    if (ops & IBV_QP_EX_WITH_SEND_WITH_INV) x.wr_send_inv = wr_send_inv;
 }
 
 }  // namespace vrdma::prov

@@ -18,6 +18,11 @@ int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int);
 ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*);
 int destroy_ah(ibv_ah*);
 
+// verbs_mw.cpp
+ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type);
+int dealloc_mw(ibv_mw*);
+int bind_mw(ibv_qp*, ibv_mw*, ibv_mw_bind*);
+
 // verbs_cq.cpp
 ibv_cq* create_cq(ibv_context*, int, ibv_comp_channel*, int);
 int destroy_cq(ibv_cq*);

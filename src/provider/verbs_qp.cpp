@@ -215,10 +215,11 @@ ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* attr) {
     uint64_t ops = ex ? attr->send_ops_flags : 0;
     uint64_t supported = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
     if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC)
-        supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM;
+        supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_BIND_MW |
+                     IBV_QP_EX_WITH_LOCAL_INV;
     if (attr->qp_type == IBV_QPT_RC)
         supported |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE;
+                     IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_SEND_WITH_INV;
     if (ops & ~supported) {
         errno = EOPNOTSUPP;
         return nullptr;

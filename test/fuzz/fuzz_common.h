@@ -191,6 +191,9 @@ struct World {
     CqView a_cq, a_cq2, b_cq, c_cq;
     QpView a_rc, a_loop, a_ud, a_srq_qp, b_rc, b_rc2, b_ud, c_rc;
     uint32_t a_srq = 0, a_ah_b = 0, a_ah_c = 0;
+    // Memory windows: a's of types 1 and 2 (their rkeys as a last bound
+    // them, successfully or not), and an unbound type 2 window of b.
+    uint32_t a_mw[2] = {}, a_mw_key[2] = {}, b_mw_key = 0;
     uint64_t c_hash = 0, b_private_hash = 0;
     bool b_gone = false;
 
@@ -209,7 +212,7 @@ struct World {
         b_pd = b.pd();
         c_pd = c.pd();
         a_local = a.mr(a_pd, 3 * 4096, IBV_ACCESS_LOCAL_WRITE, 0xa1);
-        a_remote = a.mr(a_pd, 2 * 4096, kAll, 0xa2);
+        a_remote = a.mr(a_pd, 2 * 4096, kAll | IBV_ACCESS_MW_BIND, 0xa2);
         b_granted = b.mr(b_pd, 2 * 4096, kAll, 0xb1);
         b_private = b.mr(b_pd, 4096, IBV_ACCESS_LOCAL_WRITE, 0xb2);
         c_mr = c.mr(c_pd, 4096, kAll, 0xc1);
@@ -233,6 +236,15 @@ struct World {
             std::abort();
         a_ah_b = a.ah(a_pd, 2);
         a_ah_c = a.ah(a_pd, 3);
+        for (uint32_t i = 0; i < 2; ++i) {
+            auto r = a.cmd(abi::CmdOp::AllocMw, abi::CmdAllocMwReq{a_pd, i + 1});
+            if (r.status) std::abort();
+            a_mw[i] = r.as<abi::CmdAllocMwResp>().mw_handle;
+            a_mw_key[i] = r.as<abi::CmdAllocMwResp>().rkey;
+        }
+        auto bw = b.cmd(abi::CmdOp::AllocMw, abi::CmdAllocMwReq{b_pd, IBV_MW_TYPE_2});
+        if (bw.status) std::abort();
+        b_mw_key = bw.as<abi::CmdAllocMwResp>().rkey;
         // b posts receives into the MR it granted (its private one stays
         // untouched by anyone but b).
         for (int i = 0; i < 4; ++i) {
@@ -263,7 +275,10 @@ struct World {
 
     // Key, address and QPN choices the fuzzer picks among.
     uint32_t key(Input& in) {
-        switch (in.pick(9)) {
+        switch (in.pick(12)) {
+        case 9: return a_mw_key[0];
+        case 10: return a_mw_key[1];
+        case 11: return b_mw_key;
         case 0: return a_local.lkey;
         case 1: return a_remote.lkey;
         case 2: return b_granted.lkey;
@@ -321,11 +336,13 @@ struct World {
         }
     }
     uint32_t opcode(Input& in) {
-        static constexpr uint32_t kOps[] = {IBV_WR_SEND, IBV_WR_SEND_WITH_IMM, IBV_WR_RDMA_WRITE,
+        static constexpr uint32_t kOps[] = {IBV_WR_SEND,         IBV_WR_SEND_WITH_IMM,         IBV_WR_RDMA_WRITE,
                                             IBV_WR_RDMA_WRITE_WITH_IMM, IBV_WR_RDMA_READ,
-                                            IBV_WR_ATOMIC_CMP_AND_SWP, IBV_WR_ATOMIC_FETCH_AND_ADD};
+                                            IBV_WR_ATOMIC_CMP_AND_SWP,  IBV_WR_ATOMIC_FETCH_AND_ADD,
+                                            IBV_WR_BIND_MW,      IBV_WR_LOCAL_INV,             IBV_WR_SEND_WITH_INV};
+        constexpr uint32_t kN = sizeof(kOps) / sizeof(kOps[0]);
         uint8_t v = in.u8();
-        return v < 224 ? kOps[v % 7] : (v & 1 ? in.u32() : uint32_t(v - 224));
+        return v < 224 ? kOps[v % kN] : (v & 1 ? in.u32() : uint32_t(v - 224));
     }
 
     // Writes a send WQE built from the input at the producer slot of q and
@@ -352,6 +369,16 @@ struct World {
         w.remote_qpn = qpn(in);
         uint8_t qk = in.u8();
         w.remote_qkey = qk % 3 == 0 ? 0x2222 : qk % 3 == 1 ? 0x80000000u : in.u32();
+        if (w.opcode == IBV_WR_BIND_MW) {  // one of a's windows (or a guess) over any key's memory
+            uint8_t m = in.u8();
+            const uint32_t i = m & 1;
+            w.mw_handle = m < 240 ? a_mw[i] : in.u32();
+            w.rkey = m & 2 ? (a_mw_key[i] & ~0xffu) | uint8_t(a_mw_key[i] + 1) : key(in);
+            w.mr_lkey = key(in);
+            w.mw_access = m & 4 ? in.u32() : (in.u8() & 0xe);
+            w.compare_add = length(in);
+            if (m < 240) a_mw_key[i] = w.rkey;
+        }
         const uint32_t room = q.sq.stride - uint32_t(sizeof(w));
         std::vector<uint8_t> inline_data;
         std::vector<abi::Sge> sges;

@@ -25,11 +25,15 @@ expect 'max_sge:[[:space:]]+32'
 expect 'max_cq:[[:space:]]+16384'
 expect 'max_srq:[[:space:]]+8192'
 expect 'atomic_cap:[[:space:]]+ATOMIC_HCA'
+# Memory windows, types 1 and 2B (verbs_mw_test.cpp).
+expect 'max_mw:[[:space:]]+262144'
+expect '^[[:space:]]+MEM_WINDOW$'
+expect '^[[:space:]]+MEM_WINDOW_TYPE_2B$'
 expect 'active_mtu:[[:space:]]+4096'
 # Identity (docs/protocol.md, "Device identity"): no IEEE OUI, vrdma's part id.
 expect 'vendor_id:[[:space:]]+0xffffff$'
 expect 'vendor_part_id:[[:space:]]+30322$'
-expect 'hw_ver:[[:space:]]+0x2$'
+expect 'hw_ver:[[:space:]]+0x3$'
 expect 'fw_ver:[[:space:]]+0\.1\.0$'
 
 # The second guest has its own LID.

@@ -304,7 +304,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         REQUIRE(sc.size() == 1);
         CHECK(sc[0].status == IBV_WC_LOC_LEN_ERR);
         RcPair u;
-        u.a.post_send(u.qa.sq, send_wqe(1, IBV_WR_LOCAL_INV), {});
+        u.a.post_send(u.qa.sq, send_wqe(1, IBV_WR_TSO), {});
         u.a.post_send(u.qa.sq, send_wqe(2, 99), {});
         u.run();
         sc = u.a.poll(u.cq_a);

@@ -1,9 +1,10 @@
-// AllocPd, DeallocPd, RegMr, DeregMr, ReregMr.
+// AllocPd, DeallocPd, RegMr, DeregMr, ReregMr, AllocMw, DeallocMw.
 #include <infiniband/verbs.h>
 
 #include <cerrno>
 
 #include "commands.h"
+#include "memory_windows.h"
 
 namespace vrdma::shim {
 namespace {
@@ -67,7 +68,7 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     Mr* m = mr.get();
     uint32_t h = ctx.mrs.insert(std::move(mr));
     if (!h) return ENOMEM;
-    m->key = ctx.keys.alloc(h);  // random, not the handle: keys must not be guessable
+    m->key = ctx.keys.alloc(h, KeyKind::Mr);  // random, not the handle: keys must not be guessable
     charge.keep();
     ++pd->users;
     store_resp(resp, abi::CmdRegMrResp{h, m->key, m->key});
@@ -76,8 +77,10 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
 
 int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdHandleReq>(req);
+    Mr* bound = ctx.mrs.get(r.handle);
+    if (!bound) return ENOENT;
+    if (bound->bound_windows) return EINVAL;  // IBA 10.6.7.2.6, as rxe
     auto mr = ctx.mrs.erase(r.handle);
-    if (!mr) return ENOENT;
     ctx.keys.release(mr->key);
     ctx.charges.give(Res::Mr, 1);
     ctx.charges.give(Res::MrBytes, mr->length);
@@ -91,7 +94,7 @@ int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
 int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdReregMrReq>(req);
     Mr* mr = ctx.mrs.get(r.mr_handle);
-    if (!mr) return EINVAL;
+    if (!mr || mr->bound_windows) return EINVAL;
     constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
     if (r.flags == 0 || (r.flags & ~kFlags)) return EINVAL;
     Pd* new_pd = nullptr;
@@ -122,6 +125,41 @@ int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
         ++new_pd->users;
         mr->pd = r.pd_handle;
     }
+    return 0;
+}
+
+// A window starts unbound, its rkey already its own (memory_windows.h).
+int cmd_alloc_mw(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdAllocMwReq>(req);
+    Pd* pd = ctx.pds.get(r.pd_handle);
+    if (!pd) return EINVAL;
+    if (r.type != IBV_MW_TYPE_1 && r.type != IBV_MW_TYPE_2) return EINVAL;
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Mw, 1, "AllocMw")) return ENOMEM;
+    auto mw = std::make_unique<Mw>();
+    mw->pd = r.pd_handle;
+    mw->type = r.type;
+    Mw* w = mw.get();
+    uint32_t h = ctx.mws.insert(std::move(mw));
+    if (!h) return ENOMEM;
+    w->key = ctx.keys.alloc(h, KeyKind::Mw);
+    charge.keep();
+    ++pd->users;
+    store_resp(resp, abi::CmdAllocMwResp{h, w->key});
+    return 0;
+}
+
+// A bound window is unbound first: its MR may go after.
+int cmd_dealloc_mw(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+    auto r = load_req<abi::CmdHandleReq>(req);
+    Mw* w = ctx.mws.get(r.handle);
+    if (!w) return ENOENT;
+    unbind_window(ctx, *w);
+    ctx.keys.release(w->key);
+    const uint32_t pd = w->pd;
+    ctx.mws.erase(r.handle);
+    ctx.charges.give(Res::Mw, 1);
+    if (Pd* p = ctx.pds.get(pd)) --p->users;
     return 0;
 }
 

@@ -51,6 +51,8 @@ constexpr CommandSpec kCommands[] = {
     command<abi::CmdHandleReq, NoRecord>(CmdOp::DestroyAh, "DestroyAh", cmd_destroy_ah),
     command<abi::CmdResizeCqReq, abi::CmdResizeCqResp>(CmdOp::ResizeCq, "ResizeCq", cmd_resize_cq),
     command<abi::CmdReregMrReq, NoRecord>(CmdOp::ReregMr, "ReregMr", cmd_rereg_mr),
+    command<abi::CmdAllocMwReq, abi::CmdAllocMwResp>(CmdOp::AllocMw, "AllocMw", cmd_alloc_mw),
+    command<abi::CmdHandleReq, NoRecord>(CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw),
 };
 constexpr uint32_t kOps = uint32_t(CmdOp::kMax);
 constexpr size_t kCommandCount = sizeof(kCommands) / sizeof(kCommands[0]);

@@ -58,6 +58,8 @@ int cmd_create_ah(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_destroy_ah(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_resize_cq(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_rereg_mr(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_alloc_mw(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_dealloc_mw(Engine&, Context&, const uint8_t*, uint8_t*);
 
 // Helpers shared by the handlers.
 template <typename T>

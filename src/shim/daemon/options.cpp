@@ -133,14 +133,15 @@ OPTIONS
         a warning (at most one a second per guest and key). Keys and defaults:
             connections 256    sockets open to the guest's socket (one per
                                process using the device, and per context)
-            pd 65536  mr 262144  cq 16384  qp 16384  srq 8192  ah 65536
+            pd 65536  mr 262144  mw 262144  cq 16384  qp 16384  srq 8192
+            ah 65536
             mr_bytes 1T        registered memory (sum of MR lengths)
             wr 4M              work-queue entries of all QPs and SRQs
             mappings 16384     mmap()s of guest memory: one per memory
                                segment, 1 + pieces per MR over several
             map_bytes 2T       bytes of guest memory mapped
-        The device attributes a guest queries report the pd, mr, cq, qp,
-        srq and ah limits. All guests together also stay below the
+        The device attributes a guest queries report the pd, mr, mw, cq,
+        qp, srq and ah limits. All guests together also stay below the
         kernel's vm.max_map_count less 8192.
 
     --log-level LEVEL

@@ -58,7 +58,8 @@ public:
     HandleTable<Qp, HandleType::Qp> qps;
     HandleTable<Srq, HandleType::Srq> srqs;
     HandleTable<Ah, HandleType::Ah> ahs;
-    KeyTable keys;  // lkeys and rkeys -> MR handles
+    HandleTable<Mw, HandleType::Mw> mws;
+    KeyTable keys;  // lkeys and rkeys -> MR and MW handles
 
     // Engine state.
     uint32_t cmd_cons = 0;

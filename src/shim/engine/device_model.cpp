@@ -80,12 +80,14 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.max_qp = q.max_qp;
     a.max_qp_wr = q.max_qp_wr;
     a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SHUTDOWN_PORT | IBV_DEVICE_PORT_ACTIVE_EVENT |
-                         IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_N_NOTIFY_CQ;
+                         IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_MEM_WINDOW |
+                         IBV_DEVICE_MEM_WINDOW_TYPE_2B;
     a.max_sge = q.max_sge;
     a.max_sge_rd = q.max_sge;
     a.max_cq = q.max_cq;
     a.max_cqe = q.max_cqe;
     a.max_mr = q.max_mr;
+    a.max_mw = q.max_mw;
     a.max_pd = q.max_pd;
     a.max_qp_rd_atom = q.max_rd_atomic;
     a.max_qp_init_rd_atom = q.max_rd_atomic;

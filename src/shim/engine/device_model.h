@@ -24,6 +24,7 @@ struct Quotas {
     uint32_t max_cq = 16384;
     uint32_t max_cqe = abi::kMaxCqEntries - 1;  // the provider rounds cqe+1 up to a power of two
     uint32_t max_mr = 1u << 18;
+    uint32_t max_mw = 1u << 18;
     uint64_t max_mr_size = 1ull << 40;
     uint32_t max_pd = 1u << 16;
     uint32_t max_ah = 1u << 16;

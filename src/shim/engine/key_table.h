@@ -1,10 +1,14 @@
-// The lkeys and rkeys of one context. A key is 32 bits from the kernel's
-// CSPRNG (secure_random.h), never 0, unique among the context's live keys,
-// and not handed out again until kQuarantine other keys were released after
-// it: a key tells nothing about the next one, and a key that was revoked
-// (deregistered) does not come back soon as another object's. A key names
-// the handle of the object it was allocated for (an MR today; memory
-// windows take theirs from the same table).
+// The lkeys and rkeys of one context: memory regions and memory windows.
+//
+// A key is [index:24][tag:8], as on a real HCA. The index is drawn from the
+// kernel's CSPRNG (secure_random.h), never 0, unique among the context's
+// live keys, and not handed out again until kQuarantine other keys were
+// released after it; the tag is random too, so an MR's key is 32 random
+// bits: a key tells nothing about the next one, and a key that was revoked
+// (deregistered) does not come back soon as another object's. A memory
+// window keeps its index for life and changes its tag at each bind (the
+// application picks the next one with ibv_inc_rkey): lookup goes by index,
+// then all 32 bits must match.
 #pragma once
 
 #include <cstddef>
@@ -15,23 +19,35 @@
 
 namespace vrdma::shim {
 
+enum class KeyKind : uint8_t { Mr, Mw };
+
 class KeyTable {
 public:
     static constexpr size_t kQuarantine = 16384;
 
-    // A new key naming `handle`.
-    uint32_t alloc(uint32_t handle);
-    // The handle a key names, 0 if none (the fast path: one hash lookup).
-    uint32_t lookup(uint32_t key) const {
-        auto it = live_.find(key);
-        return it == live_.end() ? 0 : it->second;
+    // A new key naming `handle`, an object of `kind`.
+    uint32_t alloc(uint32_t handle, KeyKind kind);
+    // The handle of the `kind` object `key` names exactly, 0 if none (the
+    // fast path: one hash lookup).
+    uint32_t lookup(uint32_t key, KeyKind kind) const {
+        auto it = live_.find(key >> 8);
+        if (it == live_.end() || it->second.key != key || it->second.kind != kind) return 0;
+        return it->second.handle;
     }
+    // A window's new key: `key` with the tag of `new_key` (same index).
+    // False if `key` is not live.
+    bool retag(uint32_t key, uint32_t new_key);
     void release(uint32_t key);
     size_t size() const { return live_.size(); }
 
 private:
-    std::unordered_map<uint32_t, uint32_t> live_;
-    RecentIds recent_{kQuarantine};
+    struct Entry {
+        uint32_t handle;
+        uint32_t key;
+        KeyKind kind;
+    };
+    std::unordered_map<uint32_t, Entry> live_;  // by index
+    RecentIds recent_{kQuarantine};             // released indices
 };
 
 }  // namespace vrdma::shim

@@ -15,7 +15,7 @@ struct Key {
     const char* name;
 };
 constexpr Key kKeys[] = {
-    {Res::Connections, "connections"}, {Res::Pd, "pd"},   {Res::Mr, "mr"},   {Res::MrBytes, "mr_bytes"},
+    {Res::Connections, "connections"}, {Res::Pd, "pd"},   {Res::Mr, "mr"},   {Res::Mw, "mw"}, {Res::MrBytes, "mr_bytes"},
     {Res::Cq, "cq"},                   {Res::Qp, "qp"},   {Res::Srq, "srq"}, {Res::Ah, "ah"},
     {Res::Wr, "wr"},                   {Res::Mappings, "mappings"},          {Res::MapBytes, "map_bytes"},
     {Res::Fds, "fds"},
@@ -66,6 +66,7 @@ uint64_t quota_limit(const Quotas& q, Res r) {
     case Res::Connections: return q.max_connections;
     case Res::Pd: return q.max_pd;
     case Res::Mr: return q.max_mr;
+    case Res::Mw: return q.max_mw;
     case Res::MrBytes: return q.max_mr_bytes;
     case Res::Cq: return q.max_cq;
     case Res::Qp: return q.max_qp;
@@ -97,6 +98,7 @@ bool set_quota(Quotas& q, const std::string& kv, std::string& error) {
     if (key == "connections") ok = u32(q.max_connections);
     else if (key == "pd") ok = u32(q.max_pd);
     else if (key == "mr") ok = u32(q.max_mr);
+    else if (key == "mw") ok = u32(q.max_mw);
     else if (key == "mr_bytes") q.max_mr_bytes = v;
     else if (key == "cq") ok = u32(q.max_cq);
     else if (key == "qp") ok = u32(q.max_qp);

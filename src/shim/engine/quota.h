@@ -22,6 +22,7 @@ enum class Res : uint8_t {
     Connections,  // sockets open to the guest's shim socket (attached or not)
     Pd,
     Mr,
+    Mw,
     MrBytes,      // sum of MR lengths ("registered memory")
     Cq,
     Qp,

@@ -17,6 +17,7 @@ constexpr bool is_request_opcode(uint32_t op) {
     switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV:  // RC only; the rkey to invalidate travels in rkey
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
     case IBV_WR_RDMA_READ:
@@ -27,6 +28,12 @@ constexpr bool is_request_opcode(uint32_t op) {
     default:
         return false;
     }
+}
+
+// The requests whose payload goes from the requester to the responder.
+constexpr bool request_carries_payload(uint32_t op) {
+    return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV || op == IBV_WR_RDMA_WRITE ||
+           op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
 
 // Every field is plain data: a frame from a peer shim is decoded into one
@@ -53,7 +60,7 @@ struct Request {
     bool has_imm = false;
     uint32_t imm = 0;          // network byte order, as in ibv_send_wr
     uint64_t length = 0;       // payload (SEND, WRITE), bytes to read (READ), 8 (atomics)
-    uint32_t rkey = 0;         // RDMA and atomics
+    uint32_t rkey = 0;         // RDMA and atomics; SEND_WITH_INV: the rkey to invalidate
     uint64_t remote_addr = 0;
     uint64_t compare_add = 0;  // atomics; ATOMIC_WRITE: the value stored
     uint64_t swap = 0;

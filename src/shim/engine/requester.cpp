@@ -7,6 +7,7 @@
 #include "async_events.h"
 #include "cq_writer.h"
 #include "engine.h"
+#include "memory_windows.h"
 #include "psn.h"
 #include "qp_state.h"
 #include "responder.h"
@@ -21,6 +22,8 @@ bool is_rdma_read_or_atomic(uint32_t op) {
     return op == IBV_WR_RDMA_READ || op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
 }
 bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD; }
+// Operations on the shim's own tables (memory windows), not on the peer.
+bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
 uint32_t inflight_count(const Qp& qp) { return ring_count(qp.sq_next, qp.sq.cons, qp.sq.entries); }
 
@@ -79,8 +82,10 @@ void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const Sen
     const bool in_flight = qp.sq_next != qp.sq.cons;
     wq_consume(qp.sq);
     if (!in_flight) qp.sq_next = qp.sq.cons;
-    qp.una_psn = psn_next(qp.una_psn);
-    if (qp.type != IBV_QPT_RC) qp.next_psn = qp.una_psn;  // nothing stays in flight
+    if (!is_local_op(hdr.opcode)) {  // a local operation sends nothing: it takes no PSN
+        qp.una_psn = psn_next(qp.una_psn);
+        if (qp.type != IBV_QPT_RC) qp.next_psn = qp.una_psn;  // nothing stays in flight
+    }
     bool signaled = qp.sig_all || (hdr.send_flags & IBV_SEND_SIGNALED);
     if (status == IBV_WC_SUCCESS && !signaled) return;
     abi::Cqe c{};
@@ -203,6 +208,23 @@ Transport* transport_of(Engine& eng, Qp& qp) {
 }
 
 enum class Step { Next, Stop };
+
+// BIND_MW and LOCAL_INV (RC and UC QPs): they run once every WQE before
+// them has completed, so that their completion keeps its place in the
+// queue's order and a WQE after them sees the window as they left it. Over
+// a transport that answers later, a local operation therefore waits for
+// the responses before it, like a fence.
+Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
+    if (qp.sq_next != qp.sq.cons) return Step::Stop;  // resumed when the last response arrives
+    if (st == IBV_WC_SUCCESS) {
+        if (w.num_sge || w.is_inline) st = IBV_WC_LOC_QP_OP_ERR;
+        else if (w.hdr.opcode == IBV_WR_BIND_MW) st = bind_window(ctx, qp, w.hdr);
+        else st = invalidate_local(ctx, qp, w.hdr.rkey);
+    }
+    if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
+    complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, 0);
+    return Step::Next;
+}
 
 Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const uint32_t op = w.hdr.opcode;
@@ -411,6 +433,10 @@ uint32_t wc_opcode_for(uint32_t wr_opcode) {
         return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_WRITE:
         return IBV_WC_ATOMIC_WRITE;
+    case IBV_WR_BIND_MW:
+        return IBV_WC_BIND_MW;
+    case IBV_WR_LOCAL_INV:
+        return IBV_WC_LOCAL_INV;
     default:
         return IBV_WC_SEND;
     }
@@ -518,7 +544,8 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
         }
         eng.charge_turn(Engine::kWqeCost);
         uint32_t st = read_send_wqe(qp.sq, qp.sq_next, qp.max_send_sge, qp.max_inline, w);
-        Step s = qp.type == IBV_QPT_UD   ? start_ud(eng, ctx, qp, w, st)
+        Step s = is_local_op(w.hdr.opcode) && qp.type != IBV_QPT_UD ? run_local_op(eng, ctx, qp, w, st)
+                 : qp.type == IBV_QPT_UD                             ? start_ud(eng, ctx, qp, w, st)
                  : qp.type == IBV_QPT_UC ? start_uc(eng, ctx, qp, w, st)
                                          : start_rc(eng, ctx, qp, w, st);
         progress = true;

@@ -23,6 +23,22 @@ struct Mr {
     uint64_t addr = 0;    // gva
     uint64_t length = 0;
     HostRange mem;        // contiguous shim mapping of [addr, addr+length)
+    uint32_t bound_windows = 0;  // memory windows bound to it: it cannot change or go
+};
+
+// A memory window (memory_windows.h). Bound, it grants remote access to
+// [addr, addr+length) of one MR of its PD with its own rkey and access; a
+// type 2 window only to requests arriving on the QP it was bound through.
+struct Mw {
+    uint32_t pd = 0;
+    uint32_t type = 0;    // IBV_MW_TYPE_1 or IBV_MW_TYPE_2
+    uint32_t key = 0;     // rkey (Context::keys): the index is fixed, binds change the tag
+    bool bound = false;
+    uint32_t mr = 0;      // bound: the MR's handle
+    uint32_t qp = 0;      // bound, type 2: the QP's handle
+    uint32_t access = 0;  // bound: IBV_ACCESS_REMOTE_*
+    uint64_t addr = 0;
+    uint64_t length = 0;
 };
 
 struct Cq {

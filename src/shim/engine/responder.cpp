@@ -9,6 +9,7 @@
 #include "cq_writer.h"
 #include "engine.h"
 #include "fault_guard.h"
+#include "memory_windows.h"
 #include "psn.h"
 #include "qp_state.h"
 #include "vrdma_common/log.h"
@@ -131,6 +132,10 @@ void set_recv_cqe(Delivery& d, const Request& req, uint64_t wr_id, uint32_t stat
             c.wc_flags |= IBV_WC_WITH_IMM;
         }
         if (req.qp_type == IBV_QPT_UD && req.grh) c.wc_flags |= IBV_WC_GRH;
+        if (req.opcode == IBV_WR_SEND_WITH_INV) {
+            c.imm_data = req.rkey;  // ibv_wc::invalidated_rkey shares imm_data's place, in host order
+            c.wc_flags |= IBV_WC_WITH_INV;
+        }
     }
     d.solicited = req.solicited;
     d.recv_cqe = true;
@@ -239,7 +244,7 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if (req.length > 0) {
             if ((qp.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) == 0) return;
             std::shared_ptr<Mapping>* keep = nullptr;
-            uint8_t* p = resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
+            uint8_t* p = resolve_rkey(ctx, qp, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
             if (!p) return;
             if (pins && keep) pins->add(*keep);
             d.spans[0] = Span{p, req.length};
@@ -330,7 +335,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.incarnation = qp.incarnation;
 
     const uint32_t op = req.opcode;
-    const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
+    const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV;
     // An atomic write is a write of 8 aligned bytes, stored at once.
     const bool is_atomic_write = op == IBV_WR_ATOMIC_WRITE;
     const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_atomic_write;
@@ -389,6 +394,14 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             set_recv_cqe(d, req, wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         }
+        // Send with Invalidate frees a type 2 window of this QP before the
+        // receive completes; an rkey that names none is a class J error, as
+        // in rxe: both sides see a remote invalid request and fail.
+        if (op == IBV_WR_SEND_WITH_INV && !invalidate_remote(ctx, qp, req.rkey)) {
+            note_access_error(eng, ctx, qp, req);
+            set_recv_cqe(d, req, wr_id, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
+            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        }
         set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
     } else {
         // RDMA and atomics: an rkey of the responder's context, in the QP's
@@ -399,7 +412,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if (req.length > 0) {
             std::shared_ptr<Mapping>* keep = nullptr;
             uint8_t* p = (qp.attr.qp_access_flags & need) == need
-                             ? resolve_rkey(ctx, qp.pd, req.rkey, req.remote_addr, req.length, need, &keep)
+                             ? resolve_rkey(ctx, qp, req.rkey, req.remote_addr, req.length, need, &keep)
                              : nullptr;
             if (!p) {
                 note_access_error(eng, ctx, qp, req);

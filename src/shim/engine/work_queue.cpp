@@ -7,6 +7,7 @@
 
 #include "device_model.h"
 #include "fault_guard.h"
+#include "memory_windows.h"
 #include "vrdma/ring.h"
 
 namespace vrdma::shim {
@@ -89,7 +90,7 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
     for (uint32_t i = 0; i < num_sge; ++i) {
         const abi::Sge& s = sge[i];
         if (s.length == 0) continue;
-        const Mr* mr = ctx.mrs.get(ctx.keys.lookup(s.lkey));
+        const Mr* mr = ctx.mrs.get(ctx.keys.lookup(s.lkey, KeyKind::Mr));
         if (!mr || mr->pd != pd || (mr->access & access) != access) return IBV_WC_LOC_PROT_ERR;
         if (!range_inside(s.addr, s.length, mr->addr, mr->length)) return IBV_WC_LOC_PROT_ERR;
         out[spans++] = Span{mr->mem.host + (s.addr - mr->addr), s.length};
@@ -100,10 +101,12 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
     return IBV_WC_SUCCESS;
 }
 
-uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
+uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
                       uint32_t access, std::shared_ptr<Mapping>** keep) {
-    Mr* mr = ctx.mrs.get(ctx.keys.lookup(rkey));
-    if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
+    const uint32_t handle = ctx.keys.lookup(rkey, KeyKind::Mr);
+    if (!handle) return resolve_window(ctx, qp, rkey, addr, len, access, keep);
+    Mr* mr = ctx.mrs.get(handle);
+    if (!mr || mr->pd != qp.pd || (mr->access & access) != access) return nullptr;
     if (!range_inside(addr, len, mr->addr, mr->length)) return nullptr;
     if (keep) *keep = &mr->mem.keepalive;
     return mr->mem.host + (addr - mr->addr);

@@ -79,10 +79,11 @@ uint32_t read_recv_wqe(const WorkQueue& wq, uint32_t idx, uint32_t max_sge, Recv
 uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint32_t num_sge, uint32_t access,
                       Span* out, uint32_t& spans, uint64_t& total, Pins* pins = nullptr);
 
-// Resolves a remote key: an MR of `ctx` in `pd` with `access`, covering
+// Resolves a remote key for a request arriving at `qp`: an MR of `ctx` in
+// the QP's PD with `access`, or a memory window (memory_windows.h), covering
 // [addr, addr+len). Null if any check fails. `keep` (if given) gets the
 // mapping that backs the range.
-uint8_t* resolve_rkey(const Context& ctx, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
+uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
                       uint32_t access, std::shared_ptr<Mapping>** keep = nullptr);
 
 // Which side of a copy_sg lost a page under it (fault_guard.h).

@@ -32,8 +32,7 @@ void end_transfer(SlicedCopy& s) {
 
 bool sliceable(const Request& req) {
     return req.length > Engine::kSliceBytes && req.qp_type != IBV_QPT_UD &&
-           (req.opcode == IBV_WR_SEND || req.opcode == IBV_WR_SEND_WITH_IMM || req.opcode == IBV_WR_RDMA_WRITE ||
-            req.opcode == IBV_WR_RDMA_WRITE_WITH_IMM || req.opcode == IBV_WR_RDMA_READ);
+           (request_carries_payload(req.opcode) || req.opcode == IBV_WR_RDMA_READ);
 }
 
 bool same_request(const Request& a, const Request& b) {

@@ -30,11 +30,6 @@ constexpr size_t kMaxInbound = 4096;          // unfinished incoming messages pe
 // What is written in place of guest memory that vanished under a write.
 const uint8_t kZeros[kMaxSegmentPayload] = {};
 
-bool carries_payload(uint32_t opcode) {
-    return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE ||
-           opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-}
-
 uint64_t qp_key(uint16_t lid, uint32_t qpn) { return (uint64_t(lid) << 32) | qpn; }
 
 // iovecs for `len` bytes of a scatter list from byte `off`.
@@ -438,7 +433,7 @@ bool Link::on_fixed() {
             req.dqpn != hdr_.dst_qpn || req.psn != hdr_.psn)
             return violation("request addresses differ from its segment's");
         // Checked before the responder acts: an atomic is executed at once.
-        if (hdr_.payload_len > (carries_payload(req.opcode) ? req.length : 0))
+        if (hdr_.payload_len > (request_carries_payload(req.opcode) ? req.length : 0))
             return violation("more payload than announced");
         begin_request(*m, req);
     } else {
@@ -477,7 +472,7 @@ void Link::begin_request(InMsg& m, const Request& req) {
     m.req = req;
     m.d.reset();
     m.pins.clear();
-    const bool carries = carries_payload(req.opcode);
+    const bool carries = request_carries_payload(req.opcode);
     m.total = carries ? req.length : 0;
     // Only LIDs of this shim's guests are served here.
     if (eng_.routes().lookup(req.dlid) != &eng_.local_transport()) {
@@ -523,7 +518,7 @@ void Link::finish_request(InMsg& m) {
     // only ever means a slow network, never a refused request.
     const bool ack = d.resp.syndrome == Syndrome::Ack;
     const bool read = ack && req.opcode == IBV_WR_RDMA_READ;
-    const bool plain = ack && carries_payload(req.opcode);
+    const bool plain = ack && request_carries_payload(req.opcode);
     queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, plain, read ? &d : nullptr, &m.pins);
 }
 
@@ -669,7 +664,7 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
     WireRequest w = encode(req);
     std::memcpy(m->fixed, &w, sizeof(w));
     m->fixed_len = sizeof(w);
-    if (carries_payload(req.opcode) && req.length) {
+    if (request_carries_payload(req.opcode) && req.length) {
         m->total = req.length;
         if (inline_payload) {
             Span dst{m->inline_data, req.length};
