@@ -119,6 +119,41 @@ void connect_rc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn, const RcParams& p
         die("modify to RTS");
 }
 
+void uc_init(ibv_qp* qp, int access) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.pkey_index = 0;
+    a.port_num = 1;
+    a.qp_access_flags = access;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        die("UC INIT");
+}
+
+void uc_rtr(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_4096;
+    a.dest_qp_num = remote_qpn;
+    a.rq_psn = 0;
+    a.ah_attr.dlid = lid;
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN))
+        die("UC RTR");
+}
+
+void uc_rts(ibv_qp* qp) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN)) die("UC RTS");
+}
+
+void connect_uc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn) {
+    uc_init(qp);
+    uc_rtr(qp, lid, remote_qpn);
+    uc_rts(qp);
+}
+
 void bring_up_ud(ibv_qp* qp, uint32_t qkey) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;

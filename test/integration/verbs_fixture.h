@@ -88,6 +88,11 @@ struct RcParams {
 
 // RESET -> INIT -> RTR -> RTS towards (lid, remote_qpn).
 void connect_rc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn, const RcParams& p = {});
+// UC: the three steps (uc_init grants `access` to the peer), and all of them.
+void uc_init(ibv_qp* qp, int access = IBV_ACCESS_REMOTE_WRITE);
+void uc_rtr(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn);
+void uc_rts(ibv_qp* qp);
+void connect_uc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn);
 void bring_up_ud(ibv_qp* qp, uint32_t qkey);
 ibv_qp_state qp_state(ibv_qp* qp);
 

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "verbs_fixture.h"
 
@@ -99,6 +100,40 @@ void fill(Buffer& b, uint8_t seed) {
     for (size_t i = 0; i < b.size; ++i) b.data[i] = uint8_t(seed + i * 7);
 }
 
+// The cast of most tests: on the peer, window memory, a receive buffer and
+// a window; on the local device, the requester's buffer.
+struct Windows {
+    Windows(ibv_mw_type type, size_t mem_size)
+        : mem(peer.pd, mem_size, kWindowMemory), inbox(peer.pd, 4096, kLocal), local(dev.pd, 8192, kLocal) {
+        fill(local, 9);
+        mw = ibv_alloc_mw(peer.pd, type);
+        REQUIRE(mw);
+    }
+    ~Windows() {
+        if (mw) ibv_dealloc_mw(mw);  // before the MR it may be bound to
+    }
+    // Deallocates the window now; its result.
+    int dealloc() { return ibv_dealloc_mw(std::exchange(mw, nullptr)); }
+
+    Device dev, peer{Device::kPeer};
+    Buffer mem, inbox, local;
+    ibv_mw* mw = nullptr;
+};
+
+// One signaled work request built by `build` through the extended API; its
+// completion on `cq`.
+template <typename Build>
+ibv_wc post_ex(ibv_qp_ex* x, ibv_cq* cq, uint64_t wr_id, Build build) {
+    ibv_wr_start(x);
+    x->wr_id = wr_id;
+    x->wr_flags = IBV_SEND_SIGNALED;
+    build(x);
+    REQUIRE(ibv_wr_complete(x) == 0);
+    auto c = poll_one(cq);
+    REQUIRE(c);
+    return *c;
+}
+
 }  // namespace
 
 TEST_CASE("memory windows: capabilities, allocation and deallocation", "[mw][api]") {
@@ -132,13 +167,9 @@ TEST_CASE("memory windows: capabilities, allocation and deallocation", "[mw][api
 }
 
 TEST_CASE("type 1: a bound window grants its access to its range, and only that", "[mw]") {
-    Device dev, peer(Device::kPeer);
-    Buffer mem(peer.pd, 16384, kWindowMemory);
-    Buffer local(dev.pd, 8192, kLocal);
-    fill(local, 3);
+    Windows t(IBV_MW_TYPE_1, 16384);
+    auto& [dev, peer, mem, inbox, local, mw] = t;
     fill(mem, 90);
-    ibv_mw* mw = ibv_alloc_mw(peer.pd, IBV_MW_TYPE_1);
-    REQUIRE(mw);
     Pair p(dev, peer);
     const uint32_t before = mw->rkey;
     ibv_wc b = bind_type1(p.b, mw, bind_info(mem, 4096, 8192, kRemoteRw));
@@ -184,16 +215,12 @@ TEST_CASE("type 1: a bound window grants its access to its range, and only that"
     ibv_mw_bind_info none{};
     CHECK(bind_type1(p.b, mw, none).status == IBV_WC_SUCCESS);
     expect_no_access(dev, peer, mem.addr(0), mw->rkey);
-    CHECK(ibv_dealloc_mw(mw) == 0);
+    CHECK(t.dealloc() == 0);
 }
 
 TEST_CASE("type 2: bound through one QP, reached only through it, freed by local invalidate", "[mw]") {
-    Device dev, peer(Device::kPeer);
-    Buffer mem(peer.pd, 8192, kWindowMemory);
-    Buffer local(dev.pd, 4096, kLocal);
-    fill(local, 41);
-    ibv_mw* mw = ibv_alloc_mw(peer.pd, IBV_MW_TYPE_2);
-    REQUIRE(mw);
+    Windows t(IBV_MW_TYPE_2, 8192);
+    auto& [dev, peer, mem, inbox, local, mw] = t;
     Pair p(dev, peer);
     ibv_wc b = bind_type2(p.b, mw, bind_info(mem, 0, 8192, kRemoteRw | IBV_ACCESS_REMOTE_ATOMIC),
                           ibv_inc_rkey(mw->rkey));
@@ -241,17 +268,12 @@ TEST_CASE("type 2: bound through one QP, reached only through it, freed by local
     Pair q(dev, peer);
     CHECK(bind_type2(q.b, mw, bind_info(mem, 0, 64, kRemoteRw), ibv_inc_rkey(mw->rkey)).status == IBV_WC_SUCCESS);
     CHECK(ibv_dereg_mr(mem.mr) == EINVAL);
-    CHECK(ibv_dealloc_mw(mw) == 0);
+    CHECK(t.dealloc() == 0);
 }
 
 TEST_CASE("send with invalidate frees the peer's window and reports the rkey", "[mw]") {
-    Device dev, peer(Device::kPeer);
-    Buffer mem(peer.pd, 4096, kWindowMemory);
-    Buffer inbox(peer.pd, 4096, kLocal);
-    Buffer local(dev.pd, 4096, kLocal);
-    fill(local, 17);
-    ibv_mw* mw = ibv_alloc_mw(peer.pd, IBV_MW_TYPE_2);
-    REQUIRE(mw);
+    Windows t(IBV_MW_TYPE_2, 4096);
+    auto& [dev, peer, mem, inbox, local, mw] = t;
     Pair p(dev, peer);
     REQUIRE(bind_type2(p.b, mw, bind_info(mem, 0, 4096, kRemoteRw), ibv_inc_rkey(mw->rkey)).status ==
             IBV_WC_SUCCESS);
@@ -279,7 +301,6 @@ TEST_CASE("send with invalidate frees the peer's window and reports the rkey", "
     CHECK(std::memcmp(inbox.data, local.data, 300) == 0);
     // The window is free: its rkey reaches nothing.
     CHECK(rdma(p.a, IBV_WR_RDMA_WRITE, local, 64, mem.addr(0), mw->rkey).status == IBV_WC_REM_ACCESS_ERR);
-    CHECK(ibv_dealloc_mw(mw) == 0);
 }
 
 TEST_CASE("send with invalidate of an rkey that names no window of the QP fails both sides", "[mw]") {
@@ -365,14 +386,8 @@ TEST_CASE("bind and invalidate errors complete with MW_BIND_ERR and LOC_QP_OP_ER
 }
 
 TEST_CASE("the extended QP API binds, sends with invalidate and invalidates", "[mw][qp_ex]") {
-    Device dev, peer(Device::kPeer);
-    Buffer mem(peer.pd, 4096, kWindowMemory);
-    Buffer inbox(peer.pd, 4096, kLocal);
-    Buffer local(dev.pd, 4096, kLocal);
-    fill(local, 9);
-    ibv_mw* mw = ibv_alloc_mw(peer.pd, IBV_MW_TYPE_2);
-    REQUIRE(mw);
-
+    Windows t(IBV_MW_TYPE_2, 4096);
+    auto& [dev, peer, mem, inbox, local, mw] = t;
     auto make_qp_ex = [](Device& d, ibv_cq* cq) {
         ibv_qp_init_attr_ex ia{};
         ia.qp_type = IBV_QPT_RC;
@@ -397,82 +412,77 @@ TEST_CASE("the extended QP API binds, sends with invalidate and invalidates", "[
     connect_rc(qb, dev.lid, qa->qp_num);
     ibv_qp_ex* xa = ibv_qp_to_qp_ex(qa);
     ibv_qp_ex* xb = ibv_qp_to_qp_ex(qb);
+    const ibv_mw_bind_info info = bind_info(mem, 0, 4096, kRemoteRw);
 
     // b binds, a writes through the window, b invalidates it locally.
     const uint32_t rkey = ibv_inc_rkey(mw->rkey);
-    ibv_mw_bind_info info = bind_info(mem, 0, 4096, kRemoteRw);
-    ibv_wr_start(xb);
-    xb->wr_id = 1;
-    xb->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_bind_mw(xb, mw, rkey, &info);
-    REQUIRE(ibv_wr_complete(xb) == 0);
-    auto c = poll_one(cqb);
-    REQUIRE(c);
-    CHECK(c->status == IBV_WC_SUCCESS);
-    CHECK(c->opcode == IBV_WC_BIND_MW);
+    ibv_wc c = post_ex(xb, cqb, 1, [&](ibv_qp_ex* x) { ibv_wr_bind_mw(x, mw, rkey, &info); });
+    CHECK(c.status == IBV_WC_SUCCESS);
+    CHECK(c.opcode == IBV_WC_BIND_MW);
     mw->rkey = rkey;
-
-    ibv_wr_start(xa);
-    xa->wr_id = 2;
-    xa->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_rdma_write(xa, mw->rkey, mem.addr(100));
-    ibv_wr_set_sge(xa, local.mr->lkey, local.addr(0), 200);
-    REQUIRE(ibv_wr_complete(xa) == 0);
-    c = poll_one(cqa);
-    REQUIRE(c);
-    CHECK(c->status == IBV_WC_SUCCESS);
+    c = post_ex(xa, cqa, 2, [&](ibv_qp_ex* x) {
+        ibv_wr_rdma_write(x, mw->rkey, mem.addr(100));
+        ibv_wr_set_sge(x, local.mr->lkey, local.addr(0), 200);
+    });
+    CHECK(c.status == IBV_WC_SUCCESS);
     CHECK(std::memcmp(mem.data + 100, local.data, 200) == 0);
-
-    ibv_wr_start(xb);
-    xb->wr_id = 3;
-    xb->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_local_inv(xb, mw->rkey);
-    REQUIRE(ibv_wr_complete(xb) == 0);
-    c = poll_one(cqb);
-    REQUIRE(c);
-    CHECK(c->status == IBV_WC_SUCCESS);
-    CHECK(c->opcode == IBV_WC_LOCAL_INV);
-    CHECK(c->wr_id == 3);
+    c = post_ex(xb, cqb, 3, [&](ibv_qp_ex* x) { ibv_wr_local_inv(x, mw->rkey); });
+    CHECK(c.status == IBV_WC_SUCCESS);
+    CHECK(c.opcode == IBV_WC_LOCAL_INV);
+    CHECK(c.wr_id == 3);
 
     // Bound again, then freed by a's send with invalidate.
     const uint32_t rkey2 = ibv_inc_rkey(mw->rkey);
-    ibv_wr_start(xb);
-    xb->wr_id = 4;
-    xb->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_bind_mw(xb, mw, rkey2, &info);
-    REQUIRE(ibv_wr_complete(xb) == 0);
-    c = poll_one(cqb);
-    REQUIRE(c);
-    CHECK(c->status == IBV_WC_SUCCESS);
+    c = post_ex(xb, cqb, 4, [&](ibv_qp_ex* x) { ibv_wr_bind_mw(x, mw, rkey2, &info); });
+    CHECK(c.status == IBV_WC_SUCCESS);
     mw->rkey = rkey2;
-    ibv_recv_wr rw{};
-    ibv_sge rs = sge(inbox, 0, 4096);
-    rw.wr_id = 5;
-    rw.sg_list = &rs;
-    rw.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    REQUIRE(ibv_post_recv(qb, &rw, &bad) == 0);
-    ibv_wr_start(xa);
-    xa->wr_id = 6;
-    xa->wr_flags = IBV_SEND_SIGNALED;
-    ibv_wr_send_inv(xa, mw->rkey);
-    ibv_wr_set_sge(xa, local.mr->lkey, local.addr(0), 32);
-    REQUIRE(ibv_wr_complete(xa) == 0);
-    c = poll_one(cqa);
-    REQUIRE(c);
-    CHECK(c->status == IBV_WC_SUCCESS);
-    CHECK(c->opcode == IBV_WC_SEND);
-    c = poll_one(cqb);
-    REQUIRE(c);
-    CHECK(c->status == IBV_WC_SUCCESS);
-    CHECK(c->wr_id == 5);
-    CHECK((c->wc_flags & IBV_WC_WITH_INV) != 0);
-    CHECK(c->invalidated_rkey == rkey2);
+    REQUIRE(post_recv(qb, 5, {sge(inbox, 0, 4096)}) == 0);
+    c = post_ex(xa, cqa, 6, [&](ibv_qp_ex* x) {
+        ibv_wr_send_inv(x, mw->rkey);
+        ibv_wr_set_sge(x, local.mr->lkey, local.addr(0), 32);
+    });
+    CHECK(c.status == IBV_WC_SUCCESS);
+    CHECK(c.opcode == IBV_WC_SEND);
+    auto r = poll_one(cqb);
+    REQUIRE(r);
+    CHECK(r->status == IBV_WC_SUCCESS);
+    CHECK(r->wr_id == 5);
+    CHECK((r->wc_flags & IBV_WC_WITH_INV) != 0);
+    CHECK(r->invalidated_rkey == rkey2);
     CHECK(std::memcmp(inbox.data, local.data, 32) == 0);
 
     CHECK(ibv_destroy_qp(qa) == 0);
     CHECK(ibv_destroy_qp(qb) == 0);
     CHECK(ibv_destroy_cq(cqa) == 0);
     CHECK(ibv_destroy_cq(cqb) == 0);
-    CHECK(ibv_dealloc_mw(mw) == 0);
+}
+
+TEST_CASE("UC: a window bound through a UC QP takes its writes; a bad bind fails the send queue only", "[mw][uc]") {
+    Windows t(IBV_MW_TYPE_2, 4096);
+    auto& [dev, peer, mem, inbox, local, mw] = t;
+    QpOptions uc;
+    uc.type = IBV_QPT_UC;
+    Qp a(dev, uc), b(peer, uc);
+    connect_uc(a.qp, peer.lid, b.qpn());
+    connect_uc(b.qp, dev.lid, a.qpn());
+    REQUIRE(bind_type2(b, mw, bind_info(mem, 0, 4096, IBV_ACCESS_REMOTE_WRITE), ibv_inc_rkey(mw->rkey)).status ==
+            IBV_WC_SUCCESS);
+    // An unacknowledged write, then a send behind it on the same QP: when
+    // the send has arrived, so has the write.
+    CHECK(rdma(a, IBV_WR_RDMA_WRITE, local, 1000, mem.addr(10), mw->rkey).status == IBV_WC_SUCCESS);
+    REQUIRE(post_recv(b.qp, 8, {sge(inbox, 0, 64)}) == 0);
+    ibv_send_wr wr{};
+    wr.opcode = IBV_WR_SEND;
+    CHECK(run(a, wr, {sge(local, 0, 16)}).status == IBV_WC_SUCCESS);
+    REQUIRE(poll_one(b.recv_cq));
+    CHECK(std::memcmp(mem.data + 10, local.data, 1000) == 0);
+    // Bound already: the second bind fails, and a UC send queue goes to SQE.
+    CHECK(bind_type2(b, mw, bind_info(mem, 0, 64, IBV_ACCESS_REMOTE_WRITE), ibv_inc_rkey(mw->rkey)).status ==
+          IBV_WC_MW_BIND_ERR);
+    CHECK(qp_state(b.qp) == IBV_QPS_SQE);
+    // Send with invalidate does not exist on UC.
+    ibv_send_wr inv{};
+    inv.opcode = IBV_WR_SEND_WITH_INV;
+    inv.invalidate_rkey = mw->rkey;
+    CHECK(post_send(a.qp, inv, {sge(local, 0, 8)}) == EINVAL);
 }

@@ -16,40 +16,6 @@ using namespace vt;
 namespace {
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
 
-void uc_init(ibv_qp* qp, int access = IBV_ACCESS_REMOTE_WRITE) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_INIT;
-    a.pkey_index = 0;
-    a.port_num = 1;
-    a.qp_access_flags = access;
-    REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0);
-}
-
-void uc_rtr(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_4096;
-    a.dest_qp_num = remote_qpn;
-    a.rq_psn = 0;
-    a.ah_attr.dlid = lid;
-    a.ah_attr.port_num = 1;
-    REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN) ==
-            0);
-}
-
-void uc_rts(ibv_qp* qp) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 0;
-    REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) == 0);
-}
-
-void connect_uc(ibv_qp* qp, uint16_t lid, uint32_t remote_qpn) {
-    uc_init(qp);
-    uc_rtr(qp, lid, remote_qpn);
-    uc_rts(qp);
-}
-
 QpOptions uc_options() {
     QpOptions o;
     o.type = IBV_QPT_UC;
