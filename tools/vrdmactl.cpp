@@ -29,6 +29,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
     "    vrdmactl [--run-dir DIR] load\n"
+    "    vrdmactl [--run-dir DIR] transports\n"
     "\n"
     "COMMANDS\n"
     "    list    One line per guest: name, LID, port GID, whether its shim\n"
@@ -70,6 +71,21 @@ constexpr const char* kHelp =
     "            access errors than vrdma-shim --rkey-guess-limit allows.\n"
     "            The shim also logs each kind, at most once a second per\n"
     "            guest. Exit status 3 if no shim answers.\n"
+    "    transports\n"
+    "            How the shim moved payloads since it started, one line per\n"
+    "            transport, with the bytes of payload its CPU copied:\n"
+    "              local copied_bytes N\n"
+    "              tcp copied_bytes N\n"
+    "              hca DEVICE:PORT sends N send_bytes N recvs N completions N\n"
+    "                errors N copied_bytes 0\n"
+    "            local: copies between guests of this host; tcp: the bytes\n"
+    "            of the fabric's connections, in and out (every one passes\n"
+    "            through the CPU); hca (only with vrdma-shim --hca): work\n"
+    "            requests and payload bytes posted on the device, receives\n"
+    "            posted, device completions and those in error. The device\n"
+    "            moves its payloads by DMA: the shim has no code that copies\n"
+    "            them, and the count is 0 by construction. Exit status 3 if\n"
+    "            no shim answers.\n"
     "    load    Who uses the shim since it started: one line per worker\n"
     "            thread (the shim has one), then one per guest:\n"
     "              worker 0 guests N contexts N passes N busy_s S asleep_s S\n"
@@ -202,6 +218,7 @@ int main(int argc, char** argv) {
     if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "counters") return control(run_dir, "counters", true);
     if (cmd == "load") return control(run_dir, "load", true);
+    if (cmd == "transports") return control(run_dir, "transports", true);
     if (cmd == "status") {
         std::string pid = read_line(run_dir + "/ready");
         if (pid.empty()) {

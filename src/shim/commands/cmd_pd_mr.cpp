@@ -4,6 +4,7 @@
 #include <cerrno>
 
 #include "commands.h"
+#include "hca_device.h"
 #include "memory_windows.h"
 
 namespace vrdma::shim {
@@ -30,10 +31,16 @@ bool range_ok(const Context& ctx, uint64_t addr, uint64_t length) {
 
 }  // namespace
 
-int cmd_alloc_pd(Engine&, Context& ctx, const uint8_t*, uint8_t* resp) {
+int cmd_alloc_pd(Engine& eng, Context& ctx, const uint8_t*, uint8_t* resp) {
     PendingCharges charge(ctx);
     if (!charge.take(Res::Pd, 1, "AllocPd")) return ENOMEM;
-    uint32_t h = ctx.pds.insert(std::make_unique<Pd>());
+    auto pd = std::make_unique<Pd>();
+    if (eng.hca()) {
+        int err = 0;
+        pd->dev = eng.hca()->alloc_pd(err);  // the guest's memory and QPs on the device are in it
+        if (!pd->dev) return err;
+    }
+    uint32_t h = ctx.pds.insert(std::move(pd));
     if (!h) return ENOMEM;
     charge.keep();
     store_resp(resp, abi::CmdAllocPdResp{h});
@@ -50,7 +57,7 @@ int cmd_dealloc_pd(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     return 0;
 }
 
-int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+int cmd_reg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdRegMrReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
@@ -65,10 +72,26 @@ int cmd_reg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     mr->access = r.access & ~kOptionalAccess;
     mr->addr = r.addr;
     mr->length = r.length;
+    // With a device, the memory is registered there too, at the guest's own
+    // addresses, and the device's key is the MR's (hca_device.h). Memory
+    // the device refuses still serves this host and TCP.
+    if (pd->dev) {
+        int derr = 0;
+        auto d = eng.hca()->reg_mr(pd->dev, mr->mem.host, r.length, r.addr, mr->access, derr);
+        if (d) mr->dev.reset(d.release());
+    }
     Mr* m = mr.get();
     uint32_t h = ctx.mrs.insert(std::move(mr));
     if (!h) return ENOMEM;
-    m->key = ctx.keys.alloc(h, KeyKind::Mr);  // random, not the handle: keys must not be guessable
+    if (m->dev) {
+        m->key = device_mr_key(*m->dev);
+        if (!ctx.keys.insert(m->key, h, KeyKind::Mr)) {  // taken by a window's key: refuse rather than alias
+            ctx.mrs.erase(h);
+            return ENOMEM;
+        }
+    } else {
+        m->key = ctx.keys.alloc(h, KeyKind::Mr);  // random, not the handle: keys must not be guessable
+    }
     charge.keep();
     ++pd->users;
     store_resp(resp, abi::CmdRegMrResp{h, m->key, m->key});
@@ -95,6 +118,7 @@ int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto r = load_req<abi::CmdReregMrReq>(req);
     Mr* mr = ctx.mrs.get(r.mr_handle);
     if (!mr || mr->bound_windows) return EINVAL;
+    if (mr->dev) return EOPNOTSUPP;  // registered on the device: not yet
     constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
     if (r.flags == 0 || (r.flags & ~kFlags)) return EINVAL;
     Pd* new_pd = nullptr;

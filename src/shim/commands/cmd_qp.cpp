@@ -6,6 +6,8 @@
 
 #include "async_events.h"
 #include "commands.h"
+#include "hca_bind.h"
+#include "hca_device.h"
 #include "qp_state.h"
 #include "requester.h"
 #include "vrdma/ring.h"
@@ -76,7 +78,11 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     if (int err = setup_wq(ctx, r.sq_gva, r.sq_entries, r.sq_stride, qp->sq)) return err;
     if (!srq)
         if (int err = setup_wq(ctx, r.rq_gva, r.rq_entries, r.rq_stride, qp->rq)) return err;
-    uint32_t qpn = eng.alloc_qpn();
+    // With a device, the device QP's number is the QP's (hca_bind.h).
+    if (!srq)
+        qp->dev = hca_create_qp(eng, *pd, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
+                                r.max_inline_data);
+    uint32_t qpn = qp->dev ? qp->dev->qp->qp_num : eng.alloc_qpn();
     if (!qpn) return ENOMEM;
     qp->qpn = qpn;
     qp->incarnation = eng.new_incarnation();
@@ -120,7 +126,12 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
     if ((mask & IBV_QP_QKEY) && (r.attr.qkey & 0x80000000u) && !ctx.guest().controlled_qkeys) return EPERM;
     if ((mask & IBV_QP_PKEY_INDEX) && r.attr.pkey_index >= ctx.guest().pkeys.size()) return EINVAL;
 
+    const abi::QpAttr before = qp->attr;
     qp_apply_attrs(*qp, r.attr, mask);
+    if (int err = hca_follow(eng, ctx, *qp, next)) {
+        qp->attr = before;  // refused: the QP stays as it was
+        return err;
+    }
     if (mask & IBV_QP_AV) qp->route_gen = 0;  // bind the transport of the new destination
     // A large local transfer this QP was moving stops here; its receive, if
     // it took one, completes in error at the responder.

@@ -32,6 +32,7 @@ std::string execute(const std::string& request, const ControlActions& actions) {
     if (words.size() == 1 && words[0] == "peers" && actions.peers) return actions.peers();
     if (words.size() == 1 && words[0] == "counters" && actions.counters) return actions.counters();
     if (words.size() == 1 && words[0] == "load" && actions.load) return actions.load();
+    if (words.size() == 1 && words[0] == "transports" && actions.transports) return actions.transports();
     return "error: unknown request (expected: port NAME up|down, peers, counters or load)";
 }
 

@@ -35,6 +35,8 @@ struct ControlActions {
     std::function<std::string()> counters;
     // Work per worker and per guest, one line each.
     std::function<std::string()> load;
+    // Payload moved and copied per transport, one line each.
+    std::function<std::string()> transports;
 };
 
 // Checks the peer, reads one request from the accepted connection `fd`,

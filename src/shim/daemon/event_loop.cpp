@@ -49,6 +49,18 @@ bool Daemon::start(std::string& error) {
         return false;
     }
     if (!run_dir_.acquire(opts_.run_dir, error)) return false;
+    if (!opts_.hca.empty()) {
+        hca_ = HcaDevice::open(opts_.hca, error);
+        if (!hca_) return false;
+        hca_transport_ = std::make_unique<HcaTransport>(*hca_);
+        engine_.set_hca(hca_.get(), hca_transport_.get());
+        if (!epoll_add(hca_->comp_fd(), EPOLLIN, tag(kHca, 0)) ||
+            !epoll_add(hca_->async_fd(), EPOLLIN, tag(kHcaAsync, 0))) {
+            error = std::string("epoll: ") + strerror(errno);
+            return false;
+        }
+        LOG_INFO("hca: %s", hca_->describe().c_str());
+    }
 
     const uint64_t host = host_id();
     std::string line = "vrdma-shim: ready: guests";
@@ -97,6 +109,7 @@ bool Daemon::start(std::string& error) {
         }
         line += " fabric lids " + std::to_string(fc.lid_first) + "-" + std::to_string(fc.lid_last);
     }
+    if (hca_) line += " hca " + hca_->name() + ":" + std::to_string(hca_->port());
     if (!run_dir_.mark_ready(error)) return false;
     line += " run-dir " + run_dir_.path();
     std::printf("%s\n", line.c_str());
@@ -110,6 +123,7 @@ void Daemon::run() {
     const bool fabric = fabric_.enabled();
     while (!stop_) {
         bool progress = engine_.poll_once();
+        if (hca_) progress |= hca_->poll(engine_);
         if (fabric) {
             fabric_.flush();       // what the requesters queued
             fabric_.poll_links();  // what the peers sent (other fabric events come through poll_events)
@@ -134,7 +148,8 @@ void Daemon::run() {
         // Going to sleep: announce it, then look at every ring once more so
         // that a doorbell rung before the announcement is not missed.
         engine_.set_sleeping(true);
-        if (engine_.poll_once()) {
+        if (hca_) hca_->arm();  // a completion from now on makes comp_fd readable
+        if (engine_.poll_once() || (hca_ && hca_->poll(engine_))) {
             engine_.set_sleeping(false);
             idle_since = monotonic_ns();
             continue;
@@ -159,6 +174,27 @@ void Daemon::run() {
         idle_since = monotonic_ns();
     }
     shutdown();
+}
+
+std::string Daemon::transports_report() {
+    char line[512];
+    std::string out;
+    std::snprintf(line, sizeof(line), "local copied_bytes %llu\n",
+                  (unsigned long long)engine_.local_transport().copied_bytes());
+    out += line;
+    const fabric::LinkStats t = fabric_.totals();
+    std::snprintf(line, sizeof(line), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_bytes + t.rx_bytes));
+    out += line;
+    if (hca_) {
+        const HcaDevice::Stats& s = hca_->stats();
+        std::snprintf(line, sizeof(line),
+                      "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0\n",
+                      hca_->name().c_str(), hca_->port(), (unsigned long long)s.sends,
+                      (unsigned long long)s.send_bytes, (unsigned long long)s.recvs,
+                      (unsigned long long)s.completions, (unsigned long long)s.errors);
+        out += line;
+    }
+    return out;
 }
 
 void Daemon::poll_events(int timeout_ms) {
@@ -189,6 +225,12 @@ void Daemon::poll_events(int timeout_ms) {
             break;
         case kFabric:
             fabric_.poll();
+            break;
+        case kHca:
+            hca_->consume_events();  // the next pass polls the CQs
+            break;
+        case kHcaAsync:
+            hca_->handle_async(engine_);
             break;
         case kKick: {
             auto it = conns_.find(id);
@@ -346,6 +388,7 @@ void Daemon::on_control(uint64_t id) {
     actions.peers = [this] { return fabric_.enabled() ? fabric_.status() : std::string("no fabric\n"); };
     actions.counters = [this] { return security_report(engine_); };
     actions.load = [this] { return load_report(engine_, asleep_ns_, monotonic_ns() - started_ns_); };
+    actions.transports = [this] { return transports_report(); };
     if (!handle_control_connection(it->second.get(), actions)) return;
     epoll_del(it->second.get());
     control_conns_.erase(it);

@@ -28,6 +28,8 @@
 #include "control_socket.h"
 #include "engine.h"
 #include "fabric.h"
+#include "hca_device.h"
+#include "hca_transport.h"
 #include "options.h"
 #include "run_dir.h"
 #include "sysfs_publisher.h"
@@ -49,7 +51,8 @@ public:
     static constexpr uint64_t kIdleSpinNs = 100'000;
 
 private:
-    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4, kControl = 5, kControlConn = 6, kFabric = 7 };
+    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4, kControl = 5, kControlConn = 6, kFabric = 7,
+                       kHca = 8, kHcaAsync = 9 };
     static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
@@ -62,8 +65,13 @@ private:
     void accept_control();
     void on_control(uint64_t id);
     bool set_port(const std::string& guest, bool up, std::string& error);
+    std::string transports_report();
 
     Options opts_;
+    // The RDMA device (--hca), before the engine: it outlives the guests'
+    // device objects.
+    std::unique_ptr<HcaDevice> hca_;
+    std::unique_ptr<HcaTransport> hca_transport_;
     Engine engine_;
     fabric::Fabric fabric_{engine_};
     RunDir run_dir_;

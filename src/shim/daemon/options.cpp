@@ -19,6 +19,7 @@ SYNOPSIS
                [--rkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
+               [--hca DEVICE[:PORT]]
     vrdma-shim --help
 
 DESCRIPTION
@@ -124,6 +125,19 @@ OPTIONS
         prove they know it by challenge and response (HMAC-SHA256 over
         fresh nonces); the key itself is never sent. Required with
         --fabric-listen or --fabric-peer.
+
+    --hca DEVICE[:PORT]
+        Carry guests' traffic to other hosts through this RDMA device (a
+        name as ibv_devices prints it; port 1 unless given; the port must
+        be active). Between two shims that both have a device, RC and UC
+        QPs of guests in the default partition go through the devices,
+        which move the data by DMA straight from and to the guests' memory:
+        the shim copies none of it (vrdmactl transports). Guest MRs are
+        registered on the device and their keys are the device's; guest
+        QPs get device QPs and their numbers. Everything else (this host's
+        traffic, UD, QPs with an SRQ, peers without a device) goes as
+        without --hca. The device's GID is sent to peer shims in the
+        fabric handshake.
 
     --quota KEY=VALUE
         Limits what each guest (all of its processes together) may make the
@@ -331,6 +345,8 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             o.fabric_peers.push_back(v);
         } else if (a == "--fabric-key") {
             if (!need_value(o.fabric_key)) return false;
+        } else if (a == "--hca") {
+            if (!need_value(o.hca)) return false;
         } else if (a == "--quota") {
             std::string v;
             if (!need_value(v)) return false;

@@ -1,5 +1,7 @@
 #include "async_events.h"
 
+#include "hca_device.h"
+
 #include <infiniband/verbs.h>
 
 namespace vrdma::shim {
@@ -21,6 +23,9 @@ void post_port_event(Context& ctx, uint32_t event_type) { ctx.post_async_event(e
 void post_device_fatal(Context& ctx) { ctx.post_async_event(IBV_EVENT_DEVICE_FATAL, 0); }
 
 void qp_entered_error(Context& ctx, Qp& qp) {
+    // Its device QP stops too: the receives it holds must not take data
+    // the guest was told were flushed.
+    if (qp.device_bound) qp.dev->to_error();
     if (qp.srq) post_qp_event(ctx, qp, IBV_EVENT_QP_LAST_WQE_REACHED);
 }
 

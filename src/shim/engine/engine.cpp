@@ -192,6 +192,14 @@ void Engine::unregister_qp(uint32_t qpn) {
     if (qpns_.erase(qpn)) recent_qpns_.add(qpn);
 }
 
+Engine::QpRef Engine::find_qp_by_qpn(uint32_t qpn) {
+    auto it = qpns_.find(qpn);
+    if (it == qpns_.end() || it->second.ctx->dead) return {};
+    Qp* qp = it->second.ctx->qps.get(it->second.handle);
+    if (!qp) return {};
+    return QpRef{it->second.ctx, qp, it->second.handle};
+}
+
 Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     auto it = qpns_.find(qpn);
     if (it == qpns_.end()) return {};

@@ -26,6 +26,7 @@
 namespace vrdma::shim {
 
 uint64_t monotonic_ns();
+class HcaDevice;
 
 class Engine {
 public:
@@ -102,6 +103,10 @@ public:
     void register_qp(uint32_t qpn, Context& ctx, uint32_t handle);
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
+    // The QP of this shim with `qpn`, whatever its LID (device completions
+    // name the device QP, whose QPN is the guest's: hca_bind.h).
+    QpRef find_qp_by_qpn(uint32_t qpn);
+    bool qpn_taken(uint32_t qpn) const { return qpns_.count(qpn) != 0; }
     // Each QP created is a new incarnation: an RC or UC connection binds
     // the two incarnations it joined (responder.cpp), not just their QPNs.
     // Never 0 ("not known"); counted from a random start, so that a
@@ -118,6 +123,14 @@ public:
     // Destination LID -> transport. Every guest of this engine is routed to
     // the local transport; peer shims add their LID ranges.
     RouteTable& routes() { return routes_; }
+    // The host's RDMA device and its transport (hca_device.h), when the
+    // shim has one (--hca); both outlive the engine.
+    void set_hca(HcaDevice* dev, Transport* transport) {
+        hca_ = dev;
+        hca_transport_ = transport;
+    }
+    HcaDevice* hca() const { return hca_; }
+    Transport* hca_transport() const { return hca_transport_; }
     LocalTransport& local_transport() { return local_; }
     // The one WQE being worked on (too large for the stack of every pass).
     SendWork& scratch() { return scratch_; }
@@ -193,6 +206,8 @@ private:
     RouteTable routes_;
     GuessThrottle guess_throttle_;
     LocalTransport local_;
+    HcaDevice* hca_ = nullptr;
+    Transport* hca_transport_ = nullptr;
     SendWork scratch_;
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed

@@ -14,6 +14,13 @@ uint32_t KeyTable::alloc(uint32_t handle, KeyKind kind) {
     }
 }
 
+bool KeyTable::insert(uint32_t key, uint32_t handle, KeyKind kind) {
+    const uint32_t index = key >> 8;
+    if (index == 0 || live_.count(index)) return false;
+    live_.emplace(index, Entry{handle, key, kind});
+    return true;
+}
+
 bool KeyTable::retag(uint32_t key, uint32_t new_key) {
     auto it = live_.find(key >> 8);
     if (it == live_.end() || it->second.key != key || (new_key >> 8) != (key >> 8)) return false;

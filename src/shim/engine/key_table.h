@@ -27,6 +27,10 @@ public:
 
     // A new key naming `handle`, an object of `kind`.
     uint32_t alloc(uint32_t handle, KeyKind kind);
+    // Takes `key` as it is (a device's key, hca_device.h: the device decides
+    // its keys and when they come back, so the quarantine does not apply).
+    // False if its index is live.
+    bool insert(uint32_t key, uint32_t handle, KeyKind kind);
     // The handle of the `kind` object `key` names exactly, 0 if none (the
     // fast path: one hash lookup).
     uint32_t lookup(uint32_t key, KeyKind kind) const {

@@ -12,6 +12,8 @@
 
 namespace vrdma::shim {
 
+struct SendWork;
+
 // The ibv_wr_opcode values a Request may carry.
 constexpr bool is_request_opcode(uint32_t op) {
     switch (op) {
@@ -78,6 +80,9 @@ struct Request {
     // Not carried: this PSN was sent before (a resend after a timeout or a
     // NAK); transports count them.
     bool resend = false;
+    // Not carried: the guest's WQE, validated, for a transport that posts
+    // it as it is (hca_transport.h).
+    const SendWork* wqe = nullptr;
 };
 
 // The responder's answer to an RC request (UD and UC requests get none:

@@ -7,6 +7,8 @@
 #include "async_events.h"
 #include "cq_writer.h"
 #include "engine.h"
+#include "hca_bind.h"
+#include "hca_transport.h"
 #include "memory_windows.h"
 #include "psn.h"
 #include "qp_state.h"
@@ -199,6 +201,7 @@ void count_issued(const Context& ctx, const Request& req) {
 }
 
 Transport* transport_of(Engine& eng, Qp& qp) {
+    if (qp.device_bound) return qp.transport;  // until RESET (hca_bind.h)
     const RouteTable& routes = eng.routes();
     if (qp.route_gen != routes.generation()) {
         qp.transport = routes.lookup(qp.attr.ah.dlid);
@@ -216,6 +219,7 @@ enum class Step { Next, Stop };
 // the responses before it, like a fence.
 Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (qp.sq_next != qp.sq.cons) return Step::Stop;  // resumed when the last response arrives
+    if (st == IBV_WC_SUCCESS && qp.device_bound) st = IBV_WC_LOC_QP_OP_ERR;  // windows are not the device's
     if (st == IBV_WC_SUCCESS) {
         if (w.num_sge || w.is_inline) st = IBV_WC_LOC_QP_OP_ERR;
         else if (w.hdr.opcode == IBV_WR_BIND_MW) st = bind_window(ctx, qp, w.hdr);
@@ -237,6 +241,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     };
     if (st != IBV_WC_SUCCESS) return local_error(st);
     if (!is_request_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
+    if (qp.device_bound && !device_opcode(op)) return local_error(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = transport_of(eng, qp);
     Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
@@ -264,6 +269,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.swap = w.hdr.swap;
     req.inline_payload = w.is_inline;
     req.resend = psn_before(req.psn, qp.sent_high);
+    req.wqe = &w;
 
     Response resp;
     SendResult sent = SendResult::Done;  // resp.syndrome is Drop: lost
@@ -370,11 +376,19 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.rkey = h.rkey;
     req.remote_addr = h.remote_addr;
     req.inline_payload = w.is_inline;
+    req.wqe = &w;
     // A message nobody receives is lost; the send still succeeds.
     if (t && ctx.guest().port_active) {
-        Response ignored;
-        if (t->send(eng, ctx, qp, req, loc, nl, pins, ignored) == SendResult::Busy) return Step::Stop;
+        Response r;
+        const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
+        if (sent == SendResult::Busy) return Step::Stop;
         count_issued(ctx, req);
+        if (sent == SendResult::InFlight) {  // through the device: its completion completes it
+            qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+            return Step::Next;
+        }
+        if (qp.device_bound && r.syndrome == Syndrome::LocalFault)
+            return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;
@@ -478,6 +492,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
         return a || b;
     }
     if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
+    hca_service(eng, ctx, qp);  // a device QP takes the guest's receives as they are posted
     // SQD: no new WQE starts; those started (in flight, or waiting for an
     // RNR or retry timer) finish, and then the send queue is drained.
     const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
@@ -592,6 +607,25 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
     }
     on_head_response(eng, ctx, qp, resp, nullptr, nullptr, 0, 0);
     ctx.mark_work(qp);  // the next WQEs may go now
+}
+
+void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status) {
+    // Only the head of what was posted: a QP flushed, reset or failed by
+    // the shim since has completed it already.
+    if (qp.sq_next == qp.sq.cons || idx != qp.sq.cons) return;
+    if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    if (status != IBV_WC_SUCCESS) {
+        // The device QP is in error: what it still holds comes back
+        // flushed, and the shim's flush of the guest's queues answers it.
+        complete_head(eng, ctx, qp, status, nullptr, 0);
+        qp.sq_next = qp.sq.cons;
+        if (qp.type == IBV_QPT_RC) qp_set_error(ctx, qp, -1);
+        else qp_set_sq_error(ctx, qp);
+        return;
+    }
+    complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
+    qp.ack_since_ns = eng.now();
+    qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
 }
 
 void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status) {

@@ -31,6 +31,10 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t now);
 // RC QP. Stale responses (not for the oldest WQE in flight) are ignored.
 void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& resp);
 
+// The device completed the WQE at ring index `idx` of a QP bound to it
+// (hca_completions.h) with `status` (enum ibv_wc_status).
+void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status);
+
 // The READ in flight with `psn` cannot take its data (its memory is gone):
 // it completes with `status` and the QP goes to error.
 void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status);

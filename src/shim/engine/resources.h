@@ -12,8 +12,21 @@
 
 namespace vrdma::shim {
 
+// On a shim with an RDMA device (hca_device.h), the device objects that
+// mirror a guest's PD, MR and QP; defined there.
+struct DevicePd;
+struct DeviceMr;
+struct DeviceQp;
+struct DeviceMrDeleter {
+    void operator()(DeviceMr* m) const;
+};
+struct DeviceQpDeleter {
+    void operator()(DeviceQp* q) const;
+};
+
 struct Pd {
     uint32_t users = 0;  // MRs, QPs, SRQs, AHs created in it
+    std::shared_ptr<DevicePd> dev;  // with a device: its device PD
 };
 
 struct Mr {
@@ -24,6 +37,9 @@ struct Mr {
     uint64_t length = 0;
     HostRange mem;        // contiguous shim mapping of [addr, addr+length)
     uint32_t bound_windows = 0;  // memory windows bound to it: it cannot change or go
+    // With a device: the registration whose key is `key` (null if the
+    // device refused the memory: the MR then serves local and TCP only).
+    std::unique_ptr<DeviceMr, DeviceMrDeleter> dev;
 };
 
 // A memory window (memory_windows.h). Bound, it grants remote access to
@@ -135,6 +151,12 @@ struct Qp {
     // The local transport's transfer of the WQE at sq_next, while it moves
     // slice by slice (kept between transfers: no allocation per message).
     std::unique_ptr<SlicedCopy, SlicedCopyDeleter> sliced;
+
+    // With a device: the device QP whose QPN is `qpn`, and whether it
+    // carries this QP's traffic (hca_bind.h): then the device does what
+    // the requester's timers and the peer's responder do otherwise.
+    std::unique_ptr<DeviceQp, DeviceQpDeleter> dev;
+    bool device_bound = false;
 
     // Responder (responder.h).
     uint32_t epsn = 0;               // PSN expected next

@@ -71,6 +71,7 @@ bool timed_move(Engine& eng, const Request& req, Delivery& d, const Span* local,
     const uint64_t t0 = timed ? eng.now() : 0;
     const bool moved = move_payload(req, d, local, nlocal, at, bytes);
     eng.charge_copy(bytes, timed ? eng.now() - t0 : 0);
+    eng.local_transport().count_copy(bytes);
     return moved;
 }
 

@@ -27,6 +27,13 @@ public:
     // with IBV_WC_REM_ABORT_ERR and the responder QP goes to error, as when
     // a peer shim goes away mid-message.
     void abandon(Engine& eng, Qp& qp);
+
+    // Payload bytes copied between guests (vrdmactl transports).
+    uint64_t copied_bytes() const { return copied_bytes_; }
+    void count_copy(uint64_t bytes) { copied_bytes_ += bytes; }
+
+private:
+    uint64_t copied_bytes_ = 0;
 };
 
 }  // namespace vrdma::shim

@@ -52,6 +52,10 @@ public:
         return false;
     }
 
+    // The device GID of the shim this transport reaches when that shim and
+    // this one both have an RDMA device (hca_bind.h); null otherwise.
+    virtual const uint8_t* device_gid() const { return nullptr; }
+
     // RC QP (lid, qpn), connected to (peer_lid, peer_qpn) which this
     // transport reaches, vanished with its process: the peer QP goes to
     // error at once rather than wait for a timeout (protocol.md).

@@ -406,6 +406,10 @@ void Fabric::establish(Pending& pd) {
     p->instance_ = h.instance;
     p->lid_first_ = h.lid_first;
     p->lid_last_ = h.lid_last;
+    // A peer's device is used only if this shim has one too.
+    static const uint8_t kNoGid[16] = {};
+    std::memcpy(p->device_gid_, h.device_gid, sizeof(p->device_gid_));
+    p->has_device_ = eng_.hca() && std::memcmp(h.device_gid, kNoGid, sizeof(kNoGid)) != 0;
     p->link_ = std::move(pd.link);
     p->ever_up_ = true;
     p->refused_ = false;
@@ -445,6 +449,20 @@ uint64_t Fabric::next_deadline_ns() const {
     for (auto& p : peers_)
         if (p->configured_ && !p->up() && !p->dialing_ && !p->connecting_) take(std::max<uint64_t>(p->next_dial_ns_, 1));
     return best;
+}
+
+LinkStats Fabric::totals() const {
+    LinkStats sum;
+    for (auto& p : peers_) {
+        LinkStats t = p->totals();
+        sum.tx_bytes += t.tx_bytes;
+        sum.rx_bytes += t.rx_bytes;
+        sum.tx_msgs += t.tx_msgs;
+        sum.rx_msgs += t.rx_msgs;
+        sum.retries += t.retries;
+        sum.errors += t.errors;
+    }
+    return sum;
 }
 
 std::string Fabric::status() const {

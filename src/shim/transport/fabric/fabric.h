@@ -46,6 +46,9 @@ public:
     SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
                     Pins* pins, Response& resp) override;
     bool delivering_since(uint64_t since_ns) const override;
+    // Kept from the peer's last Hello: QPs bound to the device do not need
+    // the TCP link, and new ones may bind while it is down.
+    const uint8_t* device_gid() const override { return has_device_ ? device_gid_ : nullptr; }
     void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override {
         if (up()) link_->send_qp_gone(lid, qpn, peer_lid, peer_qpn);
     }
@@ -62,6 +65,8 @@ private:
     std::unique_ptr<Link> link_;
     uint64_t instance_ = 0;
     uint16_t lid_first_ = 0, lid_last_ = 0;
+    uint8_t device_gid_[16] = {};
+    bool has_device_ = false;
     bool ever_up_ = false;
     bool dialing_ = false;        // a connection of ours is being opened or authenticated
     UniqueFd connecting_;         // non-blocking connect() in progress
@@ -95,6 +100,8 @@ public:
     uint64_t next_deadline_ns() const;
     // One line per peer (vrdmactl peers).
     std::string status() const;
+    // Of every peer's connections together.
+    LinkStats totals() const;
 
 private:
     struct Pending {

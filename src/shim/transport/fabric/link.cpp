@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "engine.h"
+#include "hca_device.h"
 #include "psn.h"
 #include "qp_state.h"
 #include "requester.h"
@@ -127,6 +128,7 @@ Link::Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t
     mine_.lid_first = lid_first;
     mine_.lid_last = lid_last;
     mine_.listen_port = listen_port;
+    if (const HcaDevice* dev = eng.hca()) std::memcpy(mine_.device_gid, dev->gid(), sizeof(mine_.device_gid));
     send_raw(&mine_, sizeof(mine_));
 }
 

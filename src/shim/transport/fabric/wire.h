@@ -23,7 +23,7 @@
 namespace vrdma::shim::fabric {
 
 constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
-constexpr uint32_t kProtocolVersion = 2;  // 2: incarnations and the P_Key in requests
+constexpr uint32_t kProtocolVersion = 3;  // 2: incarnations and the P_Key in requests; 3: device GIDs
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 constexpr uint32_t kNonceBytes = 32;
 constexpr uint32_t kMacBytes = 32;
@@ -37,8 +37,11 @@ struct Hello {
     uint16_t lid_last;
     uint16_t listen_port;  // where this shim accepts fabric connections (0: nowhere)
     uint16_t reserved;
+    // The GID of this shim's RDMA device (--hca), all zeros if it has none:
+    // guests of two shims with devices talk through them (hca_bind.h).
+    uint8_t device_gid[16];
 };
-static_assert(sizeof(Hello) == 56);
+static_assert(sizeof(Hello) == 72);
 
 struct Auth {
     uint8_t mac[kMacBytes];  // HMAC(key, label | sender's Hello | receiver's Hello)

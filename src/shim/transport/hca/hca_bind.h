@@ -1,0 +1,42 @@
+// Which guest QPs go through the device, and their device QPs following
+// them (docs/protocol.md "The HCA transport").
+//
+// On a shim with a device, every RC and UC QP without an SRQ gets a device
+// QP when it is created, and takes its QPN. It goes through the device
+// (is bound) when it is connected to a guest of a peer shim that has a
+// device too (the peer's device GID came in its fabric Hello), and both
+// guests are in the default partition; otherwise it goes as it would
+// without a device (memcpy on this host, TCP to a peer without one). The
+// rule gives the same answer at both ends of a connection. A QP is bound
+// at RTR, or later, as soon as the route to its peer appears; it stays
+// bound until RESET.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "resources.h"
+
+namespace vrdma::shim {
+
+class Engine;
+class Context;
+
+// The device QP for a new guest QP (null: the shim has no device, the QP
+// cannot have one, or the device refused: the QP then never goes through
+// the device).
+std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, uint32_t type, uint32_t send_wr,
+                                                         uint32_t recv_wr, uint32_t send_sge, uint32_t recv_sge,
+                                                         uint32_t max_inline);
+
+// ModifyQp to `next` with the new attributes already in qp.attr, before
+// the guest QP changes state: binds it, or brings its device QP along.
+// 0, or the errno the guest's modify fails with (the QP must go through
+// the device and cannot).
+int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next);
+
+// Every pass over a QP (requester_process): binds it if its route appeared
+// since, and forwards the receive WQEs the guest posted to the device QP.
+void hca_service(Engine& eng, Context& ctx, Qp& qp);
+
+}  // namespace vrdma::shim

@@ -1,0 +1,373 @@
+#include "hca_device.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "hca_completions.h"
+#include "work_queue.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim {
+namespace {
+
+// Work request ids: [63] receive, [62:32] the device QP's generation,
+// [31:0] the guest ring index.
+constexpr uint64_t kRecvBit = 1ull << 63;
+uint64_t make_wr_id(bool recv, uint32_t gen, uint32_t idx) {
+    return (recv ? kRecvBit : 0) | (uint64_t(gen & 0x7fffffffu) << 32) | idx;
+}
+
+bool ipv4_mapped(const ibv_gid& g) {
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return std::memcmp(g.raw, prefix, sizeof(prefix)) == 0;
+}
+bool zero_gid(const ibv_gid& g) {
+    static const uint8_t zero[16] = {};
+    return std::memcmp(g.raw, zero, 16) == 0;
+}
+
+}  // namespace
+
+DevicePd::~DevicePd() {
+    if (pd) ibv_dealloc_pd(pd);
+}
+DeviceMr::~DeviceMr() {
+    if (mr) ibv_dereg_mr(mr);
+}
+DeviceQp::~DeviceQp() {
+    if (qp) ibv_destroy_qp(qp);
+    if (owner) owner->release_cq_room(*this);
+}
+
+void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
+void DeviceQpDeleter::operator()(DeviceQp* q) const { delete q; }
+
+namespace {
+int modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* what) {
+    int rc = ibv_modify_qp(qp, &attr, mask);
+    if (rc) LOG_WARN("hca: device QP %u to %s: %s", qp->qp_num, what, strerror(rc));
+    return rc;
+}
+}  // namespace
+
+int DeviceQp::to_error() {
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_ERR;
+    return modify(qp, r, IBV_QP_STATE, "ERR");
+}
+
+int DeviceQp::to_reset() {
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RESET;
+    ++gen;  // completions still in the CQ are of the old life
+    bound = false;
+    return modify(qp, r, IBV_QP_STATE, "RESET");
+}
+
+HcaDevice::~HcaDevice() {
+    for (auto& c : cqs_)
+        if (c.cq) ibv_destroy_cq(c.cq);
+    if (channel_) ibv_destroy_comp_channel(channel_);
+    if (ctx_) ibv_close_device(ctx_);
+}
+
+std::unique_ptr<HcaDevice> HcaDevice::open(const std::string& spec, std::string& error) {
+    std::unique_ptr<HcaDevice> d(new HcaDevice);
+    std::string dev = spec;
+    if (size_t colon = spec.rfind(':'); colon != std::string::npos) {
+        dev = spec.substr(0, colon);
+        char* end = nullptr;
+        unsigned long p = std::strtoul(spec.c_str() + colon + 1, &end, 10);
+        if (colon + 1 == spec.size() || *end || p == 0 || p > 255) {
+            error = "--hca " + spec + ": the port must be a number from 1 to 255";
+            return nullptr;
+        }
+        d->port_ = uint8_t(p);
+    }
+    d->name_ = dev;
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    if (!list) {
+        error = std::string("--hca: cannot list RDMA devices: ") + strerror(errno);
+        return nullptr;
+    }
+    std::string names;
+    for (int i = 0; i < n; ++i) {
+        const char* nm = ibv_get_device_name(list[i]);
+        names += (names.empty() ? "" : ", ") + std::string(nm);
+        if (dev == nm) d->ctx_ = ibv_open_device(list[i]);
+    }
+    ibv_free_device_list(list);
+    if (!d->ctx_) {
+        error = "--hca " + spec + ": no RDMA device named " + dev + " (devices here: " +
+                (names.empty() ? std::string("none") : names) + ")";
+        return nullptr;
+    }
+    if (ibv_query_device(d->ctx_, &d->attr_)) {
+        error = "--hca " + spec + ": ibv_query_device: " + strerror(errno);
+        return nullptr;
+    }
+    ibv_port_attr pa{};
+    if (d->port_ > d->attr_.phys_port_cnt || ibv_query_port(d->ctx_, d->port_, &pa)) {
+        error = "--hca " + spec + ": the device has no port " + std::to_string(d->port_);
+        return nullptr;
+    }
+    if (pa.state != IBV_PORT_ACTIVE) {
+        error = "--hca " + spec + ": port " + std::to_string(d->port_) + " is not active (state " +
+                ibv_port_state_str(pa.state) + ")";
+        return nullptr;
+    }
+    d->active_mtu_ = pa.active_mtu;
+    int fallback = -1;
+    for (int i = 0; i < pa.gid_tbl_len; ++i) {
+        ibv_gid g{};
+        if (ibv_query_gid(d->ctx_, d->port_, i, &g) || zero_gid(g)) continue;
+        if (ipv4_mapped(g)) {
+            d->gid_ = g;
+            d->gid_index_ = i;
+            fallback = -2;
+            break;
+        }
+        if (fallback == -1) fallback = i;
+    }
+    if (fallback == -1) {
+        error = "--hca " + spec + ": port " + std::to_string(d->port_) + " has no GID";
+        return nullptr;
+    }
+    if (fallback >= 0) {
+        d->gid_index_ = fallback;
+        ibv_query_gid(d->ctx_, d->port_, fallback, &d->gid_);
+    }
+    d->channel_ = ibv_create_comp_channel(d->ctx_);
+    if (!d->channel_) {
+        error = "--hca " + spec + ": ibv_create_comp_channel: " + strerror(errno);
+        return nullptr;
+    }
+    for (int fd : {d->channel_->fd, d->ctx_->async_fd}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    d->wcs_.resize(32);
+    return d;
+}
+
+std::string HcaDevice::describe() const {
+    char gid[INET6_ADDRSTRLEN] = "";
+    inet_ntop(AF_INET6, gid_.raw, gid, sizeof(gid));
+    return name_ + ":" + std::to_string(port_) + " gid " + gid + " (index " + std::to_string(gid_index_) + ")";
+}
+
+std::shared_ptr<DevicePd> HcaDevice::alloc_pd(int& err) {
+    auto pd = std::make_shared<DevicePd>();
+    pd->pd = ibv_alloc_pd(ctx_);
+    if (!pd->pd) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_alloc_pd: %s", name_.c_str(), strerror(err));
+        return nullptr;
+    }
+    return pd;
+}
+
+std::unique_ptr<DeviceMr> HcaDevice::reg_mr(const std::shared_ptr<DevicePd>& pd, void* host, uint64_t len,
+                                            uint64_t iova, uint32_t access, int& err) {
+    auto mr = std::make_unique<DeviceMr>();
+    mr->mr = ibv_reg_mr_iova(pd->pd, host, len, iova, int(access));
+    if (!mr->mr) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_reg_mr_iova(%#llx, %llu bytes): %s", name_.c_str(), (unsigned long long)iova,
+                 (unsigned long long)len, strerror(err));
+        return nullptr;
+    }
+    mr->pd = pd;
+    return mr;
+}
+
+std::unique_ptr<DeviceQp> HcaDevice::create_qp(const std::shared_ptr<DevicePd>& pd, uint32_t type,
+                                               uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
+                                               uint32_t recv_sge, uint32_t max_inline, int& err) {
+    const uint32_t need = send_wr + recv_wr;
+    if (need > uint32_t(attr_.max_cqe)) {
+        err = ENOMEM;
+        return nullptr;
+    }
+    uint32_t slot = 0;
+    while (slot < cqs_.size() && cqs_[slot].size - cqs_[slot].used < need) ++slot;
+    if (slot == cqs_.size()) {
+        SharedCq c;
+        c.size = uint32_t(attr_.max_cqe);
+        c.cq = ibv_create_cq(ctx_, int(c.size), nullptr, channel_, 0);
+        if (!c.cq) {
+            err = errno ? errno : ENOMEM;
+            LOG_WARN("hca %s: ibv_create_cq(%u): %s", name_.c_str(), c.size, strerror(err));
+            return nullptr;
+        }
+        c.size = uint32_t(c.cq->cqe);
+        cqs_.push_back(c);
+    }
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cqs_[slot].cq;
+    ia.qp_type = ibv_qp_type(type);
+    ia.cap.max_send_wr = send_wr;
+    ia.cap.max_recv_wr = recv_wr;
+    ia.cap.max_send_sge = std::max<uint32_t>(send_sge, 1);
+    ia.cap.max_recv_sge = std::max<uint32_t>(recv_sge, 1);
+    ia.cap.max_inline_data = max_inline;
+    auto q = std::make_unique<DeviceQp>();
+    q->qp = ibv_create_qp(pd->pd, &ia);
+    if (!q->qp) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_create_qp(sq %u rq %u sge %u/%u inline %u): %s", name_.c_str(), send_wr, recv_wr,
+                 send_sge, recv_sge, max_inline, strerror(err));
+        return nullptr;
+    }
+    q->pd = pd;
+    q->owner = this;
+    q->cq_slot = slot;
+    q->cq_entries = need;
+    cqs_[slot].used += need;
+    return q;
+}
+
+void HcaDevice::release_cq_room(const DeviceQp& q) {
+    if (q.cq_slot < cqs_.size()) cqs_[q.cq_slot].used -= std::min(cqs_[q.cq_slot].used, q.cq_entries);
+}
+
+int HcaDevice::to_rtr(DeviceQp& q, const abi::QpAttr& a, const uint8_t* peer_gid) {
+    ibv_qp_attr init{};
+    init.qp_state = IBV_QPS_INIT;
+    init.pkey_index = 0;  // partitions are the shims' (hca_bind.cpp): only default-partition guests use the device
+    init.port_num = port_;
+    init.qp_access_flags = a.qp_access_flags;
+    if (int rc = modify(q.qp, init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT"))
+        return rc;
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RTR;
+    r.path_mtu = ibv_mtu(std::min<uint32_t>(a.path_mtu ? a.path_mtu : uint32_t(IBV_MTU_1024), uint32_t(active_mtu_)));
+    r.dest_qp_num = a.dest_qp_num;
+    r.rq_psn = a.rq_psn;
+    r.max_dest_rd_atomic = uint8_t(std::min<int>(a.max_dest_rd_atomic, attr_.max_qp_rd_atom));
+    r.min_rnr_timer = a.min_rnr_timer;
+    r.ah_attr.is_global = 1;
+    std::memcpy(r.ah_attr.grh.dgid.raw, peer_gid, 16);
+    r.ah_attr.grh.sgid_index = uint8_t(gid_index_);
+    r.ah_attr.grh.hop_limit = 64;
+    r.ah_attr.sl = a.ah.sl;
+    r.ah_attr.port_num = port_;
+    int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    if (q.qp->qp_type == IBV_QPT_RC) mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    return modify(q.qp, r, mask, "RTR");
+}
+
+int HcaDevice::to_rts(DeviceQp& q, const abi::QpAttr& a) {
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RTS;
+    r.sq_psn = a.sq_psn;
+    int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+    if (q.qp->qp_type == IBV_QPT_RC) {
+        r.timeout = a.timeout;
+        r.retry_cnt = a.retry_cnt;
+        r.rnr_retry = a.rnr_retry;
+        r.max_rd_atomic = uint8_t(std::min<int>(a.max_rd_atomic, attr_.max_qp_rd_atom));
+        mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    }
+    return modify(q.qp, r, mask, "RTS");
+}
+
+int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx) {
+    ibv_sge sge[abi::kMaxSge];
+    ibv_send_wr wr{};
+    wr.wr_id = make_wr_id(false, q.gen, idx);
+    wr.opcode = ibv_wr_opcode(w.hdr.opcode);
+    // Every request is signaled on the device: each guest WQE completes on
+    // its own completion (the guest's signaling decides its CQE).
+    wr.send_flags = IBV_SEND_SIGNALED | (w.hdr.send_flags & (IBV_SEND_SOLICITED | IBV_SEND_FENCE));
+    wr.imm_data = w.hdr.imm_data;
+    if (w.is_inline) {
+        // The device copies inline data when it is posted: a WQE, not a payload.
+        sge[0] = ibv_sge{reinterpret_cast<uint64_t>(w.inline_data), w.inline_len, 0};
+        wr.num_sge = w.inline_len ? 1 : 0;
+        wr.send_flags |= IBV_SEND_INLINE;
+    } else {
+        for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+        wr.num_sge = int(w.num_sge);
+    }
+    wr.sg_list = sge;
+    if (w.hdr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.hdr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+        wr.wr.atomic.remote_addr = w.hdr.remote_addr;
+        wr.wr.atomic.rkey = w.hdr.rkey;
+        wr.wr.atomic.compare_add = w.hdr.compare_add;
+        wr.wr.atomic.swap = w.hdr.swap;
+    } else {
+        wr.wr.rdma.remote_addr = w.hdr.remote_addr;
+        wr.wr.rdma.rkey = w.hdr.rkey;
+    }
+    ibv_send_wr* bad = nullptr;
+    int rc = ibv_post_send(q.qp, &wr, &bad);
+    if (rc) LOG_WARN("hca %s: QP %u: ibv_post_send: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
+    return rc;
+}
+
+int HcaDevice::post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx) {
+    ibv_sge sge[abi::kMaxSge];
+    for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = make_wr_id(true, q.gen, idx);
+    wr.sg_list = sge;
+    wr.num_sge = int(w.num_sge);
+    ibv_recv_wr* bad = nullptr;
+    int rc = ibv_post_recv(q.qp, &wr, &bad);
+    if (rc) LOG_WARN("hca %s: QP %u: ibv_post_recv: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
+    else ++stats_.recvs;
+    return rc;
+}
+
+bool HcaDevice::poll(Engine& eng) {
+    bool any = false;
+    for (auto& c : cqs_) {
+        int n = ibv_poll_cq(c.cq, int(wcs_.size()), wcs_.data());
+        if (n < 0) {
+            LOG_ERR("hca %s: ibv_poll_cq: %d", name_.c_str(), n);
+            continue;
+        }
+        for (int i = 0; i < n; ++i) {
+            const ibv_wc& wc = wcs_[i];
+            ++stats_.completions;
+            if (wc.status != IBV_WC_SUCCESS) ++stats_.errors;
+            DeviceCompletion dc;
+            dc.qpn = wc.qp_num;
+            dc.recv = (wc.wr_id & kRecvBit) != 0;
+            dc.gen = uint32_t(wc.wr_id >> 32) & 0x7fffffffu;
+            dc.idx = uint32_t(wc.wr_id);
+            dc.wc = &wc;
+            deliver_device_completion(eng, dc);
+        }
+        any |= n > 0;
+    }
+    return any;
+}
+
+void HcaDevice::arm() {
+    for (auto& c : cqs_) ibv_req_notify_cq(c.cq, 0);
+}
+
+void HcaDevice::consume_events() {
+    ibv_cq* cq = nullptr;
+    void* cq_ctx = nullptr;
+    unsigned n = 0;
+    while (ibv_get_cq_event(channel_, &cq, &cq_ctx) == 0) {
+        ibv_ack_cq_events(cq, 1);
+        ++n;
+    }
+    (void)n;
+}
+
+void HcaDevice::handle_async(Engine& eng) {
+    ibv_async_event ev;
+    while (ibv_get_async_event(ctx_, &ev) == 0) {
+        deliver_device_event(eng, *this, ev);
+        ibv_ack_async_event(&ev);
+    }
+}
+
+}  // namespace vrdma::shim

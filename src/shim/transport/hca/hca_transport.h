@@ -1,0 +1,48 @@
+// The HCA transport: the guest QPs bound to the device (hca_bind.h) send
+// through it. A request is the guest's WQE posted on the device QP as it
+// is (keys and addresses are the device's: hca_device.h); the device
+// moves the payload by DMA from and to the guests' memory, retries,
+// acknowledges and orders, and its completion completes the guest's WQE
+// (hca_completions.h). The shim's CPU copies none of the payload.
+#pragma once
+
+#include "hca_device.h"
+#include "transport.h"
+
+namespace vrdma::shim {
+
+// What a device QP can carry of what the guest may post (memory windows
+// are the shim's, not the device's: not over the device yet).
+inline bool device_opcode(uint32_t op) {
+    switch (op) {
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_RDMA_WRITE:
+    case IBV_WR_RDMA_WRITE_WITH_IMM:
+    case IBV_WR_RDMA_READ:
+    case IBV_WR_ATOMIC_CMP_AND_SWP:
+    case IBV_WR_ATOMIC_FETCH_AND_ADD:
+        return true;
+    default:
+        return false;
+    }
+}
+
+class HcaTransport final : public Transport {
+public:
+    explicit HcaTransport(HcaDevice& dev) : dev_(dev) {}
+    const char* name() const override { return "hca"; }
+    // `req.wqe` is posted; `local` is not used (the device reads and writes
+    // the memory itself).
+    SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
+                    Pins* pins, Response& resp) override;
+    // The device answers every request it took, in time or with its own
+    // RETRY_EXC_ERR: the shim's timers never fire for it.
+    bool delivering_since(uint64_t) const override { return true; }
+    HcaDevice& device() { return dev_; }
+
+private:
+    HcaDevice& dev_;
+};
+
+}  // namespace vrdma::shim
