@@ -70,6 +70,13 @@ if [ "${VRDMA_SKIP_FUZZ:-0}" != 1 ]; then
     done_section "fuzz smoke" "$rc"
 fi
 
+if [ "${VRDMA_SKIP_HCA:-0}" != 1 ]; then
+    section "HCA transport on Soft-RoCE in two VMs (scripts/test-hca.sh)"
+    rc=0
+    VRDMA_BUILD_DIR="$build" "$src/scripts/test-hca.sh" || rc=$?
+    done_section "test-hca" "$rc"
+fi
+
 section "summary"
 printf '%s\n' "${times[@]}"
 echo "total: $(( $(date +%s) - t_start )) s"
