@@ -383,7 +383,9 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
         const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
         if (sent == SendResult::Busy) return Step::Stop;
         count_issued(ctx, req);
-        if (sent == SendResult::InFlight) {  // through the device: its completion completes it
+        // Through the device, its completion completes it; over TCP
+        // InFlight only means sent, as for UD.
+        if (sent == SendResult::InFlight && qp.device_bound) {
             qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
             return Step::Next;
         }
