@@ -15,19 +15,7 @@ packages=(
     clang libclang-rt-14-dev
 )
 
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ "${#missing[@]}" -eq 0 ]; then
-    echo "vrdma: all build and test dependencies are installed"
-    exit 0
-fi
-if [ "$(id -u)" -ne 0 ]; then
-    echo "vrdma: missing packages: ${missing[*]}; run as root to install them" >&2
-    exit 1
-fi
-echo "vrdma: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# shellcheck source=lib/packages.sh
+source "$(dirname "$0")/lib/packages.sh"
+install_missing vrdma "${packages[@]}"
+echo "vrdma: all build and test dependencies are installed"

@@ -18,16 +18,6 @@ packages=(
     rdma-core ibverbs-utils perftest iproute2
 )
 
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-[ "${#missing[@]}" -eq 0 ] && exit 0
-if [ "$(id -u)" -ne 0 ]; then
-    echo "vm/install-deps: missing packages: ${missing[*]}; run as root to install them" >&2
-    exit 1
-fi
-echo "vm/install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# shellcheck source=../lib/packages.sh
+source "$(dirname "$0")/../lib/packages.sh"
+install_missing vm/install-deps "${packages[@]}"

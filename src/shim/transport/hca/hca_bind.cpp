@@ -40,7 +40,6 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
     if (int rc = dev.to_rtr(*qp.dev, qp.attr, gid)) return rc;
     if (state == IBV_QPS_RTS || state == IBV_QPS_SQD)
         if (int rc = dev.to_rts(*qp.dev, qp.attr)) return rc;
-    qp.dev->bound = true;
     qp.dev->rq_posted = qp.rq.cons;
     qp.device_bound = true;
     qp.transport = eng.hca_transport();
@@ -90,7 +89,7 @@ std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& 
 int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
     if (!eng.hca()) return 0;
     if (next == IBV_QPS_RESET) {
-        if (qp.dev && qp.dev->bound) qp.dev->to_reset();
+        if (qp.device_bound) qp.dev->to_reset();
         qp.device_bound = false;
         return 0;
     }

@@ -16,7 +16,7 @@ namespace {
 
 void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     const ibv_wc& wc = *dc.wc;
-    if (qp.srq || dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
+    if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
     abi::RecvWqe hdr;
     std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
     abi::Cqe c{};
@@ -50,7 +50,7 @@ void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
 
 void deliver_device_completion(Engine& eng, const DeviceCompletion& dc) {
     Engine::QpRef ref = eng.find_qp_by_qpn(dc.qpn);
-    if (!ref || !ref.qp->dev || !ref.qp->device_bound || (ref.qp->dev->gen & 0x7fffffffu) != dc.gen) return;
+    if (!ref || !ref.qp->device_bound || ref.qp->dev->gen != dc.gen) return;
     Qp& qp = *ref.qp;
     Context& ctx = *ref.ctx;
     if (dc.recv)

@@ -18,7 +18,7 @@ namespace {
 // [31:0] the guest ring index.
 constexpr uint64_t kRecvBit = 1ull << 63;
 uint64_t make_wr_id(bool recv, uint32_t gen, uint32_t idx) {
-    return (recv ? kRecvBit : 0) | (uint64_t(gen & 0x7fffffffu) << 32) | idx;
+    return (recv ? kRecvBit : 0) | (uint64_t(gen) << 32) | idx;
 }
 
 bool ipv4_mapped(const ibv_gid& g) {
@@ -63,8 +63,7 @@ int DeviceQp::to_error() {
 int DeviceQp::to_reset() {
     ibv_qp_attr r{};
     r.qp_state = IBV_QPS_RESET;
-    ++gen;  // completions still in the CQ are of the old life
-    bound = false;
+    gen = (gen + 1) & kGenMask;  // completions still in the CQ are of the old life
     return modify(qp, r, IBV_QP_STATE, "RESET");
 }
 
@@ -122,25 +121,20 @@ std::unique_ptr<HcaDevice> HcaDevice::open(const std::string& spec, std::string&
         return nullptr;
     }
     d->active_mtu_ = pa.active_mtu;
-    int fallback = -1;
+    // The IPv4-mapped GID if there is one, else the first non-zero one.
+    d->gid_index_ = -1;
     for (int i = 0; i < pa.gid_tbl_len; ++i) {
         ibv_gid g{};
         if (ibv_query_gid(d->ctx_, d->port_, i, &g) || zero_gid(g)) continue;
-        if (ipv4_mapped(g)) {
+        if (d->gid_index_ < 0 || ipv4_mapped(g)) {
             d->gid_ = g;
             d->gid_index_ = i;
-            fallback = -2;
-            break;
         }
-        if (fallback == -1) fallback = i;
+        if (ipv4_mapped(g)) break;
     }
-    if (fallback == -1) {
+    if (d->gid_index_ < 0) {
         error = "--hca " + spec + ": port " + std::to_string(d->port_) + " has no GID";
         return nullptr;
-    }
-    if (fallback >= 0) {
-        d->gid_index_ = fallback;
-        ibv_query_gid(d->ctx_, d->port_, fallback, &d->gid_);
     }
     d->channel_ = ibv_create_comp_channel(d->ctx_);
     if (!d->channel_) {
@@ -337,7 +331,7 @@ bool HcaDevice::poll(Engine& eng) {
             DeviceCompletion dc;
             dc.qpn = wc.qp_num;
             dc.recv = (wc.wr_id & kRecvBit) != 0;
-            dc.gen = uint32_t(wc.wr_id >> 32) & 0x7fffffffu;
+            dc.gen = uint32_t(wc.wr_id >> 32) & DeviceQp::kGenMask;
             dc.idx = uint32_t(wc.wr_id);
             dc.wc = &wc;
             deliver_device_completion(eng, dc);
@@ -354,12 +348,7 @@ void HcaDevice::arm() {
 void HcaDevice::consume_events() {
     ibv_cq* cq = nullptr;
     void* cq_ctx = nullptr;
-    unsigned n = 0;
-    while (ibv_get_cq_event(channel_, &cq, &cq_ctx) == 0) {
-        ibv_ack_cq_events(cq, 1);
-        ++n;
-    }
-    (void)n;
+    while (ibv_get_cq_event(channel_, &cq, &cq_ctx) == 0) ibv_ack_cq_events(cq, 1);
 }
 
 void HcaDevice::handle_async(Engine& eng) {

@@ -45,13 +45,14 @@ inline uint32_t device_mr_key(const DeviceMr& m) { return m.mr->lkey; }
 
 // The device QP of a guest QP. `gen` tells its completions from those of
 // an earlier life (a RESET, or a QP destroyed whose completions are still
-// in the shared CQ): it is in every work request id.
+// in the shared CQ): it is in every work request id. Whether the QP is
+// bound is the guest QP's `device_bound`.
 struct DeviceQp {
     ibv_qp* qp = nullptr;
     HcaDevice* owner = nullptr;
     std::shared_ptr<DevicePd> pd;
+    static constexpr uint32_t kGenMask = 0x7fffffff;  // 31 bits: what a work request id has room for
     uint32_t gen = 0;
-    bool bound = false;      // carries the guest QP's traffic (hca_bind.h)
     uint32_t rq_posted = 0;  // guest receive queue index forwarded up to
     uint32_t route_gen = 0;  // not bound: the route table generation last looked at
     uint32_t cq_slot = 0;    // which shared CQ, and how many entries it holds for this QP
@@ -117,7 +118,6 @@ public:
         uint64_t sends = 0, send_bytes = 0, recvs = 0, completions = 0, errors = 0;
     };
     const Stats& stats() const { return stats_; }
-    void count_error() { ++stats_.errors; }
     void count_send(uint64_t bytes) {
         ++stats_.sends;
         stats_.send_bytes += bytes;

@@ -7,7 +7,7 @@ namespace vrdma::shim {
 
 SendResult HcaTransport::send(Engine&, Context&, Qp& qp, const Request& req, const Span*, uint32_t, Pins*,
                               Response& resp) {
-    if (!req.wqe || !qp.dev || !qp.device_bound) {
+    if (!req.wqe || !qp.device_bound) {
         resp.syndrome = Syndrome::LocalFault;
         return SendResult::Done;
     }

@@ -39,7 +39,6 @@ public:
     // The device answers every request it took, in time or with its own
     // RETRY_EXC_ERR: the shim's timers never fire for it.
     bool delivering_since(uint64_t) const override { return true; }
-    HcaDevice& device() { return dev_; }
 
 private:
     HcaDevice& dev_;
