@@ -9,6 +9,11 @@
 # read latency), checks that the device carried the traffic and that the
 # shims' CPU copied no payload (vrdmactl transports), and prints perftest
 # run directly on rxe0 in the same VMs beside the figures through vrdma.
+# Then the failure cases (test/hca/vm-failures.sh): a shim killed under
+# traffic (its peer's client gets IBV_WC_RETRY_EXC_ERR), a guest killed
+# (its device QPs and MRs freed, its peer gets an error), the link taken
+# down (the client gets an error, the guest IBV_EVENT_PORT_ERR, the shim
+# still serves its local guests).
 # Each check prints "ok NAME" or "FAIL NAME: why". Exit status 0 when all
 # pass, 1 otherwise.
 #

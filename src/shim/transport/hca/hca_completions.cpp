@@ -1,6 +1,7 @@
 #include "hca_completions.h"
 
 #include <cstring>
+#include <set>
 
 #include "async_events.h"
 #include "cq_writer.h"
@@ -74,14 +75,19 @@ void deliver_device_event(Engine& eng, HcaDevice& dev, const ibv_async_event& ev
     case IBV_EVENT_PORT_ERR:
     case IBV_EVENT_PORT_ACTIVE:
     case IBV_EVENT_DEVICE_FATAL: {
-        // The guests whose QPs use the device hear of it as of their own
-        // port; the port stays up for their traffic on this host and over TCP.
+        // The guests with QPs on the device hear of it, on every context
+        // (as every context of a device does), as of their own port; the
+        // port stays up for their traffic on this host and over TCP.
         LOG_WARN("hca %s: %s", dev.name().c_str(), ibv_event_type_str(ev.event_type));
         const uint32_t type = ev.event_type == IBV_EVENT_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR;
+        std::set<const GuestIdentity*> users;
         eng.for_each_context([&](Context& ctx) {
-            bool uses = false;
-            ctx.qps.for_each([&](uint32_t, Qp& qp) { uses |= qp.device_bound; });
-            if (uses) post_port_event(ctx, type);
+            ctx.qps.for_each([&](uint32_t, Qp& qp) {
+                if (qp.device_bound) users.insert(&ctx.guest());
+            });
+        });
+        eng.for_each_context([&](Context& ctx) {
+            if (users.count(&ctx.guest())) post_port_event(ctx, type);
         });
         return;
     }

@@ -14,6 +14,9 @@
 namespace vrdma::shim {
 namespace {
 
+// The vendor id Soft-RoCE (rdma_rxe) reports.
+constexpr uint32_t kRxeVendorId = 0xffffff;
+
 // Work request ids: [63] receive, [62:32] the device QP's generation,
 // [31:0] the guest ring index.
 constexpr uint64_t kRecvBit = 1ull << 63;
@@ -110,6 +113,7 @@ std::unique_ptr<HcaDevice> HcaDevice::open(const std::string& spec, std::string&
         error = "--hca " + spec + ": ibv_query_device: " + strerror(errno);
         return nullptr;
     }
+    d->retry_7_is_infinite_ = d->attr_.vendor_id == kRxeVendorId;
     ibv_port_attr pa{};
     if (d->port_ > d->attr_.phys_port_cnt || ibv_query_port(d->ctx_, d->port_, &pa)) {
         error = "--hca " + spec + ": the device has no port " + std::to_string(d->port_);
@@ -260,7 +264,9 @@ int HcaDevice::to_rts(DeviceQp& q, const abi::QpAttr& a) {
     int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     if (q.qp->qp_type == IBV_QPT_RC) {
         r.timeout = a.timeout;
-        r.retry_cnt = a.retry_cnt;
+        // On rxe 7 would mean "forever": a dead peer must end in
+        // IBV_WC_RETRY_EXC_ERR, as on an HCA, so rxe gets 6.
+        r.retry_cnt = retry_7_is_infinite_ ? std::min<uint8_t>(a.retry_cnt, 6) : a.retry_cnt;
         r.rnr_retry = a.rnr_retry;
         r.max_rd_atomic = uint8_t(std::min<int>(a.max_rd_atomic, attr_.max_qp_rd_atom));
         mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;

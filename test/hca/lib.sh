@@ -1,0 +1,109 @@
+# Shared by the guest scripts of scripts/test-hca.sh (source it; run inside
+# a VM booted by scripts/vm/run-pair.sh with the build directory as
+# $VM_GARGS). Sets the names below, brings rxe0 up (exports RXE_*), and
+# defines the helpers. VM 1 is every server, VM 2 every client.
+# shellcheck shell=bash
+
+hca_src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+build=${VM_GARGS:?the build directory (run-pair.sh --gargs)}
+N=${VMID:?}
+peer=$((3 - N))
+share=${VM_SHARE:?}
+results=$share/vm$N.results
+failures=${failures:-0}
+SHIM=$build/src/shim/vrdma-shim
+CTL=("$build/tools/vrdmactl" --run-dir /run/vrdma)
+# shellcheck disable=SC2034 # used by the scripts that source this
+RUN=("$build/tools/vrdma-run" --run-dir /run/vrdma --guest "g$N" --)
+server_ip=10.10.0.1
+shim_pid=
+
+say() { echo "$*" | tee -a "$results"; }
+ok() { say "ok $1"; }
+fail() {
+    say "FAIL $1: $2"
+    failures=$((failures + 1))
+}
+
+# shellcheck source=../../scripts/vm/rxe-up.sh
+source "$hca_src/scripts/vm/rxe-up.sh" >/dev/null || {
+    fail rxe-up "Soft-RoCE did not come up"
+    exit 1
+}
+
+# start_shim: a shim with rxe0 serving guests gN (LID 10N) and gNb (LID
+# 10N+1), joined to the other VM's shim; waits until the peer is up (the
+# peer's shim may start later: up to 60 s). Log: /tmp/shim.log (appended).
+start_shim() {
+    "$SHIM" --run-dir /run/vrdma --guest "g$N" --guest "g${N}b" --lid-base "$((10 * N))" \
+        --fabric-listen "10.10.0.$N:7400" --fabric-peer "10.10.0.$peer:7400" \
+        --fabric-key "$share/fabric.key" --hca rxe0 >>/tmp/shim.log 2>&1 &
+    shim_pid=$!
+    wait_fabric
+}
+
+wait_fabric() {
+    local _
+    for _ in $(seq 1 300); do
+        "${CTL[@]}" peers 2>/dev/null | grep -q "state up" && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+stop_shim() {
+    [ -n "$shim_pid" ] || return 0
+    kill "$shim_pid" 2>/dev/null
+    wait "$shim_pid" 2>/dev/null
+    shim_pid=
+}
+
+# run_pair NAME PORT CMD...: VM 1 serves, VM 2 connects to VM 1 (retrying
+# while nobody listens yet). Output goes to /tmp/NAME.out.
+run_pair() {
+    local name=$1 port=$2
+    shift 2
+    local out=/tmp/$name.out
+    if [ "$N" = 1 ]; then
+        if timeout 180 "$@" -p "$port" >"$out" 2>&1; then ok "$name"; else fail "$name" "server: $(tail -3 "$out" | tr '\n' ' ')"; fi
+        return
+    fi
+    if connect_retrying 180 "$out" "$@" -p "$port" "$server_ip"; then ok "$name"; else
+        fail "$name" "client: $(tail -3 "$out" | tr '\n' ' ')"
+    fi
+}
+
+# connect_retrying SECONDS OUT CMD...: runs CMD (under timeout SECONDS)
+# until it gets past connecting to its server (for up to 60 s); returns
+# CMD's status.
+connect_retrying() {
+    local limit=$1 out=$2 tries=0 rc
+    shift 2
+    while :; do
+        timeout "$limit" "$@" >"$out" 2>&1
+        rc=$?
+        if [ "$rc" != 0 ] && [ $tries -lt 120 ] &&
+            grep -qiE "couldn't connect|unable to connect|connection refused|Failed to connect" "$out"; then
+            tries=$((tries + 1))
+            sleep 0.5
+            continue
+        fi
+        return "$rc"
+    done
+}
+
+# wait_for PATTERN FILE SECONDS: until FILE has a line matching PATTERN.
+wait_for() {
+    local _
+    for _ in $(seq 1 $(($3 * 5))); do
+        grep -qE "$1" "$2" 2>/dev/null && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+# device_objects KIND: how many device QPs/MRs/CQs (rdma resource show
+# KIND) the shim holds on rxe0.
+device_objects() {
+    rdma resource show "$1" 2>/dev/null | grep -cE "pid $shim_pid( |$)" || true
+}
