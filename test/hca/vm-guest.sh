@@ -32,6 +32,7 @@ fi
 
 # 3. Across the device: the pingpongs with data checked, perftest.
 run_pair rc_pingpong 18700 "${RUN[@]}" ibv_rc_pingpong -d vrdma0 -g 0 -n 50 -s 4096 -c
+run_pair srq_pingpong 18714 "${RUN[@]}" ibv_srq_pingpong -d vrdma0 -g 0 -n 50 -s 4096 -c
 run_pair write_bw_64k 18701 "${RUN[@]}" ib_write_bw -d vrdma0 -s 65536 -n 100 -F
 run_pair write_bw_1m 18702 "${RUN[@]}" ib_write_bw -d vrdma0 -s 1048576 -n 20 -F
 run_pair read_bw 18703 "${RUN[@]}" ib_read_bw -d vrdma0 -s 65536 -n 100 -F
@@ -58,7 +59,38 @@ fi
 say "figures base_write_bw_MBps $(bw_of /tmp/base_write_bw.out) vrdma_write_bw_MBps $(bw_of /tmp/write_bw_64k.out)" \
     "base_send_lat_us $(lat_of /tmp/base_send_lat.out) vrdma_send_lat_us $(lat_of /tmp/send_lat.out)"
 
-# 5. Failures: the remote shim killed, a guest killed, the link lost.
+# 5. The verbs Catch2 suite through the device: its two ends are guests of
+# one shim, so a second shim with --hca-local serves them (each VM runs it
+# on its own device). Left out, and why (docs/protocol.md, "The HCA
+# transport"): where the device, not the shim, is the responder it decides
+# the outcome, and rxe's differs from the shim's; the rest are the stated
+# gaps of the device path.
+VERBS_EXCLUDED=(
+    '~[mw]'                             # memory windows: not carried by the device
+    '~[rereg]'                          # ibv_rereg_mr of a device MR: EOPNOTSUPP
+    '~atomic write*'                    # not carried by the device (rxe on 6.1 has none)
+    '~solicited_only*'                  # a device completion does not say "solicited"
+    '~QP_ACCESS_ERR*' '~QP_REQ_ERR*'    # responder async events are the device's:
+    '~QP_FATAL: a receive WQE*'         #   rxe raises none
+    '~a receive buffer too small*'      # rxe: IBV_WC_LOC_QP_OP_ERR, not LOC_LEN_ERR
+    '~UC: a message with no receive*'   #   (and the UC QP goes to ERR)
+    '~truncated shared memory*'         # the device's MR pins the pages it registered:
+    '~memory registration preserves*'   #   memory mapped anew under it is not seen
+)
+"$SHIM" --run-dir /run/vrdma-loop --guest a --guest b --lid-base 100 --hca rxe0 --hca-local >/tmp/loop.log 2>&1 &
+loop_pid=$!
+for _ in $(seq 1 100); do [ -e /run/vrdma-loop/ready ] && break; sleep 0.1; done
+if timeout 600 "$build/tools/vrdma-run" --run-dir /run/vrdma-loop --guest a --guest b -- \
+    "$build/test/integration/vrdma-verbs-tests" "${VERBS_EXCLUDED[@]}" >/tmp/verbs.out 2>&1; then
+    ok "verbs-suite-through-device ($(grep -a "^All tests passed" /tmp/verbs.out))"
+else
+    fail verbs-suite-through-device "$(grep -a -B2 -A3 FAILED /tmp/verbs.out | head -20 | tr '\n' ' ') $(tail -2 /tmp/verbs.out | tr '\n' ' ')"
+fi
+say "verbs suite transports: $("${CTL[0]}" --run-dir /run/vrdma-loop transports | tr '\n' ';')"
+kill "$loop_pid"
+wait "$loop_pid"
+
+# 6. Failures: the remote shim killed, a guest killed, the link lost.
 # shellcheck source=vm-failures.sh
 source "$(dirname "$0")/vm-failures.sh"
 

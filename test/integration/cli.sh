@@ -22,6 +22,8 @@ expect_fail 2 'unknown (argument|option)' "$SHIM" --bogus
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest 'bad/name'
 expect_fail 2 'rkey-guess-limit must be 0..1000000' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --rkey-guess-limit many
+expect_fail 2 'hca-local needs --hca' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --hca-local
+expect_fail 1 '^vrdma-shim: --hca: (no RDMA device named nosuch0|cannot list RDMA devices)' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --hca nosuch0
 expect_fail 2 'no guest' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none -- true
 expect_fail 2 'no program' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a
 expect_fail 3 'is vrdma-shim running' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a -- true

@@ -79,9 +79,8 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     if (!srq)
         if (int err = setup_wq(ctx, r.rq_gva, r.rq_entries, r.rq_stride, qp->rq)) return err;
     // With a device, the device QP's number is the QP's (hca_bind.h).
-    if (!srq)
-        qp->dev = hca_create_qp(eng, *pd, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
-                                r.max_inline_data);
+    qp->dev = hca_create_qp(eng, *pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
+                            r.max_inline_data);
     uint32_t qpn = qp->dev ? qp->dev->qp->qp_num : eng.alloc_qpn();
     if (!qpn) return ENOMEM;
     qp->qpn = qpn;

@@ -4,6 +4,7 @@
 #include <cerrno>
 
 #include "commands.h"
+#include "hca_bind.h"
 #include "work_queue.h"
 
 namespace vrdma::shim {
@@ -32,6 +33,7 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     srq->limit = 0;  // like most HCAs, srq_limit is ignored at creation
     srq->srqn = eng.alloc_srqn();
     srq->user_handle = r.user_handle;
+    srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);
     uint32_t srqn = srq->srqn;
     uint32_t h = ctx.srqs.insert(std::move(srq));
     if (!h) return ENOMEM;

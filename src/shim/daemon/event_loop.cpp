@@ -48,12 +48,13 @@ bool Daemon::start(std::string& error) {
         error = std::string("cannot set up epoll/signalfd: ") + strerror(errno);
         return false;
     }
-    if (!run_dir_.acquire(opts_.run_dir, error)) return false;
+    // The device first: a wrong --hca fails before the run directory is touched.
     if (!opts_.hca.empty()) {
         hca_ = HcaDevice::open(opts_.hca, error);
         if (!hca_) return false;
         hca_transport_ = std::make_unique<HcaTransport>(*hca_);
         engine_.set_hca(hca_.get(), hca_transport_.get());
+        if (opts_.hca_local) engine_.local_transport().set_device_gid(hca_->gid());
         if (!epoll_add(hca_->comp_fd(), EPOLLIN, tag(kHca, 0)) ||
             !epoll_add(hca_->async_fd(), EPOLLIN, tag(kHcaAsync, 0))) {
             error = std::string("epoll: ") + strerror(errno);
@@ -61,6 +62,7 @@ bool Daemon::start(std::string& error) {
         }
         LOG_INFO("hca: %s", hca_->describe().c_str());
     }
+    if (!run_dir_.acquire(opts_.run_dir, error)) return false;
 
     const uint64_t host = host_id();
     std::string line = "vrdma-shim: ready: guests";

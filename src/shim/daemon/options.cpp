@@ -19,7 +19,7 @@ SYNOPSIS
                [--rkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
-               [--hca DEVICE[:PORT]]
+               [--hca DEVICE[:PORT] [--hca-local]]
     vrdma-shim --help
 
 DESCRIPTION
@@ -134,10 +134,19 @@ OPTIONS
         which move the data by DMA straight from and to the guests' memory:
         the shim copies none of it (vrdmactl transports). Guest MRs are
         registered on the device and their keys are the device's; guest
-        QPs get device QPs and their numbers. Everything else (this host's
-        traffic, UD, QPs with an SRQ, peers without a device) goes as
-        without --hca. The device's GID is sent to peer shims in the
-        fabric handshake.
+        QPs get device QPs and their numbers, guest SRQs device SRQs.
+        Everything else (this host's traffic unless --hca-local, UD,
+        peers without a device) goes as without --hca. The device's GID
+        is sent to peer shims in the fabric handshake.
+
+    --hca-local
+        With --hca: RC and UC QPs between two guests of this shim go
+        through the device too (its loopback), under the same rule as
+        across hosts. The device's DMA then moves their data instead of
+        the shim's CPU, which is free for other work, at the device's
+        speed and latency (docs/performance.md); without it, this host's
+        traffic is copied by the shim. scripts/test-hca.sh runs the verbs
+        test suite through the device this way.
 
     --quota KEY=VALUE
         Limits what each guest (all of its processes together) may make the
@@ -347,6 +356,8 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             if (!need_value(o.fabric_key)) return false;
         } else if (a == "--hca") {
             if (!need_value(o.hca)) return false;
+        } else if (a == "--hca-local") {
+            o.hca_local = true;
         } else if (a == "--quota") {
             std::string v;
             if (!need_value(v)) return false;
@@ -391,6 +402,10 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
     }
     if (!fabric && !o.fabric_key.empty()) {
         error = "--fabric-key without --fabric-listen or --fabric-peer";
+        return false;
+    }
+    if (o.hca_local && o.hca.empty()) {
+        error = "--hca-local needs --hca DEVICE (the device this host's traffic would go through)";
         return false;
     }
     // Unix socket paths are limited to 107 bytes.

@@ -26,6 +26,7 @@ struct Options {
     std::vector<std::string> fabric_peers;
     std::string fabric_key;
     std::string hca;  // --hca DEVICE[:PORT]: empty, none
+    bool hca_local = false;  // --hca-local
     uint32_t attach_timeout_s = 10;  // an unattached connection is closed after this
     uint32_t rkey_guess_limit = GuessThrottle::kDefaultLimit;  // remote access errors a second per source
     uint32_t lid_count = 0;  // LIDs this shim owns from lid_base (0: one per guest)

@@ -13,8 +13,9 @@
 namespace vrdma::shim {
 
 // On a shim with an RDMA device (hca_device.h), the device objects that
-// mirror a guest's PD, MR and QP; defined there.
+// mirror a guest's PD, MR, QP and SRQ; defined there.
 struct DevicePd;
+struct DeviceSrq;
 struct DeviceMr;
 struct DeviceQp;
 struct DeviceMrDeleter {
@@ -98,6 +99,8 @@ struct Srq {
     uint64_t user_handle = 0;
     uint32_t users = 0;           // QPs attached
     uint32_t async_events = 0;    // records written (reported at DestroySrq)
+    std::shared_ptr<DeviceSrq> dev;  // with a device: its device SRQ (hca_bind.h)
+    bool feeds_device = false;       // its WQEs go to the device SRQ; the shim takes none
 };
 
 class Transport;

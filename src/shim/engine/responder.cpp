@@ -32,7 +32,8 @@ RecvQueue recv_queue_of(Context& ctx, Qp& qp) {
     RecvQueue r;
     if (qp.srq) {
         r.srq = ctx.srqs.get(qp.srq);
-        if (r.srq) {
+        // An SRQ that feeds the device has no WQE for the shim (hca_bind.h).
+        if (r.srq && !r.srq->feeds_device) {
             r.wq = &r.srq->wq;
             r.max_sge = r.srq->max_sge;
         }

@@ -28,12 +28,18 @@ public:
     // a peer shim goes away mid-message.
     void abandon(Engine& eng, Qp& qp);
 
+    // With --hca-local, this host's RC and UC traffic goes through the
+    // device too, as to a peer shim with that GID (hca_bind.h).
+    const uint8_t* device_gid() const override { return device_gid_; }
+    void set_device_gid(const uint8_t* gid) { device_gid_ = gid; }
+
     // Payload bytes copied between guests (vrdmactl transports).
     uint64_t copied_bytes() const { return copied_bytes_; }
     void count_copy(uint64_t bytes) { copied_bytes_ += bytes; }
 
 private:
     uint64_t copied_bytes_ = 0;
+    const uint8_t* device_gid_ = nullptr;
 };
 
 }  // namespace vrdma::shim

@@ -34,9 +34,41 @@ const uint8_t* device_path(Engine& eng, const Context& ctx, const Qp& qp) {
     return gid;
 }
 
+// A QP on an SRQ is bound only if the SRQ can feed the device: it has a
+// device SRQ and no QP on it is connected without the device (whose
+// receives the shim takes from the guest's ring, which the device SRQ
+// then empties). The first bound QP starts the feeding. 0 or EOPNOTSUPP.
+int srq_admits_bound(Context& ctx, Qp& qp) {
+    if (!qp.srq) return 0;
+    Srq* srq = ctx.srqs.get(qp.srq);
+    if (!srq || !srq->dev) return EOPNOTSUPP;
+    if (srq->feeds_device) return 0;
+    bool shim_user = false;
+    ctx.qps.for_each([&](uint32_t, Qp& o) {
+        shim_user |= &o != &qp && o.srq == qp.srq && connected_state(o.state) && !o.device_bound;
+    });
+    if (shim_user) {
+        LOG_WARN("guest %s: QP %u: its SRQ serves QPs of this host or of TCP peers; it cannot also feed the device",
+                 ctx.guest().name.c_str(), qp.qpn);
+        return EOPNOTSUPP;
+    }
+    srq->feeds_device = true;
+    return 0;
+}
+
+// A QP connected without the device may not use an SRQ that feeds it.
+int srq_admits_unbound(Context& ctx, const Qp& qp) {
+    const Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr;
+    if (!srq || !srq->feeds_device) return 0;
+    LOG_WARN("guest %s: QP %u to lid %u does not go through the device, and its SRQ feeds the device",
+             ctx.guest().name.c_str(), qp.qpn, qp.attr.ah.dlid);
+    return EOPNOTSUPP;
+}
+
 // Brings the bound QP's device QP to `state` (RTR or RTS) from RESET.
 int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) {
     HcaDevice& dev = *eng.hca();
+    if (int rc = srq_admits_bound(ctx, qp)) return rc;
     if (int rc = dev.to_rtr(*qp.dev, qp.attr, gid)) return rc;
     if (state == IBV_QPS_RTS || state == IBV_QPS_SQD)
         if (int rc = dev.to_rts(*qp.dev, qp.attr)) return rc;
@@ -48,7 +80,35 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
     return 0;
 }
 
+// The SRQ's new receive WQEs into its device SRQ, as many as it has room
+// for; each guest ring slot is given back as soon as its WQE is on the
+// device (DeviceSrq).
+void forward_srq_recvs(Engine& eng, Context& ctx, Qp& qp) {
+    Srq* srq = ctx.srqs.get(qp.srq);
+    if (!srq || !srq->dev || !srq->feeds_device) return;
+    DeviceSrq& d = *srq->dev;
+    uint32_t n;
+    if (!wq_pending(srq->wq, n)) {
+        qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+        return;
+    }
+    RecvWork w;
+    for (; n && !d.free.empty(); --n) {
+        if (read_recv_wqe(srq->wq, srq->wq.cons, srq->max_sge, w) != IBV_WC_SUCCESS ||
+            eng.hca()->post_srq_recv(d, w)) {
+            LOG_WARN("guest %s: QP %u: an SRQ receive WQE the device cannot take", ctx.guest().name.c_str(), qp.qpn);
+            qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+            return;
+        }
+        wq_consume(srq->wq);
+    }
+}
+
 void forward_recvs(Engine& eng, Context& ctx, Qp& qp) {
+    if (qp.srq) {
+        forward_srq_recvs(eng, ctx, qp);
+        return;
+    }
     DeviceQp& d = *qp.dev;
     uint32_t n;
     if (!wq_pending(qp.rq, n)) {
@@ -70,20 +130,29 @@ void forward_recvs(Engine& eng, Context& ctx, Qp& qp) {
 
 }  // namespace
 
-std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, uint32_t type, uint32_t send_wr,
-                                                         uint32_t recv_wr, uint32_t send_sge, uint32_t recv_sge,
-                                                         uint32_t max_inline) {
+std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
+                                                         uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
+                                                         uint32_t recv_sge, uint32_t max_inline) {
     if (!eng.hca() || !pd.dev || (type != IBV_QPT_RC && type != IBV_QPT_UC)) return nullptr;
+    if (srq && !srq->dev) return nullptr;
+    if (srq) recv_wr = srq->wq.entries;  // the CQ's room for its receives
     // A QPN this shim already gave a QP without a device QP is not taken
     // twice: the device gives another.
     for (int attempt = 0; attempt < 4; ++attempt) {
         int err = 0;
         std::unique_ptr<DeviceQp> q =
-            eng.hca()->create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline, err);
+            eng.hca()->create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
+                                 srq ? srq->dev : nullptr, err);
         if (!q) return nullptr;
         if (!eng.qpn_taken(q->qp->qp_num)) return std::unique_ptr<DeviceQp, DeviceQpDeleter>(q.release());
     }
     return nullptr;
+}
+
+std::shared_ptr<DeviceSrq> hca_create_srq(Engine& eng, const Pd& pd, uint32_t entries, uint32_t max_sge) {
+    if (!eng.hca() || !pd.dev) return nullptr;
+    int err = 0;
+    return eng.hca()->create_srq(pd.dev, entries, max_sge, err);
 }
 
 int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
@@ -99,13 +168,14 @@ int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
         return 0;
     }
     const uint8_t* gid = device_path(eng, ctx, qp);
-    if (!gid) return 0;
+    if (!gid) return next == IBV_QPS_RTR ? srq_admits_unbound(ctx, qp) : 0;
     if (!qp.dev) {
-        LOG_WARN("guest %s: QP %u to lid %u needs the device and has no device QP (%s)", ctx.guest().name.c_str(),
-                 qp.qpn, qp.attr.ah.dlid, qp.srq ? "SRQs do not go through the device yet" : "the device refused it");
+        LOG_WARN("guest %s: QP %u to lid %u needs the device and has no device QP (the device refused it)",
+                 ctx.guest().name.c_str(), qp.qpn, qp.attr.ah.dlid);
         return EOPNOTSUPP;
     }
-    return bind(eng, ctx, qp, next, gid) ? EINVAL : 0;
+    const int rc = bind(eng, ctx, qp, next, gid);
+    return rc == EOPNOTSUPP ? rc : rc ? EINVAL : 0;
 }
 
 void hca_service(Engine& eng, Context& ctx, Qp& qp) {

@@ -1,8 +1,10 @@
 // Which guest QPs go through the device, and their device QPs following
 // them (docs/protocol.md "The HCA transport").
 //
-// On a shim with a device, every RC and UC QP without an SRQ gets a device
-// QP when it is created, and takes its QPN. It goes through the device
+// On a shim with a device, every RC and UC QP gets a device QP when it is
+// created, and takes its QPN; every SRQ gets a device SRQ, which takes the
+// guest's receive WQEs once a QP on it is bound, and from then on serves
+// bound QPs only. It goes through the device
 // (is bound) when it is connected to a guest of a peer shim that has a
 // device too (the peer's device GID came in its fabric Hello), and both
 // guests are in the default partition; otherwise it goes as it would
@@ -22,12 +24,15 @@ namespace vrdma::shim {
 class Engine;
 class Context;
 
-// The device QP for a new guest QP (null: the shim has no device, the QP
-// cannot have one, or the device refused: the QP then never goes through
-// the device).
-std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, uint32_t type, uint32_t send_wr,
-                                                         uint32_t recv_wr, uint32_t send_sge, uint32_t recv_sge,
-                                                         uint32_t max_inline);
+// The device QP for a new guest QP, on the device SRQ of its SRQ if it
+// has one (null: the shim has no device, the QP cannot have one, or the
+// device refused: the QP then never goes through the device).
+std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
+                                                         uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
+                                                         uint32_t recv_sge, uint32_t max_inline);
+
+// The device SRQ for a new guest SRQ (null: no device, or it refused).
+std::shared_ptr<DeviceSrq> hca_create_srq(Engine& eng, const Pd& pd, uint32_t entries, uint32_t max_sge);
 
 // ModifyQp to `next` with the new attributes already in qp.attr, before
 // the guest QP changes state: binds it, or brings its device QP along.

@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "hca_device.h"
 #include "qp_state.h"
+#include "work_queue.h"
 #include "requester.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/log.h"
@@ -15,21 +16,19 @@
 namespace vrdma::shim {
 namespace {
 
-void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
-    const ibv_wc& wc = *dc.wc;
-    if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
-    abi::RecvWqe hdr;
-    std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
+// The guest's CQE for a device receive completion of `qp`.
+abi::Cqe receive_cqe(const Qp& qp, const ibv_wc& wc, uint64_t wr_id) {
     abi::Cqe c{};
-    c.wr_id = hdr.wr_id;
+    c.wr_id = wr_id;
     c.status = wc.status;
     c.qp_num = qp.qpn;
     c.opcode = wc.status == IBV_WC_SUCCESS ? uint32_t(wc.opcode) : uint32_t(IBV_WC_RECV);
     if (wc.status == IBV_WC_SUCCESS) {
         c.byte_len = wc.byte_len;
-        c.src_qp = wc.src_qp;
-        // The guest's view of the sender: the connected peer's LID, not the
-        // device's (RoCE has none).
+        // The guest's view of the sender: the connected peer's QPN (a
+        // device may leave src_qp 0 on RC, as rxe does) and LID (RoCE has
+        // none).
+        c.src_qp = qp.attr.dest_qp_num;
         c.slid = qp.attr.ah.dlid;
         c.sl = qp.attr.ah.sl;
         c.pkey_index = qp.attr.pkey_index;
@@ -38,23 +37,59 @@ void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
             c.imm_data = wc.imm_data;
         }
     }
-    wq_consume(qp.rq);
-    if (wc.status == IBV_WC_SUCCESS) qp_request_arrived(ctx, qp);  // COMM_EST in RTR
+    return c;
+}
+
+void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
+    if (c.status == IBV_WC_SUCCESS) qp_request_arrived(ctx, qp);  // COMM_EST in RTR
     // The device does not say whether the message was solicited: every
     // receive counts as solicited (a solicited-only waiter may wake for an
     // unsolicited one; it never sleeps through a solicited one).
     cq_push(ctx, qp.recv_cq, c, true);
-    if (wc.status != IBV_WC_SUCCESS) qp_set_error(ctx, qp, -1);
+    if (c.status != IBV_WC_SUCCESS) qp_set_error(ctx, qp, -1);
+}
+
+void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
+    if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
+    abi::RecvWqe hdr;
+    std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
+    const abi::Cqe c = receive_cqe(qp, *dc.wc, hdr.wr_id);
+    wq_consume(qp.rq);
+    push_receive(ctx, qp, c);
+}
+
+// An SRQ receive: its shadow slot goes back to the device SRQ's free list
+// whatever becomes of it; the guest hears of it if the QP is still the
+// bound one that took it (not reset since: SRQ work requests carry no QP
+// generation, the QP's state stands in for it).
+void srq_receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
+    Srq* srq = ctx.srqs.get(qp.srq);
+    if (!srq || !srq->dev) return;
+    DeviceSrq& d = *srq->dev;
+    if (!d.take_back(dc.idx)) return;
+    if (!qp.device_bound || qp.state == IBV_QPS_RESET || qp.state == IBV_QPS_INIT) return;
+    push_receive(ctx, qp, receive_cqe(qp, *dc.wc, d.wr_ids[dc.idx]));
+    if (srq->limit) {
+        uint32_t left;
+        if (wq_pending(srq->wq, left) && left + d.outstanding() < srq->limit) {
+            srq->limit = 0;  // one event per arming
+            post_srq_event(ctx, *srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+        }
+    }
 }
 
 }  // namespace
 
 void deliver_device_completion(Engine& eng, const DeviceCompletion& dc) {
     Engine::QpRef ref = eng.find_qp_by_qpn(dc.qpn);
-    if (!ref || !ref.qp->device_bound || ref.qp->dev->gen != dc.gen) return;
+    if (!ref || !ref.qp->dev) return;
     Qp& qp = *ref.qp;
     Context& ctx = *ref.ctx;
-    if (dc.recv)
+    if (dc.srq)
+        srq_receive_done(ctx, qp, dc);
+    else if (!qp.device_bound || qp.dev->gen != dc.gen)
+        return;  // of an earlier life of the QP
+    else if (dc.recv)
         receive_done(ctx, qp, dc);
     else
         requester_device_done(eng, ctx, qp, dc.idx, dc.wc->status);

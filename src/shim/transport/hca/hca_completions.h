@@ -21,6 +21,7 @@ class HcaDevice;
 struct DeviceCompletion {
     uint32_t qpn = 0;
     bool recv = false;
+    bool srq = false;  // an SRQ receive: idx is the DeviceSrq shadow slot
     uint32_t gen = 0;
     uint32_t idx = 0;
     const ibv_wc* wc = nullptr;

@@ -17,9 +17,11 @@ namespace {
 // The vendor id Soft-RoCE (rdma_rxe) reports.
 constexpr uint32_t kRxeVendorId = 0xffffff;
 
-// Work request ids: [63] receive, [62:32] the device QP's generation,
-// [31:0] the guest ring index.
+// Work request ids: [63] receive, [62] SRQ receive, [61:32] the device
+// QP's generation, [31:0] the guest ring index (for an SRQ receive, the
+// shadow slot: DeviceSrq).
 constexpr uint64_t kRecvBit = 1ull << 63;
+constexpr uint64_t kSrqBit = 1ull << 62;
 uint64_t make_wr_id(bool recv, uint32_t gen, uint32_t idx) {
     return (recv ? kRecvBit : 0) | (uint64_t(gen) << 32) | idx;
 }
@@ -44,6 +46,10 @@ DeviceMr::~DeviceMr() {
 DeviceQp::~DeviceQp() {
     if (qp) ibv_destroy_qp(qp);
     if (owner) owner->release_cq_room(*this);
+}
+
+DeviceSrq::~DeviceSrq() {
+    if (srq) ibv_destroy_srq(srq);
 }
 
 void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
@@ -181,9 +187,30 @@ std::unique_ptr<DeviceMr> HcaDevice::reg_mr(const std::shared_ptr<DevicePd>& pd,
     return mr;
 }
 
+std::shared_ptr<DeviceSrq> HcaDevice::create_srq(const std::shared_ptr<DevicePd>& pd, uint32_t max_wr,
+                                                 uint32_t max_sge, int& err) {
+    ibv_srq_init_attr ia{};
+    ia.attr.max_wr = max_wr;
+    ia.attr.max_sge = std::max<uint32_t>(max_sge, 1);
+    auto s = std::make_shared<DeviceSrq>();
+    s->srq = ibv_create_srq(pd->pd, &ia);
+    if (!s->srq) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_create_srq(%u WRs, %u SGEs): %s", name_.c_str(), max_wr, max_sge, strerror(err));
+        return nullptr;
+    }
+    s->pd = pd;
+    s->wr_ids.resize(max_wr);
+    s->on_device.resize(max_wr);
+    s->free.resize(max_wr);
+    for (uint32_t i = 0; i < max_wr; ++i) s->free[i] = max_wr - 1 - i;
+    return s;
+}
+
 std::unique_ptr<DeviceQp> HcaDevice::create_qp(const std::shared_ptr<DevicePd>& pd, uint32_t type,
                                                uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
-                                               uint32_t recv_sge, uint32_t max_inline, int& err) {
+                                               uint32_t recv_sge, uint32_t max_inline,
+                                               const std::shared_ptr<DeviceSrq>& srq, int& err) {
     const uint32_t need = send_wr + recv_wr;
     if (need > uint32_t(attr_.max_cqe)) {
         err = ENOMEM;
@@ -207,9 +234,10 @@ std::unique_ptr<DeviceQp> HcaDevice::create_qp(const std::shared_ptr<DevicePd>& 
     ia.send_cq = ia.recv_cq = cqs_[slot].cq;
     ia.qp_type = ibv_qp_type(type);
     ia.cap.max_send_wr = send_wr;
-    ia.cap.max_recv_wr = recv_wr;
+    ia.cap.max_recv_wr = srq ? 0 : recv_wr;
     ia.cap.max_send_sge = std::max<uint32_t>(send_sge, 1);
-    ia.cap.max_recv_sge = std::max<uint32_t>(recv_sge, 1);
+    ia.cap.max_recv_sge = srq ? 0 : std::max<uint32_t>(recv_sge, 1);
+    ia.srq = srq ? srq->srq : nullptr;
     ia.cap.max_inline_data = max_inline;
     auto q = std::make_unique<DeviceQp>();
     q->qp = ibv_create_qp(pd->pd, &ia);
@@ -220,6 +248,7 @@ std::unique_ptr<DeviceQp> HcaDevice::create_qp(const std::shared_ptr<DevicePd>& 
         return nullptr;
     }
     q->pd = pd;
+    q->srq = srq;
     q->owner = this;
     q->cq_slot = slot;
     q->cq_entries = need;
@@ -322,6 +351,28 @@ int HcaDevice::post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx) {
     return rc;
 }
 
+int HcaDevice::post_srq_recv(DeviceSrq& s, const RecvWork& w) {
+    if (s.free.empty()) return ENOSPC;
+    const uint32_t slot = s.free.back();
+    ibv_sge sge[abi::kMaxSge];
+    for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = make_wr_id(true, 0, slot) | kSrqBit;
+    wr.sg_list = sge;
+    wr.num_sge = int(w.num_sge);
+    ibv_recv_wr* bad = nullptr;
+    int rc = ibv_post_srq_recv(s.srq, &wr, &bad);
+    if (rc) {
+        LOG_WARN("hca %s: ibv_post_srq_recv: %s", name_.c_str(), strerror(rc));
+        return rc;
+    }
+    s.free.pop_back();
+    s.wr_ids[slot] = w.wr_id;
+    s.on_device[slot] = 1;
+    ++stats_.recvs;
+    return 0;
+}
+
 bool HcaDevice::poll(Engine& eng) {
     bool any = false;
     for (auto& c : cqs_) {
@@ -337,6 +388,7 @@ bool HcaDevice::poll(Engine& eng) {
             DeviceCompletion dc;
             dc.qpn = wc.qp_num;
             dc.recv = (wc.wr_id & kRecvBit) != 0;
+            dc.srq = (wc.wr_id & kSrqBit) != 0;
             dc.gen = uint32_t(wc.wr_id >> 32) & DeviceQp::kGenMask;
             dc.idx = uint32_t(wc.wr_id);
             dc.wc = &wc;

@@ -43,6 +43,30 @@ struct DeviceMr {
 // remote access the same rkey; one without has no rkey to use).
 inline uint32_t device_mr_key(const DeviceMr& m) { return m.mr->lkey; }
 
+// The device SRQ of a guest SRQ (created with it). Once a QP on the SRQ
+// is bound (Srq::feeds_device), the shim moves the guest's receive WQEs from the
+// guest's ring into the device SRQ, keeping each one's wr_id in a shadow
+// slot named by the device work request id, and gives the guest its ring
+// slot back at once: the device completes SRQ WQEs in any order. From
+// then on only bound QPs may use the SRQ (hca_bind.cpp).
+struct DeviceSrq {
+    ibv_srq* srq = nullptr;
+    std::shared_ptr<DevicePd> pd;
+    std::vector<uint64_t> wr_ids;    // by shadow slot: the guest's wr_id
+    std::vector<uint8_t> on_device;  // by shadow slot
+    std::vector<uint32_t> free;      // shadow slots not on the device
+    ~DeviceSrq();
+    uint32_t outstanding() const { return uint32_t(wr_ids.size() - free.size()); }
+    // A completion gives its slot back; false if the slot was not on the
+    // device (a completion the device cannot have made).
+    bool take_back(uint32_t slot) {
+        if (slot >= on_device.size() || !on_device[slot]) return false;
+        on_device[slot] = 0;
+        free.push_back(slot);
+        return true;
+    }
+};
+
 // The device QP of a guest QP. `gen` tells its completions from those of
 // an earlier life (a RESET, or a QP destroyed whose completions are still
 // in the shared CQ): it is in every work request id. Whether the QP is
@@ -51,7 +75,8 @@ struct DeviceQp {
     ibv_qp* qp = nullptr;
     HcaDevice* owner = nullptr;
     std::shared_ptr<DevicePd> pd;
-    static constexpr uint32_t kGenMask = 0x7fffffff;  // 31 bits: what a work request id has room for
+    std::shared_ptr<DeviceSrq> srq;  // destroyed after the QP (a guest context's SRQs go first)
+    static constexpr uint32_t kGenMask = 0x3fffffff;  // 30 bits: what a work request id has room for
     uint32_t gen = 0;
     uint32_t rq_posted = 0;  // guest receive queue index forwarded up to
     uint32_t route_gen = 0;  // not bound: the route table generation last looked at
@@ -85,9 +110,12 @@ public:
     std::shared_ptr<DevicePd> alloc_pd(int& err);
     std::unique_ptr<DeviceMr> reg_mr(const std::shared_ptr<DevicePd>& pd, void* host, uint64_t len, uint64_t iova,
                                      uint32_t access, int& err);
+    std::shared_ptr<DeviceSrq> create_srq(const std::shared_ptr<DevicePd>& pd, uint32_t max_wr, uint32_t max_sge,
+                                          int& err);
+    // With `srq`, recv_wr is the SRQ's size (for the CQ's room).
     std::unique_ptr<DeviceQp> create_qp(const std::shared_ptr<DevicePd>& pd, uint32_t type, uint32_t send_wr,
                                         uint32_t recv_wr, uint32_t send_sge, uint32_t recv_sge,
-                                        uint32_t max_inline, int& err);
+                                        uint32_t max_inline, const std::shared_ptr<DeviceSrq>& srq, int& err);
     void release_cq_room(const DeviceQp& q);
 
     // The device QP follows its guest QP to INIT, RTR and RTS with the
@@ -99,6 +127,9 @@ public:
     // ring index `idx`, and the guest's receive WQE `idx`. 0 or an errno.
     int post_send(DeviceQp& q, const SendWork& w, uint32_t idx);
     int post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx);
+    // Posts the guest's SRQ receive WQE into a free shadow slot. 0 or an
+    // errno (ENOSPC: the device SRQ is full).
+    int post_srq_recv(DeviceSrq& s, const RecvWork& w);
 
     // Moves device completions into the guest CQs. True if any.
     bool poll(Engine& eng);
