@@ -80,6 +80,26 @@ VERBS_EXCLUDED=(
 "$SHIM" --run-dir /run/vrdma-loop --guest a --guest b --lid-base 100 --hca rxe0 --hca-local >/tmp/loop.log 2>&1 &
 loop_pid=$!
 for _ in $(seq 1 100); do [ -e /run/vrdma-loop/ready ] && break; sleep 0.1; done
+# Two guests of one shim, by memcpy (the fabric shim) and through the
+# device's loopback (this one): figures for docs/performance.md.
+local_pair() {  # local_pair NAME RUN_DIR GUEST_A GUEST_B PERFTEST ARGS...
+    local name=$1 dir=$2 ga=$3 gb=$4
+    shift 4
+    "$build/tools/vrdma-run" --run-dir "$dir" --guest "$ga" -- "$@" -p 18900 >"/tmp/$name.srv" 2>&1 &
+    local srv=$!
+    if connect_retrying 120 "/tmp/$name.out" "$build/tools/vrdma-run" --run-dir "$dir" --guest "$gb" -- \
+        "$@" -p 18900 localhost && wait "$srv"; then ok "$name"; else
+        fail "$name" "$(tail -3 "/tmp/$name.out" "/tmp/$name.srv" | tr '\n' ' ')"
+        kill "$srv" 2>/dev/null
+    fi
+}
+local_pair memcpy_write_bw /run/vrdma "g$N" "g${N}b" ib_write_bw -d vrdma0 -s 65536 -n 200 -F
+local_pair loopback_write_bw /run/vrdma-loop a b ib_write_bw -d vrdma0 -s 65536 -n 200 -F
+local_pair memcpy_send_lat /run/vrdma "g$N" "g${N}b" ib_send_lat -d vrdma0 -s 8 -n 200 -F
+local_pair loopback_send_lat /run/vrdma-loop a b ib_send_lat -d vrdma0 -s 8 -n 200 -F
+say "figures one host: memcpy_write_bw_MBps $(bw_of /tmp/memcpy_write_bw.out) loopback_write_bw_MBps" \
+    "$(bw_of /tmp/loopback_write_bw.out) memcpy_send_lat_us $(lat_of /tmp/memcpy_send_lat.out)" \
+    "loopback_send_lat_us $(lat_of /tmp/loopback_send_lat.out)"
 if timeout 600 "$build/tools/vrdma-run" --run-dir /run/vrdma-loop --guest a --guest b -- \
     "$build/test/integration/vrdma-verbs-tests" "${VERBS_EXCLUDED[@]}" >/tmp/verbs.out 2>&1; then
     ok "verbs-suite-through-device ($(grep -a "^All tests passed" /tmp/verbs.out))"

@@ -143,10 +143,11 @@ OPTIONS
         With --hca: RC and UC QPs between two guests of this shim go
         through the device too (its loopback), under the same rule as
         across hosts. The device's DMA then moves their data instead of
-        the shim's CPU, which is free for other work, at the device's
-        speed and latency (docs/performance.md); without it, this host's
-        traffic is copied by the shim. scripts/test-hca.sh runs the verbs
-        test suite through the device this way.
+        the shim's CPU, at the device's speed and latency: for an HCA
+        whose loopback DMA is cheap. On Soft-RoCE, which copies in
+        software, it is far slower than the default, where the shim
+        copies this host's traffic (docs/performance.md). scripts/test-hca.sh
+        runs the verbs test suite through the device this way.
 
     --quota KEY=VALUE
         Limits what each guest (all of its processes together) may make the
