@@ -234,6 +234,10 @@ TEST_CASE("remote access is checked against rkey, range and access flags", "[rc]
     expect_rem_access_err("write past the end of the MR", target.addr(4090), target.mr->rkey, 16);
     expect_rem_access_err("unknown rkey", target.addr(), target.mr->rkey ^ 0x5a5a00, 16);
     expect_rem_access_err("address below the MR", target.addr() - 4096, target.mr->rkey, 16);
+    // A valid key of an MR of the requester's own guest (another PD, another
+    // device): it names no memory of the responder's. Through a device
+    // (scripts/test-hca.sh) the device's PD check refuses it.
+    expect_rem_access_err("the rkey of the requester's own MR", local.addr(), local.mr->rkey, 16);
 }
 
 TEST_CASE("a local SGE with a bad lkey completes with LOC_PROT_ERR", "[rc][protection]") {
