@@ -17,7 +17,7 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 3;  // 2: work slots (ControlBlock::work_bits); 3: memory windows
+constexpr uint32_t kVersion = 4;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -400,6 +400,9 @@ struct CmdReregMrReq {
     uint64_t addr;
     uint64_t length;
 };
+// The MR's keys after the change: the same, except on a shim with a device,
+// whose MR is registered anew (verbs lets ibv_rereg_mr change the keys).
+struct CmdReregMrResp { uint32_t lkey; uint32_t rkey; };
 
 // Response of DestroyCq, DestroyQp and DestroySrq: how many event records
 // the shim wrote for the object over its life (completion events into its

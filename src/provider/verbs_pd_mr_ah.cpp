@@ -99,8 +99,9 @@ int dereg_mr(verbs_mr* vmr) {
 }
 
 // ibv_rereg_mr: the new range (CHANGE_TRANSLATION) is shared as ibv_reg_mr
-// shares it, then the shim changes the MR in place (same keys). libibverbs
-// updates mr->pd, addr and length when this returns 0.
+// shares it, then the shim changes the MR in place (the same keys, except
+// on a shim with a device: its answer has them). libibverbs updates
+// mr->pd, addr and length when this returns 0.
 int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
     Mr* mr = to_mr(vmr);
     Context& ctx = ctx_of(vmr->ibv_mr.context);
@@ -122,10 +123,13 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
     req.access = uint32_t(access);
     req.addr = reinterpret_cast<uintptr_t>(addr);
     req.length = length;
-    if (int rc = command(ctx, abi::CmdOp::ReregMr, &req, sizeof(req), nullptr, 0)) {
+    abi::CmdReregMrResp resp{};
+    if (int rc = command(ctx, abi::CmdOp::ReregMr, &req, sizeof(req), &resp, sizeof(resp))) {
         if (translate) release_segments(ctx, segments);
         return fail(rc);
     }
+    vmr->ibv_mr.lkey = resp.lkey;
+    vmr->ibv_mr.rkey = resp.rkey;
     if (translate) {
         release_segments(ctx, mr->segments);
         mr->segments = std::move(segments);

@@ -43,7 +43,7 @@ const Expected kExpected[] = {
     {CmdOp::CreateAh, "CreateAh", cmd_create_ah, sizeof(abi::CmdCreateAhReq), sizeof(abi::CmdCreateAhResp)},
     {CmdOp::DestroyAh, "DestroyAh", cmd_destroy_ah, sizeof(abi::CmdHandleReq), 0},
     {CmdOp::ResizeCq, "ResizeCq", cmd_resize_cq, sizeof(abi::CmdResizeCqReq), sizeof(abi::CmdResizeCqResp)},
-    {CmdOp::ReregMr, "ReregMr", cmd_rereg_mr, sizeof(abi::CmdReregMrReq), 0},
+    {CmdOp::ReregMr, "ReregMr", cmd_rereg_mr, sizeof(abi::CmdReregMrReq), sizeof(abi::CmdReregMrResp)},
     {CmdOp::AllocMw, "AllocMw", cmd_alloc_mw, sizeof(abi::CmdAllocMwReq), sizeof(abi::CmdAllocMwResp)},
     {CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw, sizeof(abi::CmdHandleReq), 0},
 };

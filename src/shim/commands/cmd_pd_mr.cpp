@@ -111,14 +111,15 @@ int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     return 0;
 }
 
-// Changes an MR in place: it keeps its handle and keys. Everything is
-// checked and the new mapping made before anything changes, so a refusal
-// leaves the MR as it was.
-int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
+// Changes an MR in place: it keeps its handle, and its keys unless it is
+// registered on a device (then it is registered there anew and takes the
+// new device key). Everything is checked, and the new mapping and device
+// registration made, before anything changes, so a refusal leaves the MR
+// as it was.
+int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdReregMrReq>(req);
     Mr* mr = ctx.mrs.get(r.mr_handle);
     if (!mr || mr->bound_windows) return EINVAL;
-    if (mr->dev) return EOPNOTSUPP;  // registered on the device: not yet
     constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
     if (r.flags == 0 || (r.flags & ~kFlags)) return EINVAL;
     Pd* new_pd = nullptr;
@@ -136,6 +137,24 @@ int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
         if (!charge.take(Res::MrBytes, r.length, "ReregMr")) return ENOMEM;
         if (int err = ctx.segments.map_range(r.addr, r.length, mem, ctx.charges.usage())) return err;
     }
+    std::unique_ptr<DeviceMr, DeviceMrDeleter> dev;
+    if (mr->dev) {
+        const bool moved = r.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
+        const Pd* pd = new_pd ? new_pd : ctx.pds.get(mr->pd);
+        if (!pd || !pd->dev) return EINVAL;
+        int derr = 0;
+        auto d = eng.hca()->reg_mr(pd->dev, moved ? mem.host : mr->mem.host, moved ? r.length : mr->length,
+                                   moved ? r.addr : mr->addr,
+                                   (r.flags & IBV_REREG_MR_CHANGE_ACCESS) ? r.access & ~kOptionalAccess : mr->access,
+                                   derr);
+        if (!d) return derr ? derr : ENOMEM;
+        dev.reset(d.release());
+        const uint32_t key = device_mr_key(*dev);
+        if (key != mr->key && !ctx.keys.insert(key, r.mr_handle, KeyKind::Mr)) return ENOMEM;
+        if (key != mr->key) ctx.keys.release(mr->key);
+        mr->key = key;
+        mr->dev = std::move(dev);  // the old device MR is deregistered here
+    }
     if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
         ctx.charges.give(Res::MrBytes, mr->length);
         charge.keep();
@@ -149,6 +168,7 @@ int cmd_rereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
         ++new_pd->users;
         mr->pd = r.pd_handle;
     }
+    store_resp(resp, abi::CmdReregMrResp{mr->key, mr->key});
     return 0;
 }
 

@@ -50,7 +50,7 @@ constexpr CommandSpec kCommands[] = {
     command<abi::CmdCreateAhReq, abi::CmdCreateAhResp>(CmdOp::CreateAh, "CreateAh", cmd_create_ah),
     command<abi::CmdHandleReq, NoRecord>(CmdOp::DestroyAh, "DestroyAh", cmd_destroy_ah),
     command<abi::CmdResizeCqReq, abi::CmdResizeCqResp>(CmdOp::ResizeCq, "ResizeCq", cmd_resize_cq),
-    command<abi::CmdReregMrReq, NoRecord>(CmdOp::ReregMr, "ReregMr", cmd_rereg_mr),
+    command<abi::CmdReregMrReq, abi::CmdReregMrResp>(CmdOp::ReregMr, "ReregMr", cmd_rereg_mr),
     command<abi::CmdAllocMwReq, abi::CmdAllocMwResp>(CmdOp::AllocMw, "AllocMw", cmd_alloc_mw),
     command<abi::CmdHandleReq, NoRecord>(CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw),
 };
