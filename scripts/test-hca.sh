@@ -44,7 +44,7 @@ echo "test-hca: preparing the VM kernel and initramfs in $work"
 mkdir -p "$work/share"
 head -c 32 /dev/urandom | base64 >"$work/share/fabric.key"
 chmod 600 "$work/share/fabric.key"
-rm -f "$work"/share/vm*.results
+rm -f "$work"/share/vm*.results "$work/share/failures.ready"
 
 echo "test-hca: booting two VMs with rxe0; each runs test/hca/vm-guest.sh (a few minutes under TCG)"
 status=0

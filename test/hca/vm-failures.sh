@@ -27,6 +27,16 @@ fi
 # stdbuf: perftest writes its lines to a file; "remote address" is awaited.
 WBW=(stdbuf -oL ib_write_bw -d vrdma0 -s 65536 -D 20 -F)
 
+# Both VMs start the cases together: VM 2's clients retry their connection
+# for a minute only, and VM 1 may still be busy with what came before.
+barrier=$share/failures.ready
+if [ "$N" = 1 ]; then
+    touch "$barrier"
+else
+    for _ in $(seq 1 3000); do [ -e "$barrier" ] && break; sleep 0.2; done
+    [ -e "$barrier" ] || fail failures-barrier "VM 1 never reached the failure cases"
+fi
+
 # 1. The remote shim killed.
 if [ "$N" = 1 ]; then
     "${RUN[@]}" "${WBW[@]}" -p 18800 >/tmp/kill_shim.out 2>&1 &
@@ -36,10 +46,14 @@ if [ "$N" = 1 ]; then
         kill -9 "$shim_pid"
         wait "$shim_pid" 2>/dev/null
         shim_pid=
+        kill -9 "$server" 2>/dev/null
+        wait "$server" 2>/dev/null
+        if start_shim; then ok kill-shim-restart; else fail kill-shim-restart "the new shim did not rejoin the fabric"; fi
+    else
+        fail kill-shim "the client never connected: $(tail -3 /tmp/kill_shim.out | tr '\n' ' ')"
+        kill -9 "$server" 2>/dev/null
+        wait "$server" 2>/dev/null
     fi
-    kill -9 "$server" 2>/dev/null
-    wait "$server" 2>/dev/null
-    if start_shim; then ok kill-shim-restart; else fail kill-shim-restart "the new shim did not rejoin the fabric"; fi
 else
     start=$SECONDS
     connect_retrying 120 /tmp/kill_shim.out "${RUN[@]}" "${WBW[@]}" -p 18800 "$server_ip"
@@ -64,14 +78,18 @@ if [ "$N" = 1 ]; then
     fi
 else
     qps0=$(device_objects qp) mrs0=$(device_objects mr)
+    client=
     for _ in $(seq 1 120); do
         "${RUN[@]}" "${WBW[@]}" -b -p 18801 "$server_ip" >/tmp/kill_guest.out 2>&1 &
         client=$!
         wait_for "remote address|couldn't connect|Unable to|Failed" /tmp/kill_guest.out 60
         grep -q "remote address" /tmp/kill_guest.out && break
+        kill -9 "$client" 2>/dev/null  # (hung without a word: not waited for forever)
         wait "$client"
+        client=
         sleep 0.5
     done
+    [ -n "$client" ] || fail kill-guest "the client never connected: $(tail -3 /tmp/kill_guest.out | tr '\n' ' ')"
     sleep 3
     qps1=$(device_objects qp) mrs1=$(device_objects mr)
     kill -9 "$client"
@@ -94,16 +112,18 @@ if [ "$N" = 1 ]; then
 else
     "${RUN[@]}" stdbuf -oL ibv_asyncwatch -d vrdma0 >/tmp/asyncwatch.out 2>&1 &
     watch=$!
-    "${RUN[@]}" "${WBW[@]}" -p 18802 "$server_ip" >/tmp/link_down.out 2>&1 &
+    connect_retrying 180 /tmp/link_down.out "${RUN[@]}" "${WBW[@]}" -p 18802 "$server_ip" &
     client=$!
-    # (the server is up: it served case 2)
-    wait_for "remote address" /tmp/link_down.out 120
+    if ! wait_for "remote address" /tmp/link_down.out 120; then
+        fail link-down "the client never connected: $(tail -3 /tmp/link_down.out | tr '\n' ' ')"
+    fi
     sleep 3
     ip link set "$RXE_NETDEV" down
     start=$SECONDS
     for _ in $(seq 1 600); do kill -0 "$client" 2>/dev/null || break; sleep 0.2; done
     if kill -0 "$client" 2>/dev/null; then
         kill -9 "$client"
+        pkill -9 -x ib_write_bw
         fail link-down-error "the client still ran 120 s after the link went down"
     else
         wait "$client"

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 
+#include "async_events.h"
 #include "context.h"
 #include "engine.h"
 #include "hca_device.h"
@@ -37,7 +38,8 @@ const uint8_t* device_path(Engine& eng, const Context& ctx, const Qp& qp) {
 // A QP on an SRQ is bound only if the SRQ can feed the device: it has a
 // device SRQ and no QP on it is connected without the device (whose
 // receives the shim takes from the guest's ring, which the device SRQ
-// then empties). The first bound QP starts the feeding. 0 or EOPNOTSUPP.
+// then empties). The first QP bound starts the feeding (bind). 0 or
+// EOPNOTSUPP.
 int srq_admits_bound(Context& ctx, Qp& qp) {
     if (!qp.srq) return 0;
     Srq* srq = ctx.srqs.get(qp.srq);
@@ -52,7 +54,6 @@ int srq_admits_bound(Context& ctx, Qp& qp) {
                  ctx.guest().name.c_str(), qp.qpn);
         return EOPNOTSUPP;
     }
-    srq->feeds_device = true;
     return 0;
 }
 
@@ -73,6 +74,7 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
     if (state == IBV_QPS_RTS || state == IBV_QPS_SQD)
         if (int rc = dev.to_rts(*qp.dev, qp.attr)) return rc;
     qp.dev->rq_posted = qp.rq.cons;
+    if (Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr) srq->feeds_device = true;
     qp.device_bound = true;
     qp.transport = eng.hca_transport();
     LOG_INFO("guest %s: QP %u goes through %s to lid %u QP %u", ctx.guest().name.c_str(), qp.qpn,
@@ -93,11 +95,15 @@ void forward_srq_recvs(Engine& eng, Context& ctx, Qp& qp) {
         return;
     }
     RecvWork w;
-    for (; n && !d.free.empty(); --n) {
+    for (; n && !d.free.empty() && !d.broken; --n) {
         if (read_recv_wqe(srq->wq, srq->wq.cons, srq->max_sge, w) != IBV_WC_SUCCESS ||
             eng.hca()->post_srq_recv(d, w)) {
-            LOG_WARN("guest %s: QP %u: an SRQ receive WQE the device cannot take", ctx.guest().name.c_str(), qp.qpn);
-            qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+            // The SRQ's fault, not this QP's: the SRQ is in error, as on an
+            // HCA, and takes no more receives.
+            LOG_WARN("guest %s: SRQ %u: a receive WQE the device cannot take; the SRQ is in error",
+                     ctx.guest().name.c_str(), srq->srqn);
+            d.broken = true;
+            post_srq_event(ctx, *srq, IBV_EVENT_SRQ_ERR);
             return;
         }
         wq_consume(srq->wq);
@@ -158,7 +164,13 @@ std::shared_ptr<DeviceSrq> hca_create_srq(Engine& eng, const Pd& pd, uint32_t en
 int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
     if (!eng.hca()) return 0;
     if (next == IBV_QPS_RESET) {
-        if (qp.device_bound) qp.dev->to_reset();
+        if (qp.device_bound) {
+            qp.dev->to_reset();
+            // What the device completed before the reset reaches the guest
+            // now, as of the QP's old life (SRQ receives carry no
+            // generation: drained here, they cannot reach the next life).
+            eng.hca()->poll(eng);
+        }
         qp.device_bound = false;
         return 0;
     }

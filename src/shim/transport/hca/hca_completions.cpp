@@ -58,20 +58,18 @@ void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     push_receive(ctx, qp, c);
 }
 
-// An SRQ receive: its shadow slot goes back to the device SRQ's free list
-// whatever becomes of it; the guest hears of it if the QP is still the
-// bound one that took it (not reset since: SRQ work requests carry no QP
-// generation, the QP's state stands in for it).
+// An SRQ receive (its shadow slot is already free again): the guest
+// hears of it if the QP is still one bound on that SRQ, in the life that
+// took the WQE (a reset drains the device CQs first: hca_bind.cpp), and a
+// flush only while the QP is in error.
 void srq_receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     Srq* srq = ctx.srqs.get(qp.srq);
-    if (!srq || !srq->dev) return;
-    DeviceSrq& d = *srq->dev;
-    if (!d.take_back(dc.idx)) return;
-    if (!qp.device_bound || qp.state == IBV_QPS_RESET || qp.state == IBV_QPS_INIT) return;
-    push_receive(ctx, qp, receive_cqe(qp, *dc.wc, d.wr_ids[dc.idx]));
+    if (!srq || srq->dev.get() != dc.srq || !qp.device_bound) return;
+    if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
+    push_receive(ctx, qp, receive_cqe(qp, *dc.wc, dc.srq_wr_id));
     if (srq->limit) {
         uint32_t left;
-        if (wq_pending(srq->wq, left) && left + d.outstanding() < srq->limit) {
+        if (wq_pending(srq->wq, left) && left + dc.srq->outstanding() < srq->limit) {
             srq->limit = 0;  // one event per arming
             post_srq_event(ctx, *srq, IBV_EVENT_SRQ_LIMIT_REACHED);
         }

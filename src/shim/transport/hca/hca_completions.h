@@ -17,11 +17,13 @@ namespace vrdma::shim {
 
 class Engine;
 class HcaDevice;
+struct DeviceSrq;
 
 struct DeviceCompletion {
     uint32_t qpn = 0;
     bool recv = false;
-    bool srq = false;  // an SRQ receive: idx is the DeviceSrq shadow slot
+    DeviceSrq* srq = nullptr;  // an SRQ receive (its shadow slot already free again)
+    uint64_t srq_wr_id = 0;    //   and the guest's wr_id
     uint32_t gen = 0;
     uint32_t idx = 0;
     const ibv_wc* wc = nullptr;

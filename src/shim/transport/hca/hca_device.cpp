@@ -18,8 +18,8 @@ namespace {
 constexpr uint32_t kRxeVendorId = 0xffffff;
 
 // Work request ids: [63] receive, [62] SRQ receive, [61:32] the device
-// QP's generation, [31:0] the guest ring index (for an SRQ receive, the
-// shadow slot: DeviceSrq).
+// QP's generation (an SRQ receive: the DeviceSrq's id), [31:0] the guest
+// ring index (an SRQ receive: the shadow slot).
 constexpr uint64_t kRecvBit = 1ull << 63;
 constexpr uint64_t kSrqBit = 1ull << 62;
 uint64_t make_wr_id(bool recv, uint32_t gen, uint32_t idx) {
@@ -50,7 +50,16 @@ DeviceQp::~DeviceQp() {
 
 DeviceSrq::~DeviceSrq() {
     if (srq) ibv_destroy_srq(srq);
+    if (owner) owner->forget_srq(id);
 }
+
+namespace {
+// The guest's SGEs as the device's (keys and addresses are the same).
+int to_ibv_sges(const RecvWork& w, ibv_sge* sge) {
+    for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
+    return int(w.num_sge);
+}
+}  // namespace
 
 void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
 void DeviceQpDeleter::operator()(DeviceQp* q) const { delete q; }
@@ -200,6 +209,12 @@ std::shared_ptr<DeviceSrq> HcaDevice::create_srq(const std::shared_ptr<DevicePd>
         return nullptr;
     }
     s->pd = pd;
+    // An id not in use (30 bits: the generation's place in a work request id).
+    do next_srq_id_ = (next_srq_id_ + 1) & DeviceQp::kGenMask;
+    while (next_srq_id_ == 0 || srqs_.count(next_srq_id_));
+    s->id = next_srq_id_;
+    s->owner = this;
+    srqs_.emplace(s->id, s.get());
     s->wr_ids.resize(max_wr);
     s->on_device.resize(max_wr);
     s->free.resize(max_wr);
@@ -339,11 +354,10 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx) {
 
 int HcaDevice::post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx) {
     ibv_sge sge[abi::kMaxSge];
-    for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
     ibv_recv_wr wr{};
     wr.wr_id = make_wr_id(true, q.gen, idx);
     wr.sg_list = sge;
-    wr.num_sge = int(w.num_sge);
+    wr.num_sge = to_ibv_sges(w, sge);
     ibv_recv_wr* bad = nullptr;
     int rc = ibv_post_recv(q.qp, &wr, &bad);
     if (rc) LOG_WARN("hca %s: QP %u: ibv_post_recv: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
@@ -355,11 +369,10 @@ int HcaDevice::post_srq_recv(DeviceSrq& s, const RecvWork& w) {
     if (s.free.empty()) return ENOSPC;
     const uint32_t slot = s.free.back();
     ibv_sge sge[abi::kMaxSge];
-    for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
     ibv_recv_wr wr{};
-    wr.wr_id = make_wr_id(true, 0, slot) | kSrqBit;
+    wr.wr_id = make_wr_id(true, s.id, slot) | kSrqBit;
     wr.sg_list = sge;
-    wr.num_sge = int(w.num_sge);
+    wr.num_sge = to_ibv_sges(w, sge);
     ibv_recv_wr* bad = nullptr;
     int rc = ibv_post_srq_recv(s.srq, &wr, &bad);
     if (rc) {
@@ -388,10 +401,15 @@ bool HcaDevice::poll(Engine& eng) {
             DeviceCompletion dc;
             dc.qpn = wc.qp_num;
             dc.recv = (wc.wr_id & kRecvBit) != 0;
-            dc.srq = (wc.wr_id & kSrqBit) != 0;
             dc.gen = uint32_t(wc.wr_id >> 32) & DeviceQp::kGenMask;
             dc.idx = uint32_t(wc.wr_id);
             dc.wc = &wc;
+            if (wc.wr_id & kSrqBit) {
+                // The slot goes back first, whatever became of the QP.
+                dc.srq = srq_by_id(dc.gen);
+                if (!dc.srq || !dc.srq->take_back(dc.idx)) continue;
+                dc.srq_wr_id = dc.srq->wr_ids[dc.idx];
+            }
             deliver_device_completion(eng, dc);
         }
         any |= n > 0;

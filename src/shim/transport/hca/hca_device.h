@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "vrdma/abi.h"
@@ -48,9 +49,14 @@ inline uint32_t device_mr_key(const DeviceMr& m) { return m.mr->lkey; }
 // guest's ring into the device SRQ, keeping each one's wr_id in a shadow
 // slot named by the device work request id, and gives the guest its ring
 // slot back at once: the device completes SRQ WQEs in any order. From
-// then on only bound QPs may use the SRQ (hca_bind.cpp).
+// then on only bound QPs may use the SRQ (hca_bind.cpp). Its work request
+// ids name it (`id`, HcaDevice's table), so a completion gives its slot
+// back whatever became of the QP that took the WQE.
 struct DeviceSrq {
     ibv_srq* srq = nullptr;
+    HcaDevice* owner = nullptr;
+    uint32_t id = 0;
+    bool broken = false;  // the guest posted a WQE the device cannot take: no more are forwarded
     std::shared_ptr<DevicePd> pd;
     std::vector<uint64_t> wr_ids;    // by shadow slot: the guest's wr_id
     std::vector<uint8_t> on_device;  // by shadow slot
@@ -154,6 +160,13 @@ public:
         stats_.send_bytes += bytes;
     }
 
+    // The device SRQ whose work requests carry `id` (null if gone).
+    DeviceSrq* srq_by_id(uint32_t id) const {
+        auto it = srqs_.find(id);
+        return it == srqs_.end() ? nullptr : it->second;
+    }
+    void forget_srq(uint32_t id) { srqs_.erase(id); }
+
 private:
     HcaDevice() = default;
 
@@ -176,6 +189,8 @@ private:
     };
     std::vector<SharedCq> cqs_;
     std::vector<ibv_wc> wcs_;
+    std::unordered_map<uint32_t, DeviceSrq*> srqs_;  // by DeviceSrq::id
+    uint32_t next_srq_id_ = 1;
     Stats stats_;
 };
 
