@@ -58,6 +58,14 @@ stop_shim() {
     shim_pid=
 }
 
+# finish: stops the shim, puts its warnings and errors into the results;
+# the status is 0 when no check failed.
+finish() {
+    stop_shim
+    grep -E "^vrdma-shim: (warning|error)" /tmp/shim.log | head -20 >>"$results"
+    [ "$failures" = 0 ]
+}
+
 # run_pair NAME PORT CMD...: VM 1 serves, VM 2 connects to VM 1 (retrying
 # while nobody listens yet). Output goes to /tmp/NAME.out.
 run_pair() {

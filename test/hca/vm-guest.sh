@@ -113,6 +113,4 @@ wait "$loop_pid"
 # shellcheck source=vm-failures.sh
 source "$(dirname "$0")/vm-failures.sh"
 
-stop_shim
-grep -E "^vrdma-shim: (warning|error)" /tmp/shim.log | head -20 >>"$results"
-[ "$failures" = 0 ]
+finish

@@ -137,23 +137,22 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         if (!charge.take(Res::MrBytes, r.length, "ReregMr")) return ENOMEM;
         if (int err = ctx.segments.map_range(r.addr, r.length, mem, ctx.charges.usage())) return err;
     }
-    std::unique_ptr<DeviceMr, DeviceMrDeleter> dev;
+    const uint32_t access = (r.flags & IBV_REREG_MR_CHANGE_ACCESS) ? r.access & ~kOptionalAccess : mr->access;
     if (mr->dev) {
         const bool moved = r.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
         const Pd* pd = new_pd ? new_pd : ctx.pds.get(mr->pd);
         if (!pd || !pd->dev) return EINVAL;
         int derr = 0;
         auto d = eng.hca()->reg_mr(pd->dev, moved ? mem.host : mr->mem.host, moved ? r.length : mr->length,
-                                   moved ? r.addr : mr->addr,
-                                   (r.flags & IBV_REREG_MR_CHANGE_ACCESS) ? r.access & ~kOptionalAccess : mr->access,
-                                   derr);
-        if (!d) return derr ? derr : ENOMEM;
-        dev.reset(d.release());
-        const uint32_t key = device_mr_key(*dev);
-        if (key != mr->key && !ctx.keys.insert(key, r.mr_handle, KeyKind::Mr)) return ENOMEM;
-        if (key != mr->key) ctx.keys.release(mr->key);
-        mr->key = key;
-        mr->dev = std::move(dev);  // the old device MR is deregistered here
+                                   moved ? r.addr : mr->addr, access, derr);
+        if (!d) return derr;  // reg_mr sets an errno on failure
+        const uint32_t key = device_mr_key(*d);
+        if (key != mr->key) {
+            if (!ctx.keys.insert(key, r.mr_handle, KeyKind::Mr)) return ENOMEM;
+            ctx.keys.release(mr->key);
+            mr->key = key;
+        }
+        mr->dev.reset(d.release());  // the old device MR is deregistered here
     }
     if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
         ctx.charges.give(Res::MrBytes, mr->length);
@@ -162,7 +161,7 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         mr->length = r.length;
         mr->mem = std::move(mem);
     }
-    if (r.flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = r.access & ~kOptionalAccess;
+    mr->access = access;
     if (new_pd) {
         if (Pd* old_pd = ctx.pds.get(mr->pd)) --old_pd->users;
         ++new_pd->users;

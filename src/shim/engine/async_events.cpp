@@ -1,6 +1,7 @@
 #include "async_events.h"
 
 #include "hca_device.h"
+#include "work_queue.h"
 
 #include <infiniband/verbs.h>
 
@@ -16,6 +17,14 @@ void post_cq_event(Context& ctx, Cq& cq, uint32_t event_type) {
 
 void post_srq_event(Context& ctx, Srq& srq, uint32_t event_type) {
     if (ctx.post_async_event(event_type, srq.user_handle)) ++srq.async_events;
+}
+
+void srq_wqe_consumed(Context& ctx, Srq& srq, uint32_t on_device) {
+    uint32_t left;
+    if (srq.limit && wq_pending(srq.wq, left) && left + on_device < srq.limit) {
+        srq.limit = 0;  // one event per arming
+        post_srq_event(ctx, srq, IBV_EVENT_SRQ_LIMIT_REACHED);
+    }
 }
 
 void post_port_event(Context& ctx, uint32_t event_type) { ctx.post_async_event(event_type, 1); }

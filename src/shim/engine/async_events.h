@@ -25,6 +25,11 @@ void post_device_fatal(Context& ctx);
 // consumed for it).
 void qp_entered_error(Context& ctx, Qp& qp);
 
+// A receive WQE of the SRQ was consumed: an armed limit raises
+// SRQ_LIMIT_REACHED (once per arming) when fewer than it are left, counting
+// those in the guest's ring and `on_device` more a device SRQ holds.
+void srq_wqe_consumed(Context& ctx, Srq& srq, uint32_t on_device);
+
 // A request reached the QP as RC responder: the first one while the QP is in
 // RTR raises COMM_EST (once until the QP is reset).
 void qp_request_arrived(Context& ctx, Qp& qp);

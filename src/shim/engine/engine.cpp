@@ -201,13 +201,8 @@ Engine::QpRef Engine::find_qp_by_qpn(uint32_t qpn) {
 }
 
 Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
-    auto it = qpns_.find(qpn);
-    if (it == qpns_.end()) return {};
-    Context* c = it->second.ctx;
-    if (c->guest().lid != lid || c->dead) return {};
-    Qp* qp = c->qps.get(it->second.handle);
-    if (!qp) return {};
-    return QpRef{c, qp, it->second.handle};
+    QpRef ref = find_qp_by_qpn(qpn);
+    return ref && ref.ctx->guest().lid == lid ? ref : QpRef{};
 }
 
 uint64_t Engine::next_deadline_ns() const {

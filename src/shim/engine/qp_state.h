@@ -2,6 +2,8 @@
 // ib_modify_qp_is_ok applies it), attribute value checks, and the timers.
 #pragma once
 
+#include <infiniband/verbs.h>
+
 #include <cstdint>
 
 #include "context.h"
@@ -20,6 +22,11 @@ int qp_check_attr_values(const abi::QpAttr& attr, uint32_t mask, const Quotas& q
 
 // Copies the attributes named by `mask` into the QP.
 void qp_apply_attrs(Qp& qp, const abi::QpAttr& attr, uint32_t mask);
+
+// The states in which a QP takes requests: RTR, RTS, SQD.
+inline bool qp_takes_requests(uint32_t state) {
+    return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD;
+}
 
 // Moves a QP to ERR (its queues get flushed on the next pass). `event` is an
 // ibv_event_type to post, or -1.

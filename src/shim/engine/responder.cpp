@@ -17,9 +17,6 @@
 namespace vrdma::shim {
 namespace {
 
-bool responder_ready(uint32_t state) {
-    return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD;
-}
 
 // The receive queue a request consumes from: the QP's own or its SRQ.
 struct RecvQueue {
@@ -59,13 +56,7 @@ bool recv_available(Context& ctx, Qp& qp, RecvQueue& rq) {
 
 void consume_recv(Context& ctx, RecvQueue& rq) {
     wq_consume(*rq.wq);
-    if (rq.srq && rq.srq->limit) {
-        uint32_t left;
-        if (wq_pending(*rq.wq, left) && left < rq.srq->limit) {
-            rq.srq->limit = 0;  // one event per arming
-            post_srq_event(ctx, *rq.srq, IBV_EVENT_SRQ_LIMIT_REACHED);
-        }
-    }
+    if (rq.srq) srq_wqe_consumed(ctx, *rq.srq, 0);
 }
 
 // Partitions: the sender must share a partition with the target QP (its
@@ -159,7 +150,7 @@ uint32_t take_recv_wqe(Context& ctx, Qp& qp, RecvQueue& rq, Delivery& d, uint64_
 void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
-    if (!dst || dst.qp->type != IBV_QPT_UD || !responder_ready(dst.qp->state)) return;
+    if (!dst || dst.qp->type != IBV_QPT_UD || !qp_takes_requests(dst.qp->state)) return;
     if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
     if (dst.qp->attr.qkey != req.qkey) return;
     if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
@@ -204,7 +195,7 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     d.resp.psn = req.psn;
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
-    if (!dst || dst.qp->type != IBV_QPT_UC || !responder_ready(dst.qp->state)) return;
+    if (!dst || dst.qp->type != IBV_QPT_UC || !qp_takes_requests(dst.qp->state)) return;
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
     if (!ctx.guest().port_active) return;
@@ -319,7 +310,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     d.resp.psn = req.psn;
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
-    if (!dst || dst.qp->type != IBV_QPT_RC || !responder_ready(dst.qp->state)) return;
+    if (!dst || dst.qp->type != IBV_QPT_RC || !qp_takes_requests(dst.qp->state)) return;
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
     if (!ctx.guest().port_active) return;

@@ -18,8 +18,6 @@
 namespace vrdma::shim {
 namespace {
 
-bool connected_state(uint32_t s) { return s == IBV_QPS_RTR || s == IBV_QPS_RTS || s == IBV_QPS_SQD; }
-
 // The peer shim's device GID when `qp` must go through the device; null
 // when it goes as it would without one.
 const uint8_t* device_path(Engine& eng, const Context& ctx, const Qp& qp) {
@@ -47,7 +45,7 @@ int srq_admits_bound(Context& ctx, Qp& qp) {
     if (srq->feeds_device) return 0;
     bool shim_user = false;
     ctx.qps.for_each([&](uint32_t, Qp& o) {
-        shim_user |= &o != &qp && o.srq == qp.srq && connected_state(o.state) && !o.device_bound;
+        shim_user |= &o != &qp && o.srq == qp.srq && qp_takes_requests(o.state) && !o.device_bound;
     });
     if (shim_user) {
         LOG_WARN("guest %s: QP %u: its SRQ serves QPs of this host or of TCP peers; it cannot also feed the device",
@@ -191,7 +189,7 @@ int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
 }
 
 void hca_service(Engine& eng, Context& ctx, Qp& qp) {
-    if (!qp.dev || !connected_state(qp.state)) return;
+    if (!qp.dev || !qp_takes_requests(qp.state)) return;
     if (!qp.device_bound) {
         // The route to the peer appeared (or changed) since the QP was
         // connected: bind it now if the peer has a device.

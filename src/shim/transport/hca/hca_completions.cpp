@@ -67,13 +67,7 @@ void srq_receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     if (!srq || srq->dev.get() != dc.srq || !qp.device_bound) return;
     if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
     push_receive(ctx, qp, receive_cqe(qp, *dc.wc, dc.srq_wr_id));
-    if (srq->limit) {
-        uint32_t left;
-        if (wq_pending(srq->wq, left) && left + dc.srq->outstanding() < srq->limit) {
-            srq->limit = 0;  // one event per arming
-            post_srq_event(ctx, *srq, IBV_EVENT_SRQ_LIMIT_REACHED);
-        }
-    }
+    srq_wqe_consumed(ctx, *srq, dc.srq->outstanding());
 }
 
 }  // namespace

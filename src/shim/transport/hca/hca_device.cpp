@@ -14,7 +14,9 @@
 namespace vrdma::shim {
 namespace {
 
-// The vendor id Soft-RoCE (rdma_rxe) reports.
+// The vendor id Soft-RoCE (rdma_rxe) reports. rxe retries without end
+// when a QP's retry_cnt is 7 (rxe_comp.c treats it like rnr_retry 7); a
+// hardware HCA gives up after 7 retries.
 constexpr uint32_t kRxeVendorId = 0xffffff;
 
 // Work request ids: [63] receive, [62] SRQ receive, [61:32] the device
@@ -35,6 +37,18 @@ bool zero_gid(const ibv_gid& g) {
     return std::memcmp(g.raw, zero, 16) == 0;
 }
 
+// The guest's SGEs as the device's (keys and addresses are the same).
+int to_ibv_sges(const abi::Sge* in, uint32_t n, ibv_sge* out) {
+    for (uint32_t i = 0; i < n; ++i) out[i] = ibv_sge{in[i].addr, in[i].length, in[i].lkey};
+    return int(n);
+}
+
+int modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* what) {
+    int rc = ibv_modify_qp(qp, &attr, mask);
+    if (rc) LOG_WARN("hca: device QP %u to %s: %s", qp->qp_num, what, strerror(rc));
+    return rc;
+}
+
 }  // namespace
 
 DevicePd::~DevicePd() {
@@ -53,24 +67,8 @@ DeviceSrq::~DeviceSrq() {
     if (owner) owner->forget_srq(id);
 }
 
-namespace {
-// The guest's SGEs as the device's (keys and addresses are the same).
-int to_ibv_sges(const RecvWork& w, ibv_sge* sge) {
-    for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
-    return int(w.num_sge);
-}
-}  // namespace
-
 void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
 void DeviceQpDeleter::operator()(DeviceQp* q) const { delete q; }
-
-namespace {
-int modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* what) {
-    int rc = ibv_modify_qp(qp, &attr, mask);
-    if (rc) LOG_WARN("hca: device QP %u to %s: %s", qp->qp_num, what, strerror(rc));
-    return rc;
-}
-}  // namespace
 
 int DeviceQp::to_error() {
     ibv_qp_attr r{};
@@ -128,7 +126,6 @@ std::unique_ptr<HcaDevice> HcaDevice::open(const std::string& spec, std::string&
         error = "--hca " + spec + ": ibv_query_device: " + strerror(errno);
         return nullptr;
     }
-    d->retry_7_is_infinite_ = d->attr_.vendor_id == kRxeVendorId;
     ibv_port_attr pa{};
     if (d->port_ > d->attr_.phys_port_cnt || ibv_query_port(d->ctx_, d->port_, &pa)) {
         error = "--hca " + spec + ": the device has no port " + std::to_string(d->port_);
@@ -310,7 +307,7 @@ int HcaDevice::to_rts(DeviceQp& q, const abi::QpAttr& a) {
         r.timeout = a.timeout;
         // On rxe 7 would mean "forever": a dead peer must end in
         // IBV_WC_RETRY_EXC_ERR, as on an HCA, so rxe gets 6.
-        r.retry_cnt = retry_7_is_infinite_ ? std::min<uint8_t>(a.retry_cnt, 6) : a.retry_cnt;
+        r.retry_cnt = attr_.vendor_id == kRxeVendorId ? std::min<uint8_t>(a.retry_cnt, 6) : a.retry_cnt;
         r.rnr_retry = a.rnr_retry;
         r.max_rd_atomic = uint8_t(std::min<int>(a.max_rd_atomic, attr_.max_qp_rd_atom));
         mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
@@ -333,8 +330,7 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx) {
         wr.num_sge = w.inline_len ? 1 : 0;
         wr.send_flags |= IBV_SEND_INLINE;
     } else {
-        for (uint32_t i = 0; i < w.num_sge; ++i) sge[i] = ibv_sge{w.sge[i].addr, w.sge[i].length, w.sge[i].lkey};
-        wr.num_sge = int(w.num_sge);
+        wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
     }
     wr.sg_list = sge;
     if (w.hdr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.hdr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
@@ -357,7 +353,7 @@ int HcaDevice::post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx) {
     ibv_recv_wr wr{};
     wr.wr_id = make_wr_id(true, q.gen, idx);
     wr.sg_list = sge;
-    wr.num_sge = to_ibv_sges(w, sge);
+    wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
     ibv_recv_wr* bad = nullptr;
     int rc = ibv_post_recv(q.qp, &wr, &bad);
     if (rc) LOG_WARN("hca %s: QP %u: ibv_post_recv: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
@@ -372,7 +368,7 @@ int HcaDevice::post_srq_recv(DeviceSrq& s, const RecvWork& w) {
     ibv_recv_wr wr{};
     wr.wr_id = make_wr_id(true, s.id, slot) | kSrqBit;
     wr.sg_list = sge;
-    wr.num_sge = to_ibv_sges(w, sge);
+    wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
     ibv_recv_wr* bad = nullptr;
     int rc = ibv_post_srq_recv(s.srq, &wr, &bad);
     if (rc) {

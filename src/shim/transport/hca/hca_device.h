@@ -178,9 +178,6 @@ private:
     ibv_mtu active_mtu_ = IBV_MTU_1024;
     ibv_gid gid_{};
     int gid_index_ = 0;
-    // Soft-RoCE retries without end when a QP's retry_cnt is 7 (rxe_comp.c
-    // treats it like rnr_retry 7); a hardware HCA gives up after 7 retries.
-    bool retry_7_is_infinite_ = false;
     // The CQs every device QP completes into: one is opened whenever those
     // open cannot hold a new QP's queues (a QP never overruns its CQ).
     struct SharedCq {

@@ -19,8 +19,7 @@ SendResult HcaTransport::send(Engine& eng, Context&, Qp& qp, const Request& req,
     // its shim's forwarding delay: RC covers it with RNR retries; a UC
     // message sent in that window is lost, as UC may be.)
     if (eng.routes().lookup(qp.attr.ah.dlid) == &eng.local_transport())
-        if (Engine::QpRef peer = eng.find_qp_by_qpn(qp.attr.dest_qp_num);
-            peer && peer.qp->device_bound && peer.ctx->guest().lid == qp.attr.ah.dlid)
+        if (Engine::QpRef peer = eng.find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num); peer && peer.qp->device_bound)
             hca_service(eng, *peer.ctx, *peer.qp);
     if (dev_.post_send(*qp.dev, *req.wqe, qp.sq_next)) {
         resp.syndrome = Syndrome::LocalFault;
