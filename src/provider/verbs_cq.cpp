@@ -121,19 +121,9 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) {
     }
     Cq* cq = create_common(ibctx, CqCreate{int(attr->cqe), attr->channel, int(attr->comp_vector)});
     if (!cq) return nullptr;
-    // What libibverbs does after ibv_create_cq, and leaves to the provider here.
-    ibv_cq& ib = cq->vcq.cq;
-    ib.channel = attr->channel;
-    ib.cq_context = attr->cq_context;
-    ib.comp_events_completed = 0;
-    ib.async_events_completed = 0;
-    pthread_mutex_init(&ib.mutex, nullptr);
-    pthread_cond_init(&ib.cond, nullptr);
-    if (attr->channel) {
-        pthread_mutex_lock(&ibctx->mutex);
-        ++attr->channel->refcnt;
-        pthread_mutex_unlock(&ibctx->mutex);
-    }
+    // libibverbs fills in the channel, the CQ context and the event counts,
+    // and counts the CQ on its channel, once this returns (as after
+    // ibv_create_cq): doing it here too left the channel busy for ever.
     install_cq_ex_ops(*cq);
     return &cq->vcq.cq_ex;
 }

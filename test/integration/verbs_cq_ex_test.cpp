@@ -244,3 +244,26 @@ TEST_CASE("extended CQ: unsupported completion fields and flags are refused", "[
     CHECK(ibv_create_cq_ex(dev.ctx, &a) == nullptr);
     CHECK(errno == EINVAL);
 }
+
+TEST_CASE("extended CQ on a completion channel: the channel is counted once and freed with the CQ", "[cq_ex]") {
+    // UCX destroys its CQs, then their channel, and warns when the channel
+    // is still busy (EBUSY): libibverbs counts an extended CQ on its channel
+    // itself, as for ibv_create_cq.
+    Device dev;
+    ibv_comp_channel* ch = ibv_create_comp_channel(dev.ctx);
+    REQUIRE(ch);
+    ibv_cq_init_attr_ex a{};
+    a.cqe = 16;
+    a.wc_flags = IBV_WC_STANDARD_FLAGS;
+    a.channel = ch;
+    int marker = 0;
+    a.cq_context = &marker;
+    ibv_cq_ex* cq = ibv_create_cq_ex(dev.ctx, &a);
+    REQUIRE(cq);
+    CHECK(ch->refcnt == 1);
+    CHECK(ibv_cq_ex_to_cq(cq)->channel == ch);
+    CHECK(ibv_cq_ex_to_cq(cq)->cq_context == &marker);
+    CHECK(ibv_destroy_comp_channel(ch) == EBUSY);  // still used
+    REQUIRE(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
+    CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
