@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite (CI runs it, .ci/run):
-#   1. installs what is missing;
+#   1. installs what is missing and, as root, reserves 16 huge pages of
+#      2 MiB and mounts a hugetlbfs for the suite's hugetlb cases (both
+#      undone at the end: scripts/lib/huge_pages.sh);
 #   2. builds build/ and runs its ctest: unit tests and integration tests
 #      (real shim, real libibverbs clients, perftest, Open MPI);
 #   3. builds build-asan/ with -DVRDMA_SANITIZE=ON (ASan and UBSan in the
@@ -27,6 +29,10 @@ done_section() {  # NAME [STATUS]
 
 section "dependencies"
 "$src/scripts/install-deps.sh"
+# shellcheck source=lib/huge_pages.sh
+source "$src/scripts/lib/huge_pages.sh"
+reserve_huge_pages 16
+trap release_huge_pages EXIT
 done_section "dependencies"
 
 section "build ($build)"

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -125,11 +126,11 @@ void sweep_moved(const std::vector<MapEntry>& maps) {
 }
 
 // Private memory that can move onto a memfd: anonymous (heap, stacks,
-// anonymous mmap, bss) or a private file mapping (static data, MAP_PRIVATE
-// files). Not the kernel's special mappings, not hugetlb pages.
+// anonymous mmap, bss), a private file mapping (static data, MAP_PRIVATE
+// files) or private hugetlb memory (onto a hugetlb memfd). Not the kernel's
+// special mappings.
 bool movable(const MapEntry& e) {
     if (e.shared) return false;
-    if (e.path.find("anon_hugepage") != std::string::npos) return false;
     if (e.inode != 0) return true;
     return e.path.empty() || e.path == "[heap]" || e.path == "[stack]" || e.path.rfind("[anon:", 0) == 0 ||
            e.path.rfind("[stack:", 0) == 0;
@@ -141,7 +142,6 @@ int announce_segment(Context& ctx, Segment& s);
 bool anonymous(const MapEntry& e) { return e.inode == 0 && e.dev_major == 0 && e.dev_minor == 0; }
 
 const char* why_not_movable(const MapEntry& e) {
-    if (e.path.find("anon_hugepage") != std::string::npos) return "private hugetlb memory";
     if (!e.path.empty()) return "a special mapping";
     return "memory of an unsupported kind";
 }
@@ -215,6 +215,18 @@ void sweep(Context& ctx, const std::vector<MapEntry>& maps) {
     }
 }
 
+// A memfd of `size` bytes of hugetlb pages of `page_size` bytes (not
+// sealable, so never a ring's: it backs MRs only). memfd_create encodes the
+// page size as mmap does (MFD_HUGE_SHIFT == MAP_HUGE_SHIFT).
+int create_hugetlb_memfd(uint64_t size, size_t page_size, UniqueFd& out) {
+    unsigned flags = MFD_CLOEXEC | MFD_HUGETLB | (unsigned(std::countr_zero(page_size)) << MAP_HUGE_SHIFT);
+    UniqueFd fd(::memfd_create("vrdma-mr-huge", flags));
+    if (!fd) return errno;
+    if (::ftruncate(fd.get(), off_t(size)) != 0) return errno;
+    out = std::move(fd);
+    return 0;
+}
+
 // Moves a run of adjacent private pieces onto one new memfd segment,
 // contents preserved (page_move.h). Returns 0 or a positive errno.
 int move_run(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) {
@@ -223,8 +235,13 @@ int move_run(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) 
     Segment s;
     // The file is longer than the run (sparse, costs nothing): if the
     // application later grows the mapping in place (realloc -> mremap), the
-    // new pages exist instead of raising SIGBUS.
-    if (int rc = create_shared_memfd("vrdma-mr", len + kMoveHeadroom, s.fd)) return rc;
+    // new pages exist instead of raising SIGBUS. Hugetlb pages move onto
+    // huge pages of the same size (a hugetlb mapping cannot grow in place).
+    if (size_t huge = run.front().huge_page) {
+        if (int rc = create_hugetlb_memfd(len, huge, s.fd)) return rc;
+    } else if (int rc = create_shared_memfd("vrdma-mr", len + kMoveHeadroom, s.fd)) {
+        return rc;
+    }
     if (int rc = move_private_pages(run.data(), run.size(), s.fd.get())) return rc;
     if (int rc = fill_identity(s)) return rc;
     s.id = ctx.segments.next_id++;
@@ -353,12 +370,13 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
     }
 
     if (need_move) {
-        // Re-read with VmFlags to learn which pieces had MADV_DONTFORK.
+        // Re-read with VmFlags and page sizes: which pieces had
+        // MADV_DONTFORK, which are hugetlb.
         std::vector<MapEntry> smaps = read_maps(true);
-        auto dontfork_at = [&](uintptr_t a) {
+        auto smaps_at = [&](uintptr_t a) -> const MapEntry* {
             for (const MapEntry& e : smaps)
-                if (e.start <= a && a < e.end) return e.dontfork;
-            return false;
+                if (e.start <= a && a < e.end) return &e;
+            return nullptr;
         };
         std::vector<MovePiece> run;
         auto flush = [&]() -> int {
@@ -385,9 +403,18 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
                 if (int rc = flush()) return rc;
                 continue;
             }
-            if (!run.empty() && run.back().end != p.start)
+            const MapEntry* e = smaps_at(p.start);
+            MovePiece piece{p.start, p.end, p.prot, e && e->dontfork, p.anonymous, 0};
+            if (e && e->hugetlb && e->page_size > kPage) {
+                // Whole huge pages move, onto huge pages of a memfd of their own.
+                piece.huge_page = e->page_size;
+                piece.start = p.start & ~uintptr_t(e->page_size - 1);
+                piece.end = (p.end + e->page_size - 1) & ~uintptr_t(e->page_size - 1);
+                piece.anonymous = false;
+            }
+            if (!run.empty() && (run.back().end != piece.start || run.back().huge_page != piece.huge_page))
                 if (int rc = flush()) return rc;
-            run.push_back(MovePiece{p.start, p.end, p.prot, dontfork_at(p.start), p.anonymous});
+            run.push_back(piece);
         }
         if (int rc = flush()) return rc;
     }

@@ -10,9 +10,10 @@
 // (another thread of the application, the kernel on its behalf) waits in
 // the fault until the memfd is in place and then stores into it. The work
 // runs on a helper thread, so the calling thread's own stack may be in the
-// range. File-backed private pieces (static data, MAP_PRIVATE files) cannot
-// be registered with userfaultfd: they are copied and remapped, and a store
-// by another thread in that window can be lost.
+// range. File-backed private pieces (static data, MAP_PRIVATE files) and
+// private hugetlb pieces (whose pages mremap(MREMAP_DONTUNMAP) cannot take)
+// are copied and remapped instead, and a store by another thread in that
+// window can be lost.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,7 @@ struct MovePiece {
     int prot;
     bool dontfork;         // MADV_DONTFORK to keep
     bool anonymous;        // no file behind it (heap, stack, anonymous mmap, bss)
+    size_t huge_page;      // a hugetlb piece's page size (its bounds are aligned to it); 0 otherwise
 };
 
 // Moves `n` adjacent pieces onto `fd`, whose offset 0 stands for

@@ -63,7 +63,16 @@ std::vector<MapEntry> read_maps(bool with_flags) {
         std::string line = text.substr(pos, nl - pos);
         pos = nl + 1;
         if (with_flags && line.rfind("VmFlags:", 0) == 0) {
-            if (!out.empty()) out.back().dontfork = line.find(" dc") != std::string::npos;
+            if (!out.empty()) {
+                line += ' ';
+                out.back().dontfork = line.find(" dc ") != std::string::npos;
+                out.back().hugetlb = line.find(" ht ") != std::string::npos;
+            }
+            continue;
+        }
+        unsigned long kib = 0;
+        if (with_flags && std::sscanf(line.c_str(), "KernelPageSize: %lu kB", &kib) == 1) {
+            if (!out.empty()) out.back().page_size = size_t(kib) * 1024;
             continue;
         }
         MapEntry e;

@@ -17,6 +17,8 @@ struct MapEntry {
     uint64_t inode = 0;
     std::string path;
     bool dontfork = false;  // VmFlags "dc" (smaps only)
+    bool hugetlb = false;   // VmFlags "ht" (smaps only)
+    size_t page_size = 0;   // KernelPageSize (smaps only)
 };
 
 // /proc/self/maps, or /proc/self/smaps when `with_flags` (which also gives

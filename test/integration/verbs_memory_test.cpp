@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -215,6 +216,94 @@ TEST_CASE("ibv_reg_mr takes shared memory of every kind", "[memory]") {
     }
 }
 
+// Huge pages of every kind, where the host has them reserved
+// (/proc/sys/vm/nr_hugepages; scripts/test.sh reserves some when it runs
+// as root). Each section needs at most 4 free 2 MiB pages: the private kind
+// is moved onto huge pages of a memfd, and its old pages are freed only
+// after the move.
+namespace {
+
+constexpr size_t kHuge = 2 << 20;
+
+long free_huge_pages() {
+    FILE* f = std::fopen("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages", "r");
+    if (!f) return 0;
+    long n = 0;
+    if (std::fscanf(f, "%ld", &n) != 1) n = 0;
+    std::fclose(f);
+    return n;
+}
+
+// The mount point of a hugetlbfs of 2 MiB pages (VRDMA_TEST_HUGETLBFS, set
+// by scripts/test.sh, else the first in /proc/mounts), or "".
+std::string hugetlbfs_mount() {
+    if (const char* dir = std::getenv("VRDMA_TEST_HUGETLBFS"); dir && *dir) return dir;
+    FILE* f = std::fopen("/proc/mounts", "r");
+    if (!f) return "";
+    char dev[256], dir[256], type[64], opts[512];
+    std::string found;
+    while (std::fscanf(f, "%255s %255s %63s %511s %*d %*d", dev, dir, type, opts) == 4)
+        if (std::string(type) == "hugetlbfs" && std::string(opts).find("pagesize=1G") == std::string::npos) {
+            found = dir;
+            break;
+        }
+    std::fclose(f);
+    return found;
+}
+
+}  // namespace
+
+TEST_CASE("ibv_reg_mr takes huge pages of every kind", "[memory][hugetlb]") {
+    if (free_huge_pages() < 4) {
+        WARN("skipped: fewer than 4 free 2 MiB huge pages (reserve some in /proc/sys/vm/nr_hugepages)");
+        return;
+    }
+    Device dev, peer(Device::kPeer);
+    const size_t len = 2 * kHuge;
+    const size_t span = kHuge / 2 + 99;  // from a quarter before a huge page boundary
+    SECTION("MAP_SHARED | MAP_ANONYMOUS | MAP_HUGETLB") {
+        void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        REQUIRE(m != MAP_FAILED);
+        exercise(dev, peer, static_cast<uint8_t*>(m) + kHuge - kHuge / 4, span, "shared hugetlb");
+        munmap(m, len);
+    }
+    SECTION("MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB") {
+        void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        REQUIRE(m != MAP_FAILED);
+        std::memset(m, 7, len);
+        exercise(dev, peer, static_cast<uint8_t*>(m) + kHuge - kHuge / 4, span, "private hugetlb");
+        munmap(m, len);
+    }
+    SECTION("SysV SHM_HUGETLB") {
+        int id = shmget(IPC_PRIVATE, len, IPC_CREAT | SHM_HUGETLB | 0600);
+        REQUIRE(id >= 0);
+        void* m = shmat(id, nullptr, 0);
+        shmctl(id, IPC_RMID, nullptr);
+        REQUIRE(m != reinterpret_cast<void*>(-1));
+        exercise(dev, peer, static_cast<uint8_t*>(m) + 8, span, "SysV SHM_HUGETLB");
+        shmdt(m);
+    }
+    for (int flags : {MAP_SHARED, MAP_PRIVATE}) {
+        DYNAMIC_SECTION("a file on hugetlbfs, unlinked, " << (flags == MAP_SHARED ? "MAP_SHARED" : "MAP_PRIVATE")) {
+            std::string dir = hugetlbfs_mount();
+            if (dir.empty()) {
+                WARN("skipped: no hugetlbfs mounted");
+                return;
+            }
+            std::string path = dir + "/vrdma-mem-test-" + std::to_string(getpid());
+            int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+            REQUIRE(fd >= 0);
+            unlink(path.c_str());
+            REQUIRE(ftruncate(fd, off_t(len)) == 0);
+            void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, flags, fd, 0);
+            REQUIRE(m != MAP_FAILED);
+            close(fd);
+            exercise(dev, peer, static_cast<uint8_t*>(m) + 4096, span, "hugetlbfs file");
+            munmap(m, len);
+        }
+    }
+}
+
 TEST_CASE("shared memory another process writes is seen both ways", "[memory]") {
     Device dev, peer(Device::kPeer);
     const size_t len = 4 * 4096;
@@ -368,6 +457,49 @@ TEST_CASE("truncated shared memory under an MR fails only the transfers that tou
     ibv_dereg_mr(mr);
     munmap(m, len);
     close(fd);
+}
+
+TEST_CASE("memory unmapped or replaced under a live MR: the MR keeps its pages, as a device's pinned pages",
+          "[memory]") {
+    // A device pins an MR's pages: what the process maps there afterwards
+    // is not what the device reads or writes. vrdma's MR holds the object it
+    // registered in the same way; the shim neither crashes nor reaches the
+    // new mapping, and the peer's transfers keep their meaning.
+    Device dev, peer(Device::kPeer);
+    const size_t len = 3 * 4096;
+    auto* m = static_cast<uint8_t*>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(m != MAP_FAILED);
+    pattern(m, len, 5);
+    ibv_mr* mr = ibv_reg_mr(dev.pd, m, len, kAll);
+    REQUIRE(mr != nullptr);
+    // The middle page replaced by a new private page, the last one unmapped.
+    REQUIRE(mmap(m + 4096, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) != MAP_FAILED);
+    std::memset(m + 4096, 0xee, 4096);
+    REQUIRE(munmap(m + 2 * 4096, 4096) == 0);
+
+    RcPair p(dev, peer);
+    Buffer other(peer.pd, len, kAll);
+    ibv_send_wr w{};
+    w.opcode = IBV_WR_RDMA_READ;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(m);
+    w.wr.rdma.rkey = mr->rkey;
+    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
+    CHECK(complete(p.b.send_cq) == IBV_WC_SUCCESS);
+    CHECK(has_pattern(other.data, len, 5));  // the registered pages, not the new one
+    // A write lands in the registered pages; the new page stays as it was.
+    pattern(other.data, len, 6);
+    w.opcode = IBV_WR_RDMA_WRITE;
+    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
+    CHECK(complete(p.b.send_cq) == IBV_WC_SUCCESS);
+    CHECK(m[4096] == 0xee);
+    CHECK(m[2 * 4096 - 1] == 0xee);
+    CHECK(has_pattern(m, 4096, 6));  // the first page is still the registered one
+    CHECK(ibv_dereg_mr(mr) == 0);
+    munmap(m, 2 * 4096);
+    // And everything keeps working.
+    std::vector<uint8_t> fresh(kLen);
+    exercise(dev, peer, fresh.data(), kLen, "other memory");
 }
 
 TEST_CASE("fork after ibv_reg_mr: the child gets a private copy, the parent's MR keeps working", "[memory][fork]") {
