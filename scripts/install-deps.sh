@@ -9,7 +9,7 @@ set -euo pipefail
 packages=(
     build-essential cmake pkg-config git
     libibverbs-dev ibverbs-utils rdma-core perftest
-    openmpi-bin libopenmpi-dev
+    openmpi-bin libopenmpi-dev ucx-utils
     libfmt-dev catch2 libssl-dev
     iproute2 procps iptables iperf3
     clang libclang-rt-14-dev
