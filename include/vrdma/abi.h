@@ -17,7 +17,8 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 4;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys
+constexpr uint32_t kVersion = 5;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+                                  // 5: the doorbell no longer stands for queues with a work slot
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -429,8 +430,10 @@ struct CmdCreateQpReq {
     uint32_t max_inline_data;
     uint32_t sq_sig_all;
 };
-// work_slot: the QP's bit in ControlBlock::work_bits (kNoWorkSlot: none;
-// the provider rings the doorbell counter instead).
+// work_slot: the QP's bit in ControlBlock::work_bits, which the provider
+// must set when the QP has new work (several QPs may share one beyond
+// kWorkSlots QPs; kNoWorkSlot: none, the provider rings the doorbell counter
+// instead; the shim gives every QP a slot).
 struct CmdCreateQpResp { uint32_t qp_handle; uint32_t qpn; uint32_t work_slot; uint32_t reserved; };
 
 struct CmdModifyQpReq { uint32_t qp_handle; uint32_t attr_mask; QpAttr attr; };
@@ -487,9 +490,11 @@ constexpr uint32_t kWorkSlots = kWorkWords * 64;
 constexpr uint32_t kNoWorkSlot = 0xffffffffu;
 
 struct ControlBlock {
-    // Written by the provider after a command was posted or a queue without
-    // a work slot moved (a plain counter; the shim only compares it with its
-    // last view, and then looks at every queue of the context).
+    // Written by the provider after a command was posted, a CQ was armed or
+    // a queue without a work slot moved (an SRQ): a plain counter the shim
+    // only compares with its last view. It then runs the commands, and looks
+    // at every queue of the context only if the context has such queues: a
+    // QP with a work slot is found by its bit alone.
     alignas(kCacheLine) std::atomic<uint32_t> doorbell;
     uint32_t pad0[15];
     // Written by the shim: nonzero while it sleeps; the provider then writes

@@ -177,6 +177,7 @@ struct WqView {
     uint64_t ring = 0;
     uint32_t entries = 0, stride = 0;
     uint32_t prod = 0;  // the client's producer index
+    uint32_t work_slot = abi::kNoWorkSlot;  // a QP's bit in ControlBlock::work_bits (else the doorbell)
 };
 struct QpView {
     uint32_t handle = 0, qpn = 0, type = IBV_QPT_RC;
@@ -239,6 +240,9 @@ public:
     // The doorbell; the kick eventfd too when the shim says it sleeps.
     void ring() {
         cb()->doorbell.fetch_add(1);
+        kick_if_sleeping();
+    }
+    void kick_if_sleeping() {
         if (kick_fd_ >= 0 && cb()->shim_sleeping.load()) {
             uint64_t one = 1;
             (void)!::write(kick_fd_, &one, sizeof(one));
@@ -350,6 +354,7 @@ public:
         auto resp = r.as<abi::CmdCreateQpResp>();
         v.handle = resp.qp_handle;
         v.qpn = resp.qpn;
+        if (resp.work_slot < abi::kWorkSlots) v.sq.work_slot = v.rq.work_slot = resp.work_slot;
         return 0;
     }
     int create_srq(uint32_t pd, uint32_t entries, uint32_t stride, uint32_t max_sge, WqView& ring, uint32_t& srq) {
@@ -435,11 +440,18 @@ public:
     }
     uint32_t consumer_of(const WqView& wq) const { return ring_header(wq.ring)->consumer.load(); }
     // Publishes the n WQEs written from the producer slot on: the producer
-    // index, then the doorbell.
+    // index, then the QP's work bit (the doorbell for a queue without one).
     void publish(WqView& wq, uint32_t n = 1) {
         wq.prod = ring_advance(wq.prod, n, wq.entries);
         ring_header(wq.ring)->producer.store(wq.prod);
-        ring();
+        announce(wq);
+    }
+    // Tells the shim that `wq` has news: its work bit, or the doorbell.
+    void announce(const WqView& wq) {
+        if (wq.work_slot >= abi::kWorkSlots) return ring();
+        cb()->work_bits[wq.work_slot / 64].fetch_or(uint64_t(1) << (wq.work_slot % 64));
+        cb()->work_summary.fetch_or(uint64_t(1) << (wq.work_slot / 64));
+        kick_if_sleeping();
     }
     // Writes a send WQE at the producer slot, exactly as given (num_sge and
     // inline_len are not touched), followed by the SGEs or the inline bytes,

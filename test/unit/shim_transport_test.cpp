@@ -328,7 +328,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
     SECTION("an invalid send queue producer index puts the QP in error") {
         RcPair t;
         reinterpret_cast<abi::RingHeader*>(t.a.at(t.qa.sq.ring))->producer.store(1000);
-        t.a.doorbell();
+        t.a.announce(t.qa.sq);
         t.run();
         CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);
     }

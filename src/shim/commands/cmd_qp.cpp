@@ -106,8 +106,10 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     ++scq->users;
     ++rcq->users;
     if (srq) ++srq->users;
+    // Work slots are the QP table's slots modulo kWorkSlots: beyond 4096
+    // QPs a bit names a few QPs, all looked at when it is set (engine.cpp).
     const uint32_t slot = ctx.qps.slot_of(h);
-    store_resp(resp, abi::CmdCreateQpResp{h, qpn, slot < abi::kWorkSlots ? slot : abi::kNoWorkSlot, 0});
+    store_resp(resp, abi::CmdCreateQpResp{h, qpn, slot % abi::kWorkSlots, 0});
     return 0;
 }
 
@@ -153,7 +155,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
         qp->wait = SqWait::None;
         qp->ack_deadline_ns = 0;
         qp->sq_draining = false;
-        ctx.request_rescan();
+        ctx.mark_work(*qp);  // its queues are flushed on this pass
         if (cur != IBV_QPS_ERR) qp_entered_error(ctx, *qp);
     } else {
         if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
@@ -171,7 +173,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
             qp->sq_draining = false;
         }
         qp->state = next;
-        ctx.request_rescan();
+        ctx.mark_work(*qp);  // what the guest posted before may go now
     }
     return 0;
 }

@@ -23,9 +23,11 @@ std::string load_report(Engine& eng, uint64_t asleep_ns, uint64_t uptime_ns) {
     for (auto& g : eng.guests()) {
         const GuestLoad& l = g->load;
         auto it = contexts.find(g.get());
-        std::snprintf(line, sizeof(line), "guest %s contexts %u turns %llu messages %llu bytes %llu busy_s %.3f\n",
+        std::snprintf(line, sizeof(line),
+                      "guest %s contexts %u turns %llu messages %llu bytes %llu busy_s %.3f qp_visits %llu\n",
                       g->name.c_str(), it == contexts.end() ? 0u : it->second, (unsigned long long)l.turns,
-                      (unsigned long long)l.messages, (unsigned long long)l.bytes, seconds(l.busy_ns));
+                      (unsigned long long)l.messages, (unsigned long long)l.bytes, seconds(l.busy_ns),
+                      (unsigned long long)l.qp_visits);
         out += line;
     }
     return out;

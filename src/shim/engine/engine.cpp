@@ -334,10 +334,14 @@ bool Engine::poll_once() {
     return progress;
 }
 
-// Finding work: the doorbell counter (commands, queues without a work
-// slot), a QP deadline that passed or a shim-side rescan make the pass look
-// at every QP; otherwise only the QPs named by the guest's work bits and
-// those the shim marked are looked at, so an idle QP costs nothing.
+// Finding work: a QP deadline that passed or a shim-side rescan make the
+// pass look at every QP, and so does the doorbell counter where it can
+// stand for a queue (an SRQ, which has no work bit); otherwise only
+// the QPs named by the guest's work bits and those the shim marked are
+// looked at, so an idle QP costs nothing. Where the doorbell can only mean
+// a command or a CQ being armed (the shim looks at arming when it writes a
+// completion: cq_events.h), the pass runs the commands, which mark the QPs
+// they change: a command costs O(1), not O(QPs).
 bool Engine::process_context(Context& ctx, uint64_t t) {
     if (ctx.dead) return false;
     abi::ControlBlock* cb = ctx.control();
@@ -348,17 +352,22 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
     uint64_t summary = cb->work_summary.load(std::memory_order_seq_cst);
     if (summary) summary = cb->work_summary.exchange(0, std::memory_order_seq_cst);
     const bool due = ctx.next_deadline_ns && t >= ctx.next_deadline_ns;
-    const bool full = db != ctx.last_doorbell || ctx.rescan || due;
-    // The words the summary names; a bit for a slot with no QP is ignored.
+    const bool rung = db != ctx.last_doorbell;
+    const bool rung_for_queues = rung && ctx.srqs.size();
+    const bool full = rung_for_queues || ctx.rescan || due;
+    // The words the summary names; a bit names the QPs of the table slots
+    // equal to it modulo kWorkSlots (one QP up to 4096 QPs; cmd_qp.cpp); a
+    // bit for slots with no QP is ignored.
+    const uint32_t slots = ctx.qps.slot_count();
     for (uint64_t words = summary; words; words &= words - 1) {
         const uint32_t w = uint32_t(__builtin_ctzll(words));
         for (uint64_t bits = cb->work_bits[w].exchange(0, std::memory_order_seq_cst); bits; bits &= bits - 1) {
             uint32_t handle;
-            if (Qp* qp = ctx.qps.at_slot(w * 64 + uint32_t(__builtin_ctzll(bits)), handle)) ctx.mark_work(*qp);
+            for (uint32_t s = w * 64 + uint32_t(__builtin_ctzll(bits)); s < slots; s += abi::kWorkSlots)
+                if (Qp* qp = ctx.qps.at_slot(s, handle)) ctx.mark_work(*qp);
         }
     }
-    std::vector<uint32_t>& marked = ctx.take_marked();
-    if (!full && marked.empty()) return false;
+    if (!full && !rung && !ctx.has_marked()) return false;
     // The turn's time goes to its guest and to the worker (vrdmactl load).
     // The guest's budget for this pass is shared by its contexts.
     struct TurnClock {
@@ -390,13 +399,18 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
             ctx.mark_skipped(qp);
         else
             progress |= requester_process(*this, ctx, qp, t);
+        ++load.qp_visits;
     };
-    if (full) {
+    if (rung) {
         ctx.last_doorbell = db;
-        ctx.rescan = false;
-        ctx.next_deadline_ns = 0;
         progress = process_commands(ctx);
         if (ctx.dead) return true;
+    }
+    // Taken after the commands: the QPs they changed are among them.
+    std::vector<uint32_t>& marked = ctx.take_marked();
+    if (full) {
+        ctx.rescan = false;
+        ctx.next_deadline_ns = 0;
         // The marked QPs first (those skipped last time lead), then all
         // (a QP served twice just finds less to do).
         for (uint32_t h : marked) {
@@ -448,7 +462,6 @@ bool Engine::process_commands(Context& ctx) {
         cb->cmd_consumer.store(ctx.cmd_cons, std::memory_order_release);
     }
     ctx.signal_cmd_done();
-    ctx.request_rescan();  // new QPs or states: look at every queue next pass
     return true;
 }
 

@@ -14,6 +14,7 @@ struct GuestLoad {
     uint64_t messages = 0;
     uint64_t bytes = 0;
     uint64_t busy_ns = 0;
+    uint64_t qp_visits = 0;  // QPs its turns looked at (finding work: engine.cpp)
     // Work per turn is the guest's, not each context's (engine.h): what its
     // contexts used of the budget in pass `pass`.
     uint64_t pass = 0;

@@ -74,6 +74,8 @@ public:
         return slots_[slot].obj.get();
     }
     uint32_t size() const { return live_; }
+    // Slots ever used (live or free): every live object's slot is below.
+    uint32_t slot_count() const { return uint32_t(slots_.size()); }
     uint32_t limit() const { return limit_; }
 
     // Calls f(handle, T&) for every live object. f must not insert or erase.
