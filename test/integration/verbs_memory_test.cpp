@@ -511,15 +511,29 @@ TEST_CASE("fork after ibv_reg_mr: the child gets a private copy, the parent's MR
     pattern(g_bss, 4096, 6);
     ibv_mr* bss_mr = ibv_reg_mr(dev.pd, g_bss, 4096, kAll);
     REQUIRE(bss_mr != nullptr);
+    // Private hugetlb pages too, where there are some (moved onto a hugetlb
+    // memfd: the child gets ordinary private pages with their contents).
+    uint8_t* huge = nullptr;
+    ibv_mr* huge_mr = nullptr;
+    if (free_huge_pages() >= 4) {
+        void* h = mmap(nullptr, kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+        REQUIRE(h != MAP_FAILED);
+        huge = static_cast<uint8_t*>(h);
+        pattern(huge, 8192, 7);
+        huge_mr = ibv_reg_mr(dev.pd, huge, 8192, kAll);
+        REQUIRE(huge_mr != nullptr);
+    }
     int ready[2];
     REQUIRE(pipe(ready) == 0);
     pid_t child = fork();
     if (child == 0) {
         // The child sees the parent's data, then scribbles over its copy
         // and allocates (its heap is its own), then exits.
-        bool saw = has_pattern(heap.data(), kLen, 5) && has_pattern(g_bss, 4096, 6);
+        bool saw = has_pattern(heap.data(), kLen, 5) && has_pattern(g_bss, 4096, 6) &&
+                   (!huge || has_pattern(huge, 8192, 7));
         std::memset(heap.data(), 0xee, kLen);
         std::memset(g_bss, 0xee, 4096);
+        if (huge) std::memset(huge, 0xee, 8192);
         std::vector<uint8_t> more(1 << 16, 1);
         char c = saw && more[100] == 1 ? 'y' : 'n';
         (void)!write(ready[1], &c, 1);
@@ -537,6 +551,11 @@ TEST_CASE("fork after ibv_reg_mr: the child gets a private copy, the parent's MR
     // The parent's memory is untouched and its registration still moves data.
     CHECK(has_pattern(heap.data(), kLen, 5));
     CHECK(has_pattern(g_bss, 4096, 6));
+    if (huge) {
+        CHECK(has_pattern(huge, 8192, 7));
+        CHECK(ibv_dereg_mr(huge_mr) == 0);
+        munmap(huge, kHuge);
+    }
     CHECK(ibv_dereg_mr(mr) == 0);
     CHECK(ibv_dereg_mr(bss_mr) == 0);
     exercise(dev, peer, heap.data(), kLen, "heap registered before the fork");
