@@ -784,6 +784,66 @@ TEST_CASE("fabric: a QP that gets a destroyed peer's QPN cannot reach the old pa
 }
 
 // Partitions across shims: the request carries the sender's P_Key.
+TEST_CASE("fabric: a UD send completes once its payload left the sender's memory, not when queued",
+          "[shim][fabric]") {
+    // The sender may reuse its buffer as soon as the send completes (Open
+    // MPI's UD connection manager does): a datagram completed while still
+    // queued went out with the next message's bytes, to the wrong process.
+    Fabric2 f;
+    uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
+    auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
+    FakeProvider::QpSpec ud;
+    ud.type = IBV_QPT_UD;
+    (void)f.B.p.qp(pb, cb, cb, ud);  // QPNs differ between the shims
+    auto qa = f.A.p.qp(pa, ca, ca, ud);
+    auto qb = f.B.p.qp(pb, cb, cb, ud);
+    f.A.p.ud_ready(qa, 0x1234);
+    f.B.p.ud_ready(qb, 0x1234);
+    auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);
+    abi::CmdCreateAhReq ahr{};
+    ahr.pd_handle = pa;
+    ahr.attr.dlid = 2;
+    ahr.attr.port_num = 1;
+    uint32_t ah = f.A.p.cmd(CmdOp::CreateAh, ahr).as<abi::CmdCreateAhResp>().ah_handle;
+    f.B.p.post_recv(qb.rq, 1, {abi::Sge{mb.addr, 100, mb.lkey}});
+    f.B.p.post_recv(qb.rq, 2, {abi::Sge{mb.addr + 100, 100, mb.lkey}});
+    auto w = send_wqe(10, IBV_WR_SEND);
+    w.ah_handle = ah;
+    w.remote_qpn = qb.qpn;
+    w.remote_qkey = 0x1234;
+
+    std::memcpy(f.A.p.at(ma.addr), "first!", 6);
+    f.A.p.post_send(qa.sq, w, {abi::Sge{ma.addr, 6, ma.lkey}});
+    for (int i = 0; i < 4; ++i) f.A.eng.poll_once();  // queued on the link, not written yet
+    CHECK(f.A.p.poll(ca).empty());
+    f.pump();
+    auto sc = f.A.p.poll(ca);
+    REQUIRE(sc.size() == 1);
+    CHECK(sc[0].status == IBV_WC_SUCCESS);
+    // Reused at once, as the completion allows.
+    std::memcpy(f.A.p.at(ma.addr), "second", 6);
+    w.wr_id = 11;
+    f.A.p.post_send(qa.sq, w, {abi::Sge{ma.addr, 6, ma.lkey}});
+    f.pump();
+    REQUIRE(f.A.p.poll(ca).size() == 1);
+    auto rc = f.B.p.poll(cb);
+    REQUIRE(rc.size() == 2);
+    CHECK(std::memcmp(f.B.p.at(mb.addr + abi::kUdGrhBytes), "first!", 6) == 0);
+    CHECK(std::memcmp(f.B.p.at(mb.addr + 100 + abi::kUdGrhBytes), "second", 6) == 0);
+
+    SECTION("a datagram still queued when the link closes is lost, and its send completes") {
+        w.wr_id = 12;
+        f.A.p.post_send(qa.sq, w, {abi::Sge{ma.addr, 6, ma.lkey}});
+        for (int i = 0; i < 4; ++i) f.A.eng.poll_once();
+        CHECK(f.A.p.poll(ca).empty());
+        f.la->close("test");
+        auto lost = f.A.p.poll(ca);
+        REQUIRE(lost.size() == 1);
+        CHECK(lost[0].wr_id == 12);
+        CHECK(lost[0].status == IBV_WC_SUCCESS);
+    }
+}
+
 TEST_CASE("fabric: RC and UD between guests of different partitions fail across shims", "[shim][fabric][isolation]") {
     Fabric2 f;
     f.A.eng.set_pkeys(f.A.g, {0x8001});

@@ -83,6 +83,10 @@ struct Request {
     // Not carried: the guest's WQE, validated, for a transport that posts
     // it as it is (hca_transport.h).
     const SendWork* wqe = nullptr;
+    // Not carried: the WQE's send queue index. A UD or UC request that a
+    // transport sends later (the fabric) completes when the transport says
+    // its payload left the guest's memory (requester_sent).
+    uint32_t sq_idx = 0;
 };
 
 // The responder's answer to an RC request (UD and UC requests get none:

@@ -2,6 +2,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "async_events.h"
@@ -86,7 +87,9 @@ void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const Sen
     if (!in_flight) qp.sq_next = qp.sq.cons;
     if (!is_local_op(hdr.opcode)) {  // a local operation sends nothing: it takes no PSN
         qp.una_psn = psn_next(qp.una_psn);
-        if (qp.type != IBV_QPT_RC) qp.next_psn = qp.una_psn;  // nothing stays in flight
+        // UD and UC: what is still in flight (sent later by the fabric,
+        // requester_sent) keeps the PSNs it took.
+        if (qp.type != IBV_QPT_RC && qp.sq_next == qp.sq.cons) qp.next_psn = qp.una_psn;
     }
     bool signaled = qp.sig_all || (hdr.send_flags & IBV_SEND_SIGNALED);
     if (status == IBV_WC_SUCCESS && !signaled) return;
@@ -292,21 +295,38 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     return qp.wait == SqWait::None ? Step::Next : Step::Stop;
 }
 
+// UD and UC over a transport that sends later (the fabric): the WQE stays
+// in flight, with its PSN, until the transport says its payload left the
+// guest's memory (requester_sent); the next WQEs may go meanwhile.
+Step sent_later(Qp& qp) {
+    if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
+    qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+    qp.next_psn = psn_next(qp.next_psn);
+    return Step::Next;
+}
+
+// A UD or UC WQE that fails before it is sent completes in order: once
+// every WQE before it has (`idle`); until then the queue waits.
+Step fail_after_sent(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t status, bool idle) {
+    if (idle) fail_head(eng, ctx, qp, status, &w);
+    return Step::Stop;
+}
+
 Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const abi::SendWqe& h = w.hdr;
-    if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
-    if (h.opcode != IBV_WR_SEND && h.opcode != IBV_WR_SEND_WITH_IMM)
-        return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    const bool idle = qp.sq_next == qp.sq.cons;
+    auto fail = [&](uint32_t status) { return fail_after_sent(eng, ctx, qp, w, status, idle); };
+    if (st != IBV_WC_SUCCESS) return fail(st);
+    if (h.opcode != IBV_WR_SEND && h.opcode != IBV_WR_SEND_WITH_IMM) return fail(IBV_WC_LOC_QP_OP_ERR);
     const Ah* ah = ctx.ahs.get(h.ah_handle);
-    if (!ah || ah->pd != qp.pd) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    if (!ah || ah->pd != qp.pd) return fail(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = eng.routes().lookup(ah->attr.dlid);
     Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
-    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS)
-        return fail_head(eng, ctx, qp, e, &w), Step::Stop;
-    if (len > kPortMtuBytes) return fail_head(eng, ctx, qp, IBV_WC_LOC_LEN_ERR, &w), Step::Stop;
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return fail(e);
+    if (len > kPortMtuBytes) return fail(IBV_WC_LOC_LEN_ERR);
 
     Request req;
     req.opcode = h.opcode;
@@ -330,10 +350,20 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
         std::memcpy(req.dgid, ah->attr.dgid, 16);
     }
     req.inline_payload = w.is_inline;
+    req.psn = qp.next_psn;
+    req.sq_idx = qp.sq_next;
     // A datagram nobody can receive is lost; the send still succeeds.
-    if (t && ctx.guest().port_active) {
+    const bool goes = t && ctx.guest().port_active;
+    if (!idle && (!goes || t == &eng.local_transport())) return Step::Stop;  // completes now: after those before it
+    if (goes) {
         Response r;
-        if (t->send(eng, ctx, qp, req, loc, nl, pins, r) == SendResult::Busy) return Step::Stop;
+        const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
+        if (sent == SendResult::Busy) return Step::Stop;
+        if (sent == SendResult::InFlight) {
+            count_issued(ctx, req);
+            return sent_later(qp);
+        }
+        if (!idle) return Step::Stop;  // dropped (the peer is down): again once those before it completed
         count_issued(ctx, req);
         // Only the sender's own memory failing is the sender's error.
         if (r.syndrome == Syndrome::LocalFault) {
@@ -346,20 +376,22 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
 }
 
 // UC: the message goes to the connected QP with the next PSN and completes
-// as soon as the transport took it; no acknowledgement, no retry.
+// once it is sent (at once on this shim; over the fabric when its payload
+// is written, requester_sent); no acknowledgement, no retry.
 Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const abi::SendWqe& h = w.hdr;
-    if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
+    const bool idle = qp.sq_next == qp.sq.cons;
+    auto fail = [&](uint32_t status) { return fail_after_sent(eng, ctx, qp, w, status, idle); };
+    if (st != IBV_WC_SUCCESS) return fail(st);
     const bool send = h.opcode == IBV_WR_SEND || h.opcode == IBV_WR_SEND_WITH_IMM;
     const bool write = h.opcode == IBV_WR_RDMA_WRITE || h.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-    if (!send && !write) return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    if (!send && !write) return fail(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = transport_of(eng, qp);
     Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
-    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS)
-        return fail_head(eng, ctx, qp, e, &w), Step::Stop;
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return fail(e);
 
     Request req;
     req.opcode = h.opcode;
@@ -377,20 +409,27 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.remote_addr = h.remote_addr;
     req.inline_payload = w.is_inline;
     req.wqe = &w;
+    req.sq_idx = qp.sq_next;
     // A message nobody receives is lost; the send still succeeds.
-    if (t && ctx.guest().port_active) {
+    const bool goes = t && ctx.guest().port_active;
+    if (!idle && (!goes || t == &eng.local_transport())) return Step::Stop;  // completes now: after those before it
+    if (goes) {
         Response r;
         const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
         if (sent == SendResult::Busy) return Step::Stop;
-        count_issued(ctx, req);
-        // Through the device, its completion completes it; over TCP
-        // InFlight only means sent, as for UD.
-        if (sent == SendResult::InFlight && qp.device_bound) {
-            qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
-            return Step::Next;
+        if (sent == SendResult::InFlight) {
+            // Through the device, its completion completes it; over TCP,
+            // the fabric's word that it was sent (requester_sent).
+            count_issued(ctx, req);
+            if (qp.device_bound) {
+                qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+                return Step::Next;
+            }
+            return sent_later(qp);
         }
-        if (qp.device_bound && r.syndrome == Syndrome::LocalFault)
-            return fail_head(eng, ctx, qp, IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+        if (!idle) return Step::Stop;  // dropped (the peer is down): again once those before it completed
+        count_issued(ctx, req);
+        if (qp.device_bound && r.syndrome == Syndrome::LocalFault) return fail(IBV_WC_LOC_QP_OP_ERR);
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;
@@ -413,6 +452,7 @@ bool flush_sq(Context& ctx, Qp& qp) {
         cq_push(ctx, qp.send_cq, c);
     }
     qp.sq_next = qp.sq.cons;
+    std::fill(qp.sent_flags.begin(), qp.sent_flags.end(), 0);
     return true;
 }
 
@@ -468,6 +508,7 @@ void requester_start(Qp& qp) {
 }
 
 void requester_reset(Qp& qp) {
+    std::fill(qp.sent_flags.begin(), qp.sent_flags.end(), 0);
     qp.transport = nullptr;
     qp.route_gen = 0;
     qp.sq_next = qp.sq.cons;
@@ -628,6 +669,20 @@ void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
     qp.ack_since_ns = eng.now();
     qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
+}
+
+void requester_sent(Engine& eng, Context& ctx, Qp& qp, uint32_t idx) {
+    // Only a WQE still in flight: a QP flushed or reset since has completed
+    // it already.
+    if (ring_count(idx, qp.sq.cons, qp.sq.entries) >= inflight_count(qp) || qp.sent_flags.size() != qp.sq.entries) return;
+    if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+    qp.sent_flags[ring_slot(idx, qp.sq.entries)] = 1;
+    // In order: the head, and those after it that were sent too.
+    while (qp.sq_next != qp.sq.cons && qp.sent_flags[ring_slot(qp.sq.cons, qp.sq.entries)]) {
+        qp.sent_flags[ring_slot(qp.sq.cons, qp.sq.entries)] = 0;
+        complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
+    }
+    ctx.mark_work(qp);  // the next WQEs, and a drain, may go on
 }
 
 void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status) {

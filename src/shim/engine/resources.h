@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "segment_table.h"
 #include "vrdma/abi.h"
@@ -154,6 +155,10 @@ struct Qp {
     // The local transport's transfer of the WQE at sq_next, while it moves
     // slice by slice (kept between transfers: no allocation per message).
     std::unique_ptr<SlicedCopy, SlicedCopyDeleter> sliced;
+    // UD and UC WQEs in flight over the fabric whose payload was sent, by
+    // send queue slot (requester_sent: they complete in order; a datagram
+    // to another peer may leave first). Sized once, at the first such WQE.
+    std::vector<uint8_t> sent_flags;
 
     // With a device: the device QP whose QPN is `qpn`, and whether it
     // carries this QP's traffic (hca_bind.h): then the device does what

@@ -179,7 +179,10 @@ void Link::close(const std::string& reason) {
     inbound_.clear();
     cur_ = nullptr;
     for (auto& [k, s] : senders_) {
-        for (uint32_t i = 0; i < s->count; ++i) s->at(i).pins.clear();
+        for (uint32_t i = 0; i < s->count; ++i) {
+            if (s->at(i).notify_sent) notify_sent(s->at(i));
+            s->at(i).pins.clear();
+        }
         if (s->wake_ctx)
             if (Context* c = eng_.find_context(s->wake_ctx)) c->request_rescan();
     }
@@ -188,6 +191,11 @@ void Link::close(const std::string& reason) {
     iov_.clear();
     iov_pos_ = 0;
     fd_.reset();
+}
+
+void Link::notify_sent(OutMsg& m) {
+    m.notify_sent = false;
+    if (Engine::QpRef q = eng_.find_qp(m.src_lid, m.src_qpn)) requester_sent(eng_, *q.ctx, *q.qp, m.sq_idx);
 }
 
 bool Link::violation(const char* why) {
@@ -631,7 +639,7 @@ OutMsg* Link::reserve(QpSender& s) {
     m.total = 0;
     m.sent = 0;
     m.header_sent = false;
-    m.fragile = m.faulted = false;
+    m.fragile = m.faulted = m.notify_sent = false;
     m.pins.clear();
     return &m;
 }
@@ -658,6 +666,8 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
     if (req.resend) ++stats.retries;
     m->type = SegType::Request;
     m->plain_ack = false;
+    m->notify_sent = req.qp_type != IBV_QPT_RC;
+    m->sq_idx = req.sq_idx;
     m->src_lid = req.slid;
     m->src_qpn = req.sqpn;
     m->dst_lid = req.dlid;
@@ -824,6 +834,7 @@ void Link::batch_done() {
     bool room = false;
     for (QpSender* s : batch_senders_) {
         for (; s->committed > 0; --s->committed) {
+            if (s->at(0).notify_sent) notify_sent(s->at(0));
             s->at(0).pins.clear();
             s->head = (s->head + 1) % QpSender::kDepth;
             --s->count;

@@ -58,6 +58,11 @@ struct OutMsg {
     // while writing it (faulted: the rest went as zeros; kSegAbort).
     bool fragile = false;
     bool faulted = false;
+    // A UD or UC request: its WQE (send queue index sq_idx) completes once
+    // the message is written (requester_sent), or when the link closes (a
+    // lost datagram or UC message still completes at the sender).
+    bool notify_sent = false;
+    uint32_t sq_idx = 0;
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];
 };
@@ -140,6 +145,8 @@ private:
     bool on_fixed();
     bool on_payload_done();
     bool violation(const char* why);
+    // A UD or UC request left (or will never leave): its WQE may complete.
+    void notify_sent(OutMsg& m);
     void begin_request(InMsg& m, const Request& req);
     void finish_request(InMsg& m);
     void begin_response(InMsg& m, const Response& resp, uint64_t length);
