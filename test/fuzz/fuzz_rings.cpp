@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             uint32_t v = index_value(in, wq->prod, wq->entries);
             w.a.ring_header(wq->ring)->producer.store(v);
             if (in.u8() & 1) wq->prod = v;  // the provider believes it too
-            w.a.cb()->doorbell.fetch_add(1);
+            w.a.announce(*wq);  // its work bit (the doorbell for the SRQ)
             break;
         }
         case 1: {  // a CQ consumer index
