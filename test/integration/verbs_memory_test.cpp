@@ -60,6 +60,18 @@ uint32_t complete(ibv_cq* cq) {
     return wc ? wc->status : 0xffff;
 }
 
+// The peer's RDMA `op` (READ or WRITE) of `len` bytes at `addr` through
+// `rkey`, into or out of `other`: its completion status.
+uint32_t peer_rdma(RcPair& p, ibv_wr_opcode op, const void* addr, uint32_t rkey, Buffer& other, size_t len) {
+    ibv_send_wr w{};
+    w.opcode = op;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(addr);
+    w.wr.rdma.rkey = rkey;
+    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
+    return complete(p.b.send_cq);
+}
+
 // Moves verified data out of and into [mem, mem+len) (registered on
 // `dev`) from a buffer of the peer guest: send/recv both ways, RDMA write
 // into it, RDMA read out of it.
@@ -91,22 +103,25 @@ void exercise(Device& dev, Device& peer, uint8_t* mem, size_t len, const char* w
 
     // RDMA write into it
     pattern(other.data, len, 3);
-    ibv_send_wr w{};
-    w.opcode = IBV_WR_RDMA_WRITE;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(mem);
-    w.wr.rdma.rkey = mr->rkey;
-    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
-    CHECK(complete(p.b.send_cq) == IBV_WC_SUCCESS);
+    CHECK(peer_rdma(p, IBV_WR_RDMA_WRITE, mem, mr->rkey, other, len) == IBV_WC_SUCCESS);
     CHECK(has_pattern(mem, len, 3));
 
     // RDMA read out of it
     pattern(mem, len, 4);
-    w.opcode = IBV_WR_RDMA_READ;
-    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
-    CHECK(complete(p.b.send_cq) == IBV_WC_SUCCESS);
+    CHECK(peer_rdma(p, IBV_WR_RDMA_READ, mem, mr->rkey, other, len) == IBV_WC_SUCCESS);
     CHECK(has_pattern(other.data, len, 4));
     CHECK(ibv_dereg_mr(mr) == 0);
+}
+
+// A SysV shared memory segment of `len` bytes (shmget `flags` added),
+// attached and already marked for removal.
+uint8_t* sysv_segment(size_t len, int flags) {
+    int id = shmget(IPC_PRIVATE, len, IPC_CREAT | flags | 0600);
+    REQUIRE(id >= 0);
+    void* m = shmat(id, nullptr, 0);
+    shmctl(id, IPC_RMID, nullptr);
+    REQUIRE(m != reinterpret_cast<void*>(-1));
+    return static_cast<uint8_t*>(m);
 }
 
 // A /dev/shm file of `len` bytes, mapped shared, closed and unlinked, the
@@ -189,12 +204,8 @@ TEST_CASE("ibv_reg_mr takes shared memory of every kind", "[memory]") {
         munmap(m, len);
     }
     SECTION("SysV shared memory") {
-        int id = shmget(IPC_PRIVATE, len, IPC_CREAT | 0600);
-        REQUIRE(id >= 0);
-        void* m = shmat(id, nullptr, 0);
-        shmctl(id, IPC_RMID, nullptr);
-        REQUIRE(m != reinterpret_cast<void*>(-1));
-        exercise(dev, peer, static_cast<uint8_t*>(m) + 8, kLen, "SysV shm");
+        uint8_t* m = sysv_segment(len, 0);
+        exercise(dev, peer, m + 8, kLen, "SysV shm");
         shmdt(m);
     }
     SECTION("a range over anonymous, memfd and /dev/shm pages, registered twice") {
@@ -275,12 +286,8 @@ TEST_CASE("ibv_reg_mr takes huge pages of every kind", "[memory][hugetlb]") {
         munmap(m, len);
     }
     SECTION("SysV SHM_HUGETLB") {
-        int id = shmget(IPC_PRIVATE, len, IPC_CREAT | SHM_HUGETLB | 0600);
-        REQUIRE(id >= 0);
-        void* m = shmat(id, nullptr, 0);
-        shmctl(id, IPC_RMID, nullptr);
-        REQUIRE(m != reinterpret_cast<void*>(-1));
-        exercise(dev, peer, static_cast<uint8_t*>(m) + 8, span, "SysV SHM_HUGETLB");
+        uint8_t* m = sysv_segment(len, SHM_HUGETLB);
+        exercise(dev, peer, m + 8, span, "SysV SHM_HUGETLB");
         shmdt(m);
     }
     for (int flags : {MAP_SHARED, MAP_PRIVATE}) {
@@ -479,19 +486,11 @@ TEST_CASE("memory unmapped or replaced under a live MR: the MR keeps its pages, 
 
     RcPair p(dev, peer);
     Buffer other(peer.pd, len, kAll);
-    ibv_send_wr w{};
-    w.opcode = IBV_WR_RDMA_READ;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(m);
-    w.wr.rdma.rkey = mr->rkey;
-    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
-    CHECK(complete(p.b.send_cq) == IBV_WC_SUCCESS);
+    CHECK(peer_rdma(p, IBV_WR_RDMA_READ, m, mr->rkey, other, len) == IBV_WC_SUCCESS);
     CHECK(has_pattern(other.data, len, 5));  // the registered pages, not the new one
     // A write lands in the registered pages; the new page stays as it was.
     pattern(other.data, len, 6);
-    w.opcode = IBV_WR_RDMA_WRITE;
-    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
-    CHECK(complete(p.b.send_cq) == IBV_WC_SUCCESS);
+    CHECK(peer_rdma(p, IBV_WR_RDMA_WRITE, m, mr->rkey, other, len) == IBV_WC_SUCCESS);
     CHECK(m[4096] == 0xee);
     CHECK(m[2 * 4096 - 1] == 0xee);
     CHECK(has_pattern(m, 4096, 6));  // the first page is still the registered one

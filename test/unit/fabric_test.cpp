@@ -384,29 +384,51 @@ TEST_CASE("fabric: fetch-and-add and compare-and-swap", "[shim][fabric]") {
     CHECK(t.B.p.poll(t.cq_b).empty());
 }
 
+// A UD QP of A and one of B (qkey 0x1234), an MR and a CQ on each side.
+struct UdOverFabric : Fabric2 {
+    uint32_t pa = 0, pb = 0;
+    FakeProvider::CqView ca, cb;
+    FakeProvider::QpView qa, qb;
+    FakeProvider::MrInfo ma, mb;
+    UdOverFabric() {
+        pa = A.p.pd();
+        pb = B.p.pd();
+        ca = A.p.cq(64);
+        cb = B.p.cq(64);
+        FakeProvider::QpSpec ud;
+        ud.type = IBV_QPT_UD;
+        (void)B.p.qp(pb, cb, cb, ud);  // QPNs differ between the shims
+        qa = A.p.qp(pa, ca, ca, ud);
+        qb = B.p.qp(pb, cb, cb, ud);
+        A.p.ud_ready(qa, 0x1234);
+        B.p.ud_ready(qb, 0x1234);
+        ma = A.p.mr(pa, 8192, kAllAccess);
+        mb = B.p.mr(pb, 8192, kAllAccess);
+    }
+    // An AH of A's PD to `attr`'s destination (dlid 2, port 1 if unset).
+    uint32_t ah(abi::AhAttr attr = {}) {
+        abi::CmdCreateAhReq r{};
+        r.pd_handle = pa;
+        r.attr = attr;
+        if (!r.attr.dlid) r.attr.dlid = 2;
+        if (!r.attr.port_num) r.attr.port_num = 1;
+        return A.p.cmd(CmdOp::CreateAh, r).as<abi::CmdCreateAhResp>().ah_handle;
+    }
+};
+
 TEST_CASE("fabric: UD datagram with a GRH", "[shim][fabric]") {
-    Fabric2 f;
-    uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
-    auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
-    FakeProvider::QpSpec ud;
-    ud.type = IBV_QPT_UD;
-    (void)f.B.p.qp(pb, cb, cb, ud);  // QPNs differ between the shims
-    auto qa = f.A.p.qp(pa, ca, ca, ud);
-    auto qb = f.B.p.qp(pb, cb, cb, ud);
-    f.A.p.ud_ready(qa, 0x1234);
-    f.B.p.ud_ready(qb, 0x1234);
-    auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);
-    abi::CmdCreateAhReq ahr{};
-    ahr.pd_handle = pa;
-    ahr.attr.dlid = 2;
-    ahr.attr.port_num = 1;
-    ahr.attr.sl = 5;
-    ahr.attr.is_global = 1;
-    ahr.attr.hop_limit = 64;
-    ahr.attr.traffic_class = 0x28;
-    ahr.attr.flow_label = 0x12345;
-    make_gid(0x2222, ahr.attr.dgid);
-    uint32_t ah = f.A.p.cmd(CmdOp::CreateAh, ahr).as<abi::CmdCreateAhResp>().ah_handle;
+    UdOverFabric f;
+    abi::AhAttr grh{};
+    grh.sl = 5;
+    grh.is_global = 1;
+    grh.hop_limit = 64;
+    grh.traffic_class = 0x28;
+    grh.flow_label = 0x12345;
+    make_gid(0x2222, grh.dgid);
+    const uint32_t ah = f.ah(grh);
+    auto &ca = f.ca, &cb = f.cb;
+    auto &qa = f.qa, &qb = f.qb;
+    auto &ma = f.ma, &mb = f.mb;
 
     std::memcpy(f.A.p.at(ma.addr), "datagram", 8);
     std::memset(f.B.p.at(mb.addr), 0xee, 200);
@@ -452,7 +474,7 @@ TEST_CASE("fabric: UD datagram with a GRH", "[shim][fabric]") {
     uint8_t sgid[16];
     make_gid(0x1111, sgid);
     CHECK(std::memcmp(g + 8, sgid, 16) == 0);
-    CHECK(std::memcmp(g + 24, ahr.attr.dgid, 16) == 0);
+    CHECK(std::memcmp(g + 24, grh.dgid, 16) == 0);
     CHECK(std::memcmp(g + 40, "datagram", 8) == 0);
     CHECK(g[48] == 0xee);
     CHECK(f.la->stats.errors == 0);
@@ -789,22 +811,11 @@ TEST_CASE("fabric: a UD send completes once its payload left the sender's memory
     // The sender may reuse its buffer as soon as the send completes (Open
     // MPI's UD connection manager does): a datagram completed while still
     // queued went out with the next message's bytes, to the wrong process.
-    Fabric2 f;
-    uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
-    auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
-    FakeProvider::QpSpec ud;
-    ud.type = IBV_QPT_UD;
-    (void)f.B.p.qp(pb, cb, cb, ud);  // QPNs differ between the shims
-    auto qa = f.A.p.qp(pa, ca, ca, ud);
-    auto qb = f.B.p.qp(pb, cb, cb, ud);
-    f.A.p.ud_ready(qa, 0x1234);
-    f.B.p.ud_ready(qb, 0x1234);
-    auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);
-    abi::CmdCreateAhReq ahr{};
-    ahr.pd_handle = pa;
-    ahr.attr.dlid = 2;
-    ahr.attr.port_num = 1;
-    uint32_t ah = f.A.p.cmd(CmdOp::CreateAh, ahr).as<abi::CmdCreateAhResp>().ah_handle;
+    UdOverFabric f;
+    const uint32_t ah = f.ah();
+    auto &ca = f.ca, &cb = f.cb;
+    auto &qa = f.qa, &qb = f.qb;
+    auto &ma = f.ma, &mb = f.mb;
     f.B.p.post_recv(qb.rq, 1, {abi::Sge{mb.addr, 100, mb.lkey}});
     f.B.p.post_recv(qb.rq, 2, {abi::Sge{mb.addr + 100, 100, mb.lkey}});
     auto w = send_wqe(10, IBV_WR_SEND);

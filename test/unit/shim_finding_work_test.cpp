@@ -16,18 +16,24 @@ using abi::CmdOp;
 
 namespace {
 constexpr uint32_t kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+// A QP with small rings: thousands of them fit in the test arena.
+QpSpec small_qp() {
+    QpSpec s;
+    s.entries = 4;
+    s.stride = 256;
+    s.rq_stride = 64;
+    s.max_sge = 1;
+    s.max_inline = 64;
+    return s;
+}
 }  // namespace
 
 TEST_CASE("finding work: commands and a QP's work bit cost O(1), not O(QPs)", "[shim][engine]") {
     TwoGuests t;
     const uint32_t pd = t.a.pd();
     auto cq = t.a.cq(64);
-    QpSpec small;
-    small.entries = 4;
-    small.stride = 256;
-    small.rq_stride = 64;
-    small.max_sge = 1;
-    small.max_inline = 64;
+    const QpSpec small = small_qp();
     constexpr int kIdle = 1000;
     for (int i = 0; i < kIdle; ++i) (void)t.a.qp(pd, cq, cq, small);
     t.run();
@@ -67,12 +73,7 @@ TEST_CASE("finding work: past 4096 QPs a work bit names a few QPs, and commands 
     TwoGuests t;
     const uint32_t pd = t.a.pd();
     auto cq = t.a.cq(64);
-    QpSpec small;
-    small.entries = 4;
-    small.stride = 256;
-    small.rq_stride = 64;
-    small.max_sge = 1;
-    small.max_inline = 64;
+    const QpSpec small = small_qp();
     for (uint32_t i = 0; i < abi::kWorkSlots; ++i) (void)t.a.qp(pd, cq, cq, small);
     // This QP's table slot is past the work slots: it shares a bit.
     auto qa = t.a.qp(pd, cq, cq);
