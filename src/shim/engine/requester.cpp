@@ -295,14 +295,36 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     return qp.wait == SqWait::None ? Step::Next : Step::Stop;
 }
 
-// UD and UC over a transport that sends later (the fabric): the WQE stays
-// in flight, with its PSN, until the transport says its payload left the
-// guest's memory (requester_sent); the next WQEs may go meanwhile.
-Step sent_later(Qp& qp) {
-    if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
-    qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
-    qp.next_psn = psn_next(qp.next_psn);
-    return Step::Next;
+// How a UD or UC request went (send_unacked).
+enum class Unacked { Wait, Later, Now };
+
+// Hands the UD or UC request `req` to `t` (none, or the guest's port down:
+// nothing goes, the message is lost and the send still succeeds). A WQE
+// that would complete at once waits for the WQEs in flight before it
+// (`idle` false): Wait, and it is handed over again later. Later: it stays
+// in flight, with its PSN, until the device completes it or the fabric
+// says its payload left the guest's memory (requester_sent); the next WQEs
+// may go meanwhile. Now: `r` is the transport's answer (Drop if nothing
+// went), and the WQE completes.
+Unacked send_unacked(Engine& eng, Context& ctx, Qp& qp, const Request& req, Transport* t, const Span* loc,
+                     uint32_t nl, Pins* pins, bool idle, Response& r) {
+    const bool goes = t && ctx.guest().port_active;
+    if (!idle && (!goes || t == &eng.local_transport())) return Unacked::Wait;
+    if (!goes) return Unacked::Now;
+    const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
+    if (sent == SendResult::Busy) return Unacked::Wait;
+    if (sent == SendResult::InFlight) {
+        count_issued(ctx, req);
+        if (!qp.device_bound) {
+            if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
+            qp.next_psn = psn_next(qp.next_psn);
+        }
+        qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+        return Unacked::Later;
+    }
+    if (!idle) return Unacked::Wait;  // dropped (the peer is down): again once those before it completed
+    count_issued(ctx, req);
+    return Unacked::Now;
 }
 
 // A UD or UC WQE that fails before it is sent completes in order: once
@@ -352,25 +374,11 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.inline_payload = w.is_inline;
     req.psn = qp.next_psn;
     req.sq_idx = qp.sq_next;
-    // A datagram nobody can receive is lost; the send still succeeds.
-    const bool goes = t && ctx.guest().port_active;
-    if (!idle && (!goes || t == &eng.local_transport())) return Step::Stop;  // completes now: after those before it
-    if (goes) {
-        Response r;
-        const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
-        if (sent == SendResult::Busy) return Step::Stop;
-        if (sent == SendResult::InFlight) {
-            count_issued(ctx, req);
-            return sent_later(qp);
-        }
-        if (!idle) return Step::Stop;  // dropped (the peer is down): again once those before it completed
-        count_issued(ctx, req);
-        // Only the sender's own memory failing is the sender's error.
-        if (r.syndrome == Syndrome::LocalFault) {
-            fail_head(eng, ctx, qp, IBV_WC_LOC_PROT_ERR, &w);
-            return Step::Stop;
-        }
-    }
+    Response r;
+    const Unacked how = send_unacked(eng, ctx, qp, req, t, loc, nl, pins, idle, r);
+    if (how != Unacked::Now) return how == Unacked::Wait ? Step::Stop : Step::Next;
+    // Only the sender's own memory failing is the sender's error.
+    if (r.syndrome == Syndrome::LocalFault) return fail(IBV_WC_LOC_PROT_ERR);
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;
 }
@@ -410,27 +418,10 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.inline_payload = w.is_inline;
     req.wqe = &w;
     req.sq_idx = qp.sq_next;
-    // A message nobody receives is lost; the send still succeeds.
-    const bool goes = t && ctx.guest().port_active;
-    if (!idle && (!goes || t == &eng.local_transport())) return Step::Stop;  // completes now: after those before it
-    if (goes) {
-        Response r;
-        const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
-        if (sent == SendResult::Busy) return Step::Stop;
-        if (sent == SendResult::InFlight) {
-            // Through the device, its completion completes it; over TCP,
-            // the fabric's word that it was sent (requester_sent).
-            count_issued(ctx, req);
-            if (qp.device_bound) {
-                qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
-                return Step::Next;
-            }
-            return sent_later(qp);
-        }
-        if (!idle) return Step::Stop;  // dropped (the peer is down): again once those before it completed
-        count_issued(ctx, req);
-        if (qp.device_bound && r.syndrome == Syndrome::LocalFault) return fail(IBV_WC_LOC_QP_OP_ERR);
-    }
+    Response r;
+    const Unacked how = send_unacked(eng, ctx, qp, req, t, loc, nl, pins, idle, r);
+    if (how != Unacked::Now) return how == Unacked::Wait ? Step::Stop : Step::Next;
+    if (qp.device_bound && r.syndrome == Syndrome::LocalFault) return fail(IBV_WC_LOC_QP_OP_ERR);
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;
 }
@@ -674,7 +665,8 @@ void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint
 void requester_sent(Engine& eng, Context& ctx, Qp& qp, uint32_t idx) {
     // Only a WQE still in flight: a QP flushed or reset since has completed
     // it already.
-    if (ring_count(idx, qp.sq.cons, qp.sq.entries) >= inflight_count(qp) || qp.sent_flags.size() != qp.sq.entries) return;
+    if (qp.sent_flags.size() != qp.sq.entries || ring_count(idx, qp.sq.cons, qp.sq.entries) >= inflight_count(qp))
+        return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     qp.sent_flags[ring_slot(idx, qp.sq.entries)] = 1;
     // In order: the head, and those after it that were sent too.
