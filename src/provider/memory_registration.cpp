@@ -215,16 +215,21 @@ void sweep(Context& ctx, const std::vector<MapEntry>& maps) {
     }
 }
 
-// A memfd of `size` bytes of hugetlb pages of `page_size` bytes (not
-// sealable, so never a ring's: it backs MRs only). memfd_create encodes the
-// page size as mmap does (MFD_HUGE_SHIFT == MAP_HUGE_SHIFT).
-int create_hugetlb_memfd(uint64_t size, size_t page_size, UniqueFd& out) {
-    unsigned flags = MFD_CLOEXEC | MFD_HUGETLB | (unsigned(std::countr_zero(page_size)) << MAP_HUGE_SHIFT);
-    UniqueFd fd(::memfd_create("vrdma-mr-huge", flags));
+// A memfd (close-on-exec, memfd_create `flags` added) of `size` bytes.
+int sized_memfd(const char* name, unsigned flags, uint64_t size, UniqueFd& out) {
+    UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | flags));
     if (!fd) return errno;
     if (::ftruncate(fd.get(), off_t(size)) != 0) return errno;
     out = std::move(fd);
     return 0;
+}
+
+// A memfd of `size` bytes of hugetlb pages of `page_size` bytes (not
+// sealable, so never a ring's: it backs MRs only). memfd_create encodes the
+// page size as mmap does (MFD_HUGE_SHIFT == MAP_HUGE_SHIFT).
+int create_hugetlb_memfd(uint64_t size, size_t page_size, UniqueFd& out) {
+    const unsigned flags = MFD_HUGETLB | (unsigned(std::countr_zero(page_size)) << MAP_HUGE_SHIFT);
+    return sized_memfd("vrdma-mr-huge", flags, size, out);
 }
 
 // Moves a run of adjacent private pieces onto one new memfd segment,
@@ -257,9 +262,8 @@ int move_run(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) 
 }  // namespace
 
 int create_shared_memfd(const char* name, uint64_t size, UniqueFd& out) {
-    UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    if (!fd) return errno;
-    if (::ftruncate(fd.get(), off_t(size)) != 0) return errno;
+    UniqueFd fd;
+    if (int rc = sized_memfd(name, MFD_ALLOW_SEALING, size, fd)) return rc;
     if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) return errno;
     out = std::move(fd);
     return 0;
