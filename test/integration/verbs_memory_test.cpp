@@ -124,18 +124,24 @@ uint8_t* sysv_segment(size_t len, int flags) {
     return static_cast<uint8_t*>(m);
 }
 
+// The file `fd`, made `len` bytes long and mapped whole (mmap `flags`),
+// then closed.
+uint8_t* map_sized_file(int fd, size_t len, int flags) {
+    REQUIRE(fd >= 0);
+    REQUIRE(ftruncate(fd, off_t(len)) == 0);
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, flags, fd, 0);
+    REQUIRE(p != MAP_FAILED);
+    close(fd);
+    return static_cast<uint8_t*>(p);
+}
+
 // A /dev/shm file of `len` bytes, mapped shared, closed and unlinked, the
 // way Open MPI's osc rdma makes its windows.
 uint8_t* unlinked_shm_file(size_t len) {
     std::string name = "/vrdma-mem-test-" + std::to_string(getpid());
-    int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    REQUIRE(fd >= 0);
-    REQUIRE(ftruncate(fd, off_t(len)) == 0);
-    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    REQUIRE(p != MAP_FAILED);
-    close(fd);
+    uint8_t* p = map_sized_file(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600), len, MAP_SHARED);
     shm_unlink(name.c_str());
-    return static_cast<uint8_t*>(p);
+    return p;
 }
 
 }  // namespace
@@ -174,14 +180,9 @@ TEST_CASE("ibv_reg_mr takes private memory of every kind", "[memory]") {
     }
     SECTION("MAP_PRIVATE file") {
         char path[] = "/tmp/vrdma-mem-XXXXXX";
-        int fd = mkstemp(path);
-        REQUIRE(fd >= 0);
+        uint8_t* m = map_sized_file(mkstemp(path), 8 * 4096, MAP_PRIVATE);
         unlink(path);
-        REQUIRE(ftruncate(fd, 8 * 4096) == 0);
-        void* m = mmap(nullptr, 8 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-        REQUIRE(m != MAP_FAILED);
-        close(fd);
-        exercise(dev, peer, static_cast<uint8_t*>(m) + 4000, kLen, "MAP_PRIVATE file");
+        exercise(dev, peer, m + 4000, kLen, "MAP_PRIVATE file");
         munmap(m, 8 * 4096);
     }
 }
@@ -195,12 +196,8 @@ TEST_CASE("ibv_reg_mr takes shared memory of every kind", "[memory]") {
         munmap(m, len);
     }
     SECTION("memfd") {
-        int fd = memfd_create("vrdma-mem-test", MFD_CLOEXEC);
-        REQUIRE(ftruncate(fd, off_t(len)) == 0);
-        void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        REQUIRE(m != MAP_FAILED);
-        close(fd);
-        exercise(dev, peer, static_cast<uint8_t*>(m) + 4096, kLen, "memfd");
+        uint8_t* m = map_sized_file(memfd_create("vrdma-mem-test", MFD_CLOEXEC), len, MAP_SHARED);
+        exercise(dev, peer, m + 4096, kLen, "memfd");
         munmap(m, len);
     }
     SECTION("SysV shared memory") {
@@ -298,14 +295,9 @@ TEST_CASE("ibv_reg_mr takes huge pages of every kind", "[memory][hugetlb]") {
                 return;
             }
             std::string path = dir + "/vrdma-mem-test-" + std::to_string(getpid());
-            int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-            REQUIRE(fd >= 0);
+            uint8_t* m = map_sized_file(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600), len, flags);
             unlink(path.c_str());
-            REQUIRE(ftruncate(fd, off_t(len)) == 0);
-            void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, flags, fd, 0);
-            REQUIRE(m != MAP_FAILED);
-            close(fd);
-            exercise(dev, peer, static_cast<uint8_t*>(m) + 4096, span, "hugetlbfs file");
+            exercise(dev, peer, m + 4096, span, "hugetlbfs file");
             munmap(m, len);
         }
     }
