@@ -4,11 +4,13 @@
 # The HCA transport on a real verbs device: boots two QEMU VMs (TCG) with
 # Soft-RoCE (rdma_rxe) on one virtual wire (scripts/vm/), each running a
 # vrdma-shim with --hca rxe0 and one guest, the two shims joined into one
-# fabric; then runs across the two guests ibv_rc_pingpong with its data
-# checked and perftest (write, read, send, atomic bandwidth; write, send and
-# read latency), checks that the device carried the traffic and that the
-# shims' CPU copied no payload (vrdmactl transports), and prints perftest
-# run directly on rxe0 in the same VMs beside the figures through vrdma.
+# fabric; then runs across the two guests ibv_rc_pingpong, ibv_srq_pingpong
+# and ibv_ud_pingpong with their data checked and perftest (write, read,
+# send, atomic bandwidth; write, send and read latency; ib_send_bw -c UD),
+# checks that the device carried the traffic and that the shims' CPU copied
+# no payload (vrdmactl transports), runs the verbs suite through each VM's
+# device, and prints perftest run directly on rxe0 in the same VMs beside
+# the figures through vrdma.
 # Then the failure cases (test/hca/vm-failures.sh): a shim killed under
 # traffic (its peer's client gets IBV_WC_RETRY_EXC_ERR), a guest killed
 # (its device QPs and MRs freed, its peer gets an error), the link taken

@@ -77,6 +77,10 @@ rxe_up() {
     }
     _rxe_wait_for "$limit" test -d "/sys/class/net/$netdev" ||
         { echo "rxe-up: no $netdev after ${limit}s" >&2; return 1; }
+    # Jumbo frames: rxe's active MTU follows the netdev's, and 9000 gives
+    # 4096, the MTU a vrdma guest's port has (UD datagrams up to 4096 bytes
+    # through the device, as without it).
+    ip link set "$netdev" mtu 9000 || echo "rxe-up: $netdev keeps its MTU (rxe's will be smaller)" >&2
     ip link set "$netdev" up || return 1
     ip addr replace "$ip/24" dev "$netdev" || return 1
     if [ ! -d "/sys/class/infiniband/$dev" ]; then

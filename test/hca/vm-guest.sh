@@ -44,7 +44,8 @@ run_pair write_lat 18706 "${RUN[@]}" ib_write_lat -d vrdma0 -s 8 -n 100 -F
 run_pair send_lat 18707 "${RUN[@]}" ib_send_lat -d vrdma0 -s 8 -n 100 -F
 run_pair read_lat 18708 "${RUN[@]}" ib_read_lat -d vrdma0 -s 8 -n 100 -F
 run_pair write_lat_64k 18713 "${RUN[@]}" ib_write_lat -d vrdma0 -s 65536 -n 50 -F
-# UD is not on the device yet: between these shims it goes over their TCP link.
+# UD through the devices too (hca_ud.h): the datagrams' source LID and GRH
+# are the guests'.
 run_pair ud_pingpong 18709 "${RUN[@]}" ibv_ud_pingpong -d vrdma0 -g 0 -n 50 -s 1024 -c
 run_pair send_bw_ud 18710 "${RUN[@]}" ib_send_bw -d vrdma0 -c UD -s 1024 -n 100 -F
 
@@ -52,9 +53,12 @@ run_pair send_bw_ud 18710 "${RUN[@]}" ib_send_bw -d vrdma0 -c UD -s 1024 -n 100 
 "${CTL[@]}" transports >/tmp/transports.out 2>&1
 say "transports: $(tr '\n' ';' </tmp/transports.out)"
 local_copied=$(awk '$1 == "local" { print $3 }' /tmp/transports.out)
+tcp_copied=$(awk '$1 == "tcp" { print $3 }' /tmp/transports.out)
 hca_sends=$(awk '$1 == "hca" { print $4 }' /tmp/transports.out)
-if [ "${local_copied:-x}" = 0 ] && [ "${hca_sends:-0}" -gt 0 ]; then ok zero-copy; else
-    fail zero-copy "local copied_bytes ${local_copied:-?}, hca sends ${hca_sends:-?}"
+ud_lost=$(awk '$1 == "hca" { for (i = 1; i < NF; i++) if ($i == "ud_lost") print $(i + 1) }' /tmp/transports.out)
+if [ "${local_copied:-x}" = 0 ] && [ "${tcp_copied:-x}" = 0 ] && [ "${hca_sends:-0}" -gt 0 ] &&
+    [ "${ud_lost:-x}" = 0 ]; then ok zero-copy; else
+    fail zero-copy "local copied_bytes ${local_copied:-?}, tcp copied_bytes ${tcp_copied:-?}, hca sends ${hca_sends:-?}, ud_lost ${ud_lost:-?}"
 fi
 say "figures base_write_bw_MBps $(bw_of /tmp/base_write_bw.out) vrdma_write_bw_MBps $(bw_of /tmp/write_bw_64k.out)" \
     "base_send_lat_us $(lat_of /tmp/base_send_lat.out) vrdma_send_lat_us $(lat_of /tmp/send_lat.out)"

@@ -567,6 +567,7 @@ TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working
         {"unknown segment type", [&](RcOverFabric&) { return header(9, both, 0, 0); }},
         {"segment payload over 64 KiB", [&](RcOverFabric&) { return header(1, both, 112, 65537); }},
         {"wrong fixed part length", [&](RcOverFabric&) { return header(1, both, 100, 0); }},
+        {"malformed UD QP notice", [&](RcOverFabric&) { return header(5, both, 0, 8); }},
         {"a continuation of no message", [&](RcOverFabric&) { return header(1, fabric::kSegLast, 0, 10); }},
         {"malformed request",
          [&](RcOverFabric& t) {
@@ -651,6 +652,19 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
         t.pump();
         CHECK(t.lb->close_reason() == "protocol violation: request addresses differ from its segment's");
     }
+    SECTION("a UD QP notice for a LID the peer does not own") {
+        fabric::SegHeader h{};
+        h.type = uint8_t(fabric::SegType::UdQp);
+        h.flags = fabric::kSegFirst | fabric::kSegLast;
+        h.src_lid = 2;  // B's own
+        h.src_qpn = t.qa.qpn;
+        std::vector<uint8_t> v(sizeof(h));
+        std::memcpy(v.data(), &h, sizeof(h));
+        inject(t, v);
+        t.pump();
+        CHECK(t.lb->close_reason() == "protocol violation: a segment from a LID the peer does not own");
+        CHECK(t.lb->ud_owners.empty());
+    }
     SECTION("a response from a LID the peer does not own") {
         fabric::SegHeader h{};
         h.type = uint8_t(fabric::SegType::Response);
@@ -675,6 +689,33 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
     CHECK(std::memcmp(t.pb(0), want.data(), want.size()) == 0);
     CHECK(t.B.p.poll(t.cq_b).empty());
     CHECK(t.B.p.qp_state(t.qb.handle) == IBV_QPS_RTS);
+}
+
+// What a device shim tells its peers of its UD QPs (hca_ud.h): kept by
+// QPN, with the guest's LID and port GUID; the link goes on.
+TEST_CASE("fabric: a UD QP notice names the guest behind a device QPN", "[shim][fabric]") {
+    RcOverFabric t;
+    fabric::SegHeader h{};
+    h.type = uint8_t(fabric::SegType::UdQp);
+    h.flags = fabric::kSegFirst | fabric::kSegLast;
+    h.src_lid = 1;
+    h.src_qpn = 0x123456;
+    h.offset = 0x0011223344556677ull;
+    std::vector<uint8_t> v(sizeof(h));
+    std::memcpy(v.data(), &h, sizeof(h));
+    inject(t, v);
+    t.pump();
+    REQUIRE(t.lb->state() == LinkState::Up);
+    REQUIRE(t.lb->ud_owners.count(0x123456));
+    CHECK(t.lb->ud_owners.at(0x123456).lid == 1);
+    CHECK(t.lb->ud_owners.at(0x123456).guid == 0x0011223344556677ull);
+    // Sent by a link, it arrives the same way.
+    t.lb->send_ud_qp(2, 0x42, 7);
+    t.pump();
+    REQUIRE(t.la->ud_owners.count(0x42));
+    CHECK(t.la->ud_owners.at(0x42).lid == 2);
+    CHECK(t.la->ud_owners.at(0x42).guid == 7);
+    t.send_ok();
 }
 
 TEST_CASE("fabric: a request from a QP the target is not connected to is dropped", "[shim][fabric]") {

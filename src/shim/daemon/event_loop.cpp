@@ -125,11 +125,14 @@ void Daemon::run() {
     const bool fabric = fabric_.enabled();
     while (!stop_) {
         bool progress = engine_.poll_once();
-        if (hca_) progress |= hca_->poll(engine_);
         if (fabric) {
             fabric_.flush();       // what the requesters queued
             fabric_.poll_links();  // what the peers sent (other fabric events come through poll_events)
         }
+        // After the links: a peer's announcement of a UD QP (hca_ud.h),
+        // sent before that QP's first datagram, is read before the device
+        // delivers the datagram.
+        if (hca_) progress |= hca_->poll(engine_);
         reap_dead_contexts();
         if (progress) {
             idle_since = monotonic_ns();
@@ -185,15 +188,17 @@ std::string Daemon::transports_report() {
                   (unsigned long long)engine_.local_transport().copied_bytes());
     out += line;
     const fabric::LinkStats t = fabric_.totals();
-    std::snprintf(line, sizeof(line), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_bytes + t.rx_bytes));
+    std::snprintf(line, sizeof(line), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_payload + t.rx_payload));
     out += line;
     if (hca_) {
         const HcaDevice::Stats& s = hca_->stats();
         std::snprintf(line, sizeof(line),
-                      "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0\n",
+                      "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0"
+                      " ud_lost %llu ud_unknown %llu\n",
                       hca_->name().c_str(), hca_->port(), (unsigned long long)s.sends,
                       (unsigned long long)s.send_bytes, (unsigned long long)s.recvs,
-                      (unsigned long long)s.completions, (unsigned long long)s.errors);
+                      (unsigned long long)s.completions, (unsigned long long)s.errors,
+                      (unsigned long long)s.ud_lost, (unsigned long long)s.ud_unknown);
         out += line;
     }
     return out;

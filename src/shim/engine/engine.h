@@ -130,6 +130,9 @@ public:
         hca_transport_ = transport;
     }
     HcaDevice* hca() const { return hca_; }
+    // The fabric's directory of UD QPs on the peers' devices (null: no fabric).
+    void set_ud_directory(UdDirectory* d) { ud_directory_ = d; }
+    UdDirectory* ud_directory() const { return ud_directory_; }
     Transport* hca_transport() const { return hca_transport_; }
     LocalTransport& local_transport() { return local_; }
     // The one WQE being worked on (too large for the stack of every pass).
@@ -208,6 +211,7 @@ private:
     LocalTransport local_;
     HcaDevice* hca_ = nullptr;
     Transport* hca_transport_ = nullptr;
+    UdDirectory* ud_directory_ = nullptr;
     SendWork scratch_;
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed

@@ -10,6 +10,7 @@
 #include "engine.h"
 #include "hca_bind.h"
 #include "hca_transport.h"
+#include "hca_ud.h"
 #include "memory_windows.h"
 #include "psn.h"
 #include "qp_state.h"
@@ -309,16 +310,21 @@ enum class Unacked { Wait, Later, Now };
 Unacked send_unacked(Engine& eng, Context& ctx, Qp& qp, const Request& req, Transport* t, const Span* loc,
                      uint32_t nl, Pins* pins, bool idle, Response& r) {
     const bool goes = t && ctx.guest().port_active;
+    const bool device = t && t == eng.hca_transport();
     if (!idle && (!goes || t == &eng.local_transport())) return Unacked::Wait;
+    // What is in flight completes in order on one path: a UD QP on the
+    // device switches between the device and TCP only once idle.
+    if (!idle && device != qp.inflight_on_device) return Unacked::Wait;
     if (!goes) return Unacked::Now;
     const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
     if (sent == SendResult::Busy) return Unacked::Wait;
     if (sent == SendResult::InFlight) {
         count_issued(ctx, req);
-        if (!qp.device_bound) {
+        if (!device) {
             if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
             qp.next_psn = psn_next(qp.next_psn);
         }
+        qp.inflight_on_device = device;
         qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
         return Unacked::Later;
     }
@@ -343,12 +349,15 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const Ah* ah = ctx.ahs.get(h.ah_handle);
     if (!ah || ah->pd != qp.pd) return fail(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = eng.routes().lookup(ah->attr.dlid);
+    // A QP on the device sends through it to every UD QP on a device.
+    const bool on_device = qp.device_bound && hca_ud_destination(eng, ah->attr.dlid, h.remote_qpn);
+    if (on_device) t = eng.hca_transport();
     Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
     if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return fail(e);
-    if (len > kPortMtuBytes) return fail(IBV_WC_LOC_LEN_ERR);
+    if (len > (on_device ? eng.hca()->mtu_bytes() : kPortMtuBytes)) return fail(IBV_WC_LOC_LEN_ERR);
 
     Request req;
     req.opcode = h.opcode;
@@ -373,6 +382,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     }
     req.inline_payload = w.is_inline;
     req.psn = qp.next_psn;
+    req.wqe = &w;
     req.sq_idx = qp.sq_next;
     Response r;
     const Unacked how = send_unacked(eng, ctx, qp, req, t, loc, nl, pins, idle, r);

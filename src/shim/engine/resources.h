@@ -19,6 +19,10 @@ struct DevicePd;
 struct DeviceSrq;
 struct DeviceMr;
 struct DeviceQp;
+struct DeviceAh;
+struct DeviceAhDeleter {
+    void operator()(DeviceAh* a) const;
+};
 struct DeviceMrDeleter {
     void operator()(DeviceMr* m) const;
 };
@@ -159,6 +163,9 @@ struct Qp {
     // send queue slot (requester_sent: they complete in order; a datagram
     // to another peer may leave first). Sized once, at the first such WQE.
     std::vector<uint8_t> sent_flags;
+    // What is in flight went through the device (all of it: a UD QP on the
+    // device waits for idle before it sends another way).
+    bool inflight_on_device = false;
 
     // With a device: the device QP whose QPN is `qpn`, and whether it
     // carries this QP's traffic (hca_bind.h): then the device does what
@@ -186,6 +193,9 @@ struct Qp {
 struct Ah {
     uint32_t pd = 0;
     abi::AhAttr attr{};
+    // With a device: the path its datagrams take through the device, made
+    // at the first one that goes there (hca_ud.h).
+    std::unique_ptr<DeviceAh, DeviceAhDeleter> dev;
 };
 
 }  // namespace vrdma::shim

@@ -9,6 +9,7 @@
 #include "cq_writer.h"
 #include "engine.h"
 #include "fault_guard.h"
+#include "hca_device.h"
 #include "memory_windows.h"
 #include "psn.h"
 #include "qp_state.h"
@@ -154,6 +155,12 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
     if (dst.qp->attr.qkey != req.qkey) return;
     if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
+    if (dst.qp->device_bound) {
+        // Its receives are on the device (hca_ud.h): a datagram that came
+        // another way finds none, and is lost.
+        ++eng.hca()->stats().ud_lost;
+        return;
+    }
     if (req.length > kPortMtuBytes) return;
     RecvQueue rq;
     if (!recv_available(*dst.ctx, *dst.qp, rq)) return;  // a datagram with no receive is lost

@@ -64,4 +64,19 @@ public:
     }
 };
 
+// The UD QPs on the devices of the peer shims (the fabric: fabric.h), for
+// UD through the device (hca_ud.h): a device delivers a datagram with the
+// sending shim's device GID and the QPN, and only that shim knows which of
+// its guests owns the QPN.
+class UdDirectory {
+public:
+    virtual ~UdDirectory() = default;
+    // Tells every peer shim with a device that QP `qpn` of this shim's guest
+    // (lid, port GUID) is a UD QP on this shim's device.
+    virtual void announce_ud(uint16_t lid, uint32_t qpn, uint64_t guid) = 0;
+    // The guest of the peer shim with device GID `gid` whose UD QP on that
+    // device is `qpn`; false if no peer announced it.
+    virtual bool ud_owner(const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) const = 0;
+};
+
 }  // namespace vrdma::shim

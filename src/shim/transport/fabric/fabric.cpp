@@ -8,6 +8,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <infiniband/verbs.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -110,6 +112,8 @@ LinkStats Peer::totals() const {
     if (link_) {
         t.tx_bytes += link_->stats.tx_bytes;
         t.rx_bytes += link_->stats.rx_bytes;
+        t.tx_payload += link_->stats.tx_payload;
+        t.rx_payload += link_->stats.rx_payload;
         t.tx_msgs += link_->stats.tx_msgs;
         t.rx_msgs += link_->stats.rx_msgs;
         t.retries += link_->stats.retries;
@@ -121,11 +125,40 @@ LinkStats Peer::totals() const {
 Fabric::Fabric(Engine& eng) : eng_(eng) {}
 
 Fabric::~Fabric() {
+    if (eng_.ud_directory() == this) eng_.set_ud_directory(nullptr);
     for (auto& p : peers_) eng_.routes().remove(p.get());
+}
+
+void Fabric::announce_ud(uint16_t lid, uint32_t qpn, uint64_t guid) {
+    for (auto& p : peers_)
+        if (p->up() && p->has_device_) p->link_->send_ud_qp(lid, qpn, guid);
+}
+
+bool Fabric::ud_owner(const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) const {
+    for (auto& p : peers_) {
+        if (!p->has_device_ || std::memcmp(p->device_gid_, gid, 16) != 0) continue;
+        if (const Link::UdOwner* o = p->ud_owner(qpn)) {
+            lid = o->lid;
+            guid = o->guid;
+            return true;
+        }
+    }
+    return false;
+}
+
+void Fabric::announce_all_ud(Peer& p) {
+    if (!p.has_device_) return;
+    eng_.for_each_context([&](Context& ctx) {
+        ctx.qps.for_each([&](uint32_t, Qp& qp) {
+            if (qp.type == IBV_QPT_UD && qp.device_bound)
+                p.link_->send_ud_qp(ctx.guest().lid, qp.qpn, ctx.guest().guid);
+        });
+    });
 }
 
 bool Fabric::start(const FabricConfig& cfg, std::string& error) {
     cfg_ = cfg;
+    eng_.set_ud_directory(this);
     if (!key_.load(cfg.key_file, error)) return false;
     random_bytes(&instance_, sizeof(instance_));
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
@@ -418,6 +451,7 @@ void Fabric::establish(Pending& pd) {
     LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s)", p->address_.c_str(), h.lid_first, h.lid_last,
              p->link_->dialed() ? "to" : "from", p->link_->remote().c_str());
     watch(*p->link_, false);
+    announce_all_ud(*p);
     // Requesters waiting for room or a route try again.
     eng_.rescan_all();
 }
@@ -429,6 +463,8 @@ void Fabric::link_closed(Peer& p) {
     LinkStats s = l.stats;
     p.past_.tx_bytes += s.tx_bytes;
     p.past_.rx_bytes += s.rx_bytes;
+    p.past_.tx_payload += s.tx_payload;
+    p.past_.rx_payload += s.rx_payload;
     p.past_.tx_msgs += s.tx_msgs;
     p.past_.rx_msgs += s.rx_msgs;
     p.past_.retries += s.retries;
@@ -436,6 +472,7 @@ void Fabric::link_closed(Peer& p) {
     p.refused_ = why.rfind("refused", 0) == 0;
     p.next_dial_ns_ = p.refused_ ? monotonic_ns() + kRefusedRedialNs : 0;
     if (why != kReplaced) p.last_error_ = why;
+    p.ud_saved_ = std::move(l.ud_owners);
     p.link_.reset();
     eng_.rescan_all();
 }
@@ -457,6 +494,8 @@ LinkStats Fabric::totals() const {
         LinkStats t = p->totals();
         sum.tx_bytes += t.tx_bytes;
         sum.rx_bytes += t.rx_bytes;
+        sum.tx_payload += t.tx_payload;
+        sum.rx_payload += t.rx_payload;
         sum.tx_msgs += t.tx_msgs;
         sum.rx_msgs += t.rx_msgs;
         sum.retries += t.retries;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "fabric_key.h"
@@ -52,6 +53,13 @@ public:
     void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override {
         if (up()) link_->send_qp_gone(lid, qpn, peer_lid, peer_qpn);
     }
+    // What the peer announced of its UD QP `qpn` (null: nothing), on the
+    // connection that is up, else on the last one.
+    const Link::UdOwner* ud_owner(uint32_t qpn) const {
+        const auto& m = up() ? link_->ud_owners : ud_saved_;
+        auto it = m.find(qpn);
+        return it == m.end() ? nullptr : &it->second;
+    }
 
     bool up() const { return link_ && link_->state() == LinkState::Up; }
     const std::string& address() const { return address_; }
@@ -75,12 +83,18 @@ private:
     std::string last_error_;
     bool refused_ = false;
     LinkStats past_;              // of closed links
+    // The UD QPs the last connection announced: a QP on the device works
+    // while the TCP connection is down.
+    std::unordered_map<uint32_t, Link::UdOwner> ud_saved_;
 };
 
-class Fabric {
+class Fabric final : public UdDirectory {
 public:
     explicit Fabric(Engine& eng);
-    ~Fabric();
+    ~Fabric() override;
+
+    void announce_ud(uint16_t lid, uint32_t qpn, uint64_t guid) override;
+    bool ud_owner(const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) const override;
 
     // Loads the key, listens, and starts dialing the configured peers.
     bool start(const FabricConfig& cfg, std::string& error);
@@ -115,6 +129,8 @@ private:
     void service();
     void establish(Pending& pending);
     void link_closed(Peer& p);
+    // Every UD QP on this shim's device, to a peer that just came up.
+    void announce_all_ud(Peer& p);
     void watch(Link& l, bool add);
     Peer* find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer);
     std::string overlap(const Peer& p, uint16_t first, uint16_t last) const;

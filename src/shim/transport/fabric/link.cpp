@@ -268,6 +268,7 @@ bool Link::fill_buffer() {
         seg_left_ -= uint64_t(r);
         seg_offset_ += uint64_t(r);
         if (cur_) cur_->received += uint64_t(r);
+        if (cur_ && !cur_->discard) stats.rx_payload += uint64_t(r);
         return true;
     }
     if (rpos_ > 0) {
@@ -386,6 +387,7 @@ bool Link::parse() {
                 const Span* t = cur_->target(cnt, skip);
                 Span src{const_cast<uint8_t*>(p), n};
                 if (copy_sg(t, cnt, skip + seg_offset_, &src, 1, n) != CopyFault::None) target_fault();
+                stats.rx_payload += n;
             }
             if (cur_) cur_->received += n;
             rpos_ += n;
@@ -423,6 +425,13 @@ bool Link::on_fixed() {
     if (hdr_.type == uint8_t(SegType::QpGone)) {
         cur_ = nullptr;
         eng_.fail_peer_qp(hdr_.src_lid, hdr_.src_qpn, hdr_.dst_lid, hdr_.dst_qpn);
+        return true;
+    }
+    if (hdr_.type == uint8_t(SegType::UdQp)) {
+        cur_ = nullptr;
+        if (ud_owners.size() >= kMaxUdOwners && !ud_owners.count(hdr_.src_qpn))
+            return violation("too many UD QPs announced");
+        ud_owners[hdr_.src_qpn] = UdOwner{hdr_.src_lid, hdr_.offset};
         return true;
     }
     if (hdr_.offset != 0) return violation("a first segment at a nonzero offset");
@@ -715,6 +724,23 @@ void Link::send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t 
     commit(*s);
 }
 
+void Link::send_ud_qp(uint16_t lid, uint32_t qpn, uint64_t guid) {
+    if (state_ != LinkState::Up || close_after_flush_) return;
+    QpSender* s = sender(lid, qpn, true);
+    OutMsg* m = reserve(*s);
+    if (!m) return;  // its queue is full: its datagrams are not named (HcaDevice::Stats::ud_unknown)
+    m->type = SegType::UdQp;
+    m->plain_ack = false;
+    m->src_lid = lid;
+    m->src_qpn = qpn;
+    m->dst_lid = 0;
+    m->dst_qpn = 0;
+    m->psn = 0;
+    m->fixed_len = 0;
+    m->notice = guid;
+    commit(*s);
+}
+
 void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
                           const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins) {
     QpSender* s = sender(src_lid, src_qpn, true);
@@ -800,7 +826,7 @@ void Link::build_batch() {
         h.src_qpn = m.src_qpn;
         h.dst_qpn = m.dst_qpn;
         h.psn = m.psn;
-        h.offset = m.sent;
+        h.offset = m.type == SegType::UdQp ? m.notice : m.sent;
         iov_.push_back(iovec{&h, sizeof(h)});
         iov_msg_.push_back(nullptr);
         if (!m.header_sent && m.fixed_len) {
@@ -817,6 +843,7 @@ void Link::build_batch() {
         iov_.insert(iov_.end(), pieces, pieces + k);
         iov_msg_.insert(iov_msg_.end(), k, &m);
         bytes += sizeof(h) + h.fixed_len + n;
+        stats.tx_payload += n;
         m.header_sent = true;
         m.sent += n;
         if (std::find(batch_senders_.begin(), batch_senders_.end(), s) == batch_senders_.end())

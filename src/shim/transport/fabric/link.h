@@ -35,6 +35,9 @@ namespace vrdma::shim::fabric {
 
 struct LinkStats {
     uint64_t tx_bytes = 0, rx_bytes = 0;
+    // Of those, the guests' payload (what the shim's CPU copies: written
+    // from and read into guest memory by the socket calls).
+    uint64_t tx_payload = 0, rx_payload = 0;
     uint64_t tx_msgs = 0, rx_msgs = 0;
     uint64_t retries = 0;  // requests this shim sent again (RNR, timeouts)
     uint64_t errors = 0;   // malformed or misrouted input, NAKs sent
@@ -63,6 +66,7 @@ struct OutMsg {
     // lost datagram or UC message still completes at the sender).
     bool notify_sent = false;
     uint32_t sq_idx = 0;
+    uint64_t notice = 0;  // SegType::UdQp: the guest's port GUID (sent as the offset)
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];
 };
@@ -125,6 +129,17 @@ public:
     // Tells the peer that local QP (lid, qpn), connected to its QP
     // (peer_lid, peer_qpn), vanished.
     void send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn);
+    // Tells the peer that local QP (lid, qpn) is a UD QP on this shim's
+    // device, of the guest with port GUID `guid`.
+    void send_ud_qp(uint16_t lid, uint32_t qpn, uint64_t guid);
+    // The peer's UD QPs on its device, by QPN, as it announced them (at
+    // most kMaxUdOwners: more is a protocol violation).
+    struct UdOwner {
+        uint16_t lid = 0;
+        uint64_t guid = 0;
+    };
+    static constexpr size_t kMaxUdOwners = 1u << 20;
+    std::unordered_map<uint32_t, UdOwner> ud_owners;
 
     // Refuses the peer (a misconfiguration found after the handshake):
     // sends the reason and closes once it is written.

@@ -23,7 +23,8 @@
 namespace vrdma::shim::fabric {
 
 constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
-constexpr uint32_t kProtocolVersion = 3;  // 2: incarnations and the P_Key in requests; 3: device GIDs
+// 2: incarnations and the P_Key in requests; 3: device GIDs; 4: UD QPs on devices
+constexpr uint32_t kProtocolVersion = 4;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 constexpr uint32_t kNonceBytes = 32;
 constexpr uint32_t kMacBytes = 32;
@@ -54,6 +55,9 @@ enum class SegType : uint8_t {
     Error = 3,     // a refusal before closing: payload = text
     QpGone = 4,    // the source QP vanished (its process went away): its
                    // connected peer, the destination QP, goes to error
+    UdQp = 5,      // the source QP is a UD QP on the sending shim's device,
+                   // of the guest whose port GUID is the header's offset
+                   // (hca_ud.h: who sent a datagram the device delivered)
 };
 
 // kSegAbort: only on the last segment of a message (no payload) whose

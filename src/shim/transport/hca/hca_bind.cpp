@@ -20,17 +20,17 @@ namespace {
 
 // The peer shim's device GID when `qp` must go through the device; null
 // when it goes as it would without one.
+// (UD: this shim's own GID; a UD QP's datagrams each have their path.)
 const uint8_t* device_path(Engine& eng, const Context& ctx, const Qp& qp) {
-    if (!eng.hca() || (qp.type != IBV_QPT_RC && qp.type != IBV_QPT_UC)) return nullptr;
-    const Transport* t = eng.routes().lookup(qp.attr.ah.dlid);
-    const uint8_t* gid = t ? t->device_gid() : nullptr;
-    if (!gid) return nullptr;
+    if (!eng.hca()) return nullptr;
     // Partitions are enforced by the shims' responders, which the device
     // path bypasses: only the default partition goes through the device.
     const auto& keys = ctx.guest().pkeys;
     const uint16_t pkey = qp.attr.pkey_index < keys.size() ? keys[qp.attr.pkey_index] : 0xffff;
     if ((pkey & 0x7fff) != 0x7fff) return nullptr;
-    return gid;
+    if (qp.type == IBV_QPT_UD) return eng.hca()->gid();
+    const Transport* t = eng.routes().lookup(qp.attr.ah.dlid);
+    return t ? t->device_gid() : nullptr;
 }
 
 // A QP on an SRQ is bound only if the SRQ can feed the device: it has a
@@ -42,7 +42,13 @@ int srq_admits_bound(Context& ctx, Qp& qp) {
     if (!qp.srq) return 0;
     Srq* srq = ctx.srqs.get(qp.srq);
     if (!srq || !srq->dev) return EOPNOTSUPP;
-    if (srq->feeds_device) return 0;
+    if (srq->feeds_device) {
+        if (srq->dev->ud == (qp.type == IBV_QPT_UD)) return 0;
+        LOG_WARN("guest %s: QP %u: its SRQ feeds the device for %s QPs; it cannot also serve a %s QP there",
+                 ctx.guest().name.c_str(), qp.qpn, srq->dev->ud ? "UD" : "connected",
+                 qp.type == IBV_QPT_UD ? "UD" : "connected");
+        return EOPNOTSUPP;
+    }
     bool shim_user = false;
     ctx.qps.for_each([&](uint32_t, Qp& o) {
         shim_user |= &o != &qp && o.srq == qp.srq && qp_takes_requests(o.state) && !o.device_bound;
@@ -72,9 +78,23 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
     if (state == IBV_QPS_RTS || state == IBV_QPS_SQD)
         if (int rc = dev.to_rts(*qp.dev, qp.attr)) return rc;
     qp.dev->rq_posted = qp.rq.cons;
-    if (Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr) srq->feeds_device = true;
+    if (Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr; srq && !srq->feeds_device) {
+        // The first QP bound on the SRQ: UD receives get header slots.
+        DeviceSrq& d = *srq->dev;
+        d.ud = qp.type == IBV_QPT_UD;
+        int err = 0;
+        if (d.ud && !(d.headers = dev.make_header_slots(d.pd, uint32_t(d.wr_ids.size()), err))) return err;
+        srq->feeds_device = true;
+    }
     qp.device_bound = true;
     qp.transport = eng.hca_transport();
+    if (qp.type == IBV_QPT_UD) {
+        // Peer shims learn who owns the QPN their devices will name as the
+        // source of its datagrams, and that its receives are on the device.
+        if (eng.ud_directory()) eng.ud_directory()->announce_ud(ctx.guest().lid, qp.qpn, ctx.guest().guid);
+        LOG_INFO("guest %s: UD QP %u is on %s", ctx.guest().name.c_str(), qp.qpn, dev.name().c_str());
+        return 0;
+    }
     LOG_INFO("guest %s: QP %u goes through %s to lid %u QP %u", ctx.guest().name.c_str(), qp.qpn,
              dev.name().c_str(), qp.attr.ah.dlid, qp.attr.dest_qp_num);
     return 0;
@@ -137,7 +157,7 @@ void forward_recvs(Engine& eng, Context& ctx, Qp& qp) {
 std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
                                                          uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
                                                          uint32_t recv_sge, uint32_t max_inline) {
-    if (!eng.hca() || !pd.dev || (type != IBV_QPT_RC && type != IBV_QPT_UC)) return nullptr;
+    if (!eng.hca() || !pd.dev) return nullptr;
     if (srq && !srq->dev) return nullptr;
     if (srq) recv_wr = srq->wq.entries;  // the CQ's room for its receives
     // A QPN this shim already gave a QP without a device QP is not taken
@@ -174,6 +194,8 @@ int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
     }
     if (next != IBV_QPS_RTR && next != IBV_QPS_RTS) return 0;
     if (qp.device_bound) {
+        if (qp.type == IBV_QPT_UD && qp.attr.qkey != qp.dev->qkey && eng.hca()->set_qkey(*qp.dev, qp.attr.qkey))
+            return EINVAL;
         if (next == IBV_QPS_RTS && qp.state == IBV_QPS_RTR) return eng.hca()->to_rts(*qp.dev, qp.attr) ? EINVAL : 0;
         return 0;
     }

@@ -11,7 +11,8 @@
 // without a device (memcpy on this host, TCP to a peer without one). The
 // rule gives the same answer at both ends of a connection. A QP is bound
 // at RTR, or later, as soon as the route to its peer appears; it stays
-// bound until RESET.
+// bound until RESET. A UD QP in the default partition is bound at RTR,
+// whoever its datagrams go to (hca_ud.h).
 #pragma once
 
 #include <cstdint>

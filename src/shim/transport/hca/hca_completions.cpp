@@ -7,6 +7,7 @@
 #include "cq_writer.h"
 #include "engine.h"
 #include "hca_device.h"
+#include "hca_ud.h"
 #include "qp_state.h"
 #include "work_queue.h"
 #include "requester.h"
@@ -49,11 +50,21 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
     if (c.status != IBV_WC_SUCCESS) qp_set_error(ctx, qp, -1);
 }
 
-void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
+void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
-    abi::RecvWqe hdr;
-    std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
-    const abi::Cqe c = receive_cqe(qp, *dc.wc, hdr.wr_id);
+    abi::Cqe c;
+    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS) {
+        // The scatter list too (the GRH goes there), read again from the
+        // ring as the device got it (or as the guest changed it since).
+        RecvWork w;
+        read_recv_wqe(qp.rq, qp.rq.cons, qp.max_recv_sge, w);
+        c = receive_cqe(qp, *dc.wc, w.wr_id);
+        hca_ud_received(eng, ctx, qp, *dc.wc, qp.dev->headers->at(dc.idx), w.sge, w.num_sge, c);
+    } else {
+        abi::RecvWqe hdr;
+        std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
+        c = receive_cqe(qp, *dc.wc, hdr.wr_id);
+    }
     wq_consume(qp.rq);
     push_receive(ctx, qp, c);
 }
@@ -62,11 +73,17 @@ void receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
 // hears of it if the QP is still one bound on that SRQ, in the life that
 // took the WQE (a reset drains the device CQs first: hca_bind.cpp), and a
 // flush only while the QP is in error.
-void srq_receive_done(Context& ctx, Qp& qp, const DeviceCompletion& dc) {
+void srq_receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     Srq* srq = ctx.srqs.get(qp.srq);
     if (!srq || srq->dev.get() != dc.srq || !qp.device_bound) return;
     if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
-    push_receive(ctx, qp, receive_cqe(qp, *dc.wc, dc.srq_wr_id));
+    abi::Cqe c = receive_cqe(qp, *dc.wc, dc.srq_wr_id);
+    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS) {
+        const DeviceSrq& d = *dc.srq;
+        hca_ud_received(eng, ctx, qp, *dc.wc, d.headers->at(dc.idx), &d.sges[uint64_t(dc.idx) * d.max_sge],
+                        d.nsge[dc.idx], c);
+    }
+    push_receive(ctx, qp, c);
     srq_wqe_consumed(ctx, *srq, dc.srq->outstanding());
 }
 
@@ -78,11 +95,11 @@ void deliver_device_completion(Engine& eng, const DeviceCompletion& dc) {
     Qp& qp = *ref.qp;
     Context& ctx = *ref.ctx;
     if (dc.srq)
-        srq_receive_done(ctx, qp, dc);
+        srq_receive_done(eng, ctx, qp, dc);
     else if (!qp.device_bound || qp.dev->gen != dc.gen)
         return;  // of an earlier life of the QP
     else if (dc.recv)
-        receive_done(ctx, qp, dc);
+        receive_done(eng, ctx, qp, dc);
     else
         requester_device_done(eng, ctx, qp, dc.idx, dc.wc->status);
     ctx.mark_work(qp);  // the next WQEs may go, receives may be forwarded, a flush may run

@@ -43,6 +43,20 @@ int to_ibv_sges(const abi::Sge* in, uint32_t n, ibv_sge* out) {
     return int(n);
 }
 
+// A UD receive's scatter list on the device: header slot `slot`, then the
+// guest's list less its first 40 bytes (`out` has room for n + 1).
+int to_ud_recv_sges(const HeaderSlots& h, uint32_t slot, const abi::Sge* in, uint32_t n, ibv_sge* out) {
+    int k = 0;
+    out[k++] = ibv_sge{reinterpret_cast<uint64_t>(h.at(slot)), HeaderSlots::kBytes, h.mr->lkey};
+    uint64_t skip = HeaderSlots::kBytes;
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint64_t cut = std::min<uint64_t>(skip, in[i].length);
+        skip -= cut;
+        if (in[i].length > cut) out[k++] = ibv_sge{in[i].addr + cut, uint32_t(in[i].length - cut), in[i].lkey};
+    }
+    return k;
+}
+
 int modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* what) {
     int rc = ibv_modify_qp(qp, &attr, mask);
     if (rc) LOG_WARN("hca: device QP %u to %s: %s", qp->qp_num, what, strerror(rc));
@@ -62,6 +76,14 @@ DeviceQp::~DeviceQp() {
     if (owner) owner->release_cq_room(*this);
 }
 
+HeaderSlots::~HeaderSlots() {
+    if (mr) ibv_dereg_mr(mr);
+}
+
+DeviceAh::~DeviceAh() {
+    if (ah) ibv_destroy_ah(ah);
+}
+
 DeviceSrq::~DeviceSrq() {
     if (srq) ibv_destroy_srq(srq);
     if (owner) owner->forget_srq(id);
@@ -69,6 +91,7 @@ DeviceSrq::~DeviceSrq() {
 
 void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
 void DeviceQpDeleter::operator()(DeviceQp* q) const { delete q; }
+void DeviceAhDeleter::operator()(DeviceAh* a) const { delete a; }
 
 int DeviceQp::to_error() {
     ibv_qp_attr r{};
@@ -168,6 +191,20 @@ std::string HcaDevice::describe() const {
     return name_ + ":" + std::to_string(port_) + " gid " + gid + " (index " + std::to_string(gid_index_) + ")";
 }
 
+std::unique_ptr<HeaderSlots> HcaDevice::make_header_slots(const std::shared_ptr<DevicePd>& pd, uint32_t count,
+                                                          int& err) {
+    auto h = std::make_unique<HeaderSlots>();
+    h->count = std::max<uint32_t>(count, 1);
+    h->bytes = std::make_unique<uint8_t[]>(uint64_t(h->count) * HeaderSlots::kBytes);
+    h->mr = ibv_reg_mr(pd->pd, h->bytes.get(), uint64_t(h->count) * HeaderSlots::kBytes, IBV_ACCESS_LOCAL_WRITE);
+    if (!h->mr) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_reg_mr (UD header slots): %s", name_.c_str(), strerror(err));
+        return nullptr;
+    }
+    return h;
+}
+
 std::shared_ptr<DevicePd> HcaDevice::alloc_pd(int& err) {
     auto pd = std::make_shared<DevicePd>();
     pd->pd = ibv_alloc_pd(ctx_);
@@ -197,7 +234,8 @@ std::shared_ptr<DeviceSrq> HcaDevice::create_srq(const std::shared_ptr<DevicePd>
                                                  uint32_t max_sge, int& err) {
     ibv_srq_init_attr ia{};
     ia.attr.max_wr = max_wr;
-    ia.attr.max_sge = std::max<uint32_t>(max_sge, 1);
+    // One more for the header slot, should the SRQ feed UD QPs.
+    ia.attr.max_sge = std::min<uint32_t>(max_sge + 1, uint32_t(std::max(attr_.max_srq_sge, 1)));
     auto s = std::make_shared<DeviceSrq>();
     s->srq = ibv_create_srq(pd->pd, &ia);
     if (!s->srq) {
@@ -213,6 +251,9 @@ std::shared_ptr<DeviceSrq> HcaDevice::create_srq(const std::shared_ptr<DevicePd>
     s->owner = this;
     srqs_.emplace(s->id, s.get());
     s->wr_ids.resize(max_wr);
+    s->max_sge = ia.attr.max_sge;
+    s->sges.resize(uint64_t(max_wr) * s->max_sge);
+    s->nsge.resize(max_wr);
     s->on_device.resize(max_wr);
     s->free.resize(max_wr);
     for (uint32_t i = 0; i < max_wr; ++i) s->free[i] = max_wr - 1 - i;
@@ -248,7 +289,9 @@ std::unique_ptr<DeviceQp> HcaDevice::create_qp(const std::shared_ptr<DevicePd>& 
     ia.cap.max_send_wr = send_wr;
     ia.cap.max_recv_wr = srq ? 0 : recv_wr;
     ia.cap.max_send_sge = std::max<uint32_t>(send_sge, 1);
-    ia.cap.max_recv_sge = srq ? 0 : std::max<uint32_t>(recv_sge, 1);
+    // UD: one more for the header slot.
+    const uint32_t rsge = type == IBV_QPT_UD ? std::min<uint32_t>(recv_sge + 1, uint32_t(attr_.max_sge)) : recv_sge;
+    ia.cap.max_recv_sge = srq ? 0 : std::max<uint32_t>(rsge, 1);
     ia.srq = srq ? srq->srq : nullptr;
     ia.cap.max_inline_data = max_inline;
     auto q = std::make_unique<DeviceQp>();
@@ -259,6 +302,7 @@ std::unique_ptr<DeviceQp> HcaDevice::create_qp(const std::shared_ptr<DevicePd>& 
                  send_sge, recv_sge, max_inline, strerror(err));
         return nullptr;
     }
+    if (type == IBV_QPT_UD && !srq && !(q->headers = make_header_slots(pd, recv_wr, err))) return nullptr;
     q->pd = pd;
     q->srq = srq;
     q->owner = this;
@@ -272,16 +316,44 @@ void HcaDevice::release_cq_room(const DeviceQp& q) {
     if (q.cq_slot < cqs_.size()) cqs_[q.cq_slot].used -= std::min(cqs_[q.cq_slot].used, q.cq_entries);
 }
 
+std::unique_ptr<DeviceAh> HcaDevice::create_ah(const std::shared_ptr<DevicePd>& pd, const uint8_t* gid,
+                                               const abi::AhAttr& guest, int& err) {
+    ibv_ah_attr a{};
+    a.is_global = 1;
+    std::memcpy(a.grh.dgid.raw, gid, 16);
+    a.grh.sgid_index = uint8_t(gid_index_);
+    a.grh.hop_limit = guest.is_global && guest.hop_limit ? guest.hop_limit : 64;
+    a.grh.traffic_class = guest.is_global ? guest.traffic_class : 0;
+    a.sl = guest.sl;
+    a.port_num = port_;
+    auto d = std::make_unique<DeviceAh>();
+    d->ah = ibv_create_ah(pd->pd, &a);
+    if (!d->ah) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_create_ah: %s", name_.c_str(), strerror(err));
+        return nullptr;
+    }
+    d->pd = pd;
+    std::memcpy(d->gid, gid, 16);
+    return d;
+}
+
 int HcaDevice::to_rtr(DeviceQp& q, const abi::QpAttr& a, const uint8_t* peer_gid) {
+    const bool ud = q.qp->qp_type == IBV_QPT_UD;
     ibv_qp_attr init{};
     init.qp_state = IBV_QPS_INIT;
     init.pkey_index = 0;  // partitions are the shims' (hca_bind.cpp): only default-partition guests use the device
     init.port_num = port_;
     init.qp_access_flags = a.qp_access_flags;
-    if (int rc = modify(q.qp, init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT"))
+    init.qkey = a.qkey;
+    if (int rc = modify(q.qp, init,
+                        IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS),
+                        "INIT"))
         return rc;
+    q.qkey = a.qkey;
     ibv_qp_attr r{};
     r.qp_state = IBV_QPS_RTR;
+    if (ud) return modify(q.qp, r, IBV_QP_STATE, "RTR");  // a UD QP's paths are its datagrams' AHs
     r.path_mtu = ibv_mtu(std::min<uint32_t>(a.path_mtu ? a.path_mtu : uint32_t(IBV_MTU_1024), uint32_t(active_mtu_)));
     r.dest_qp_num = a.dest_qp_num;
     r.rq_psn = a.rq_psn;
@@ -315,7 +387,15 @@ int HcaDevice::to_rts(DeviceQp& q, const abi::QpAttr& a) {
     return modify(q.qp, r, mask, "RTS");
 }
 
-int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx) {
+int HcaDevice::set_qkey(DeviceQp& q, uint32_t qkey) {
+    ibv_qp_attr r{};
+    r.qkey = qkey;
+    int rc = modify(q.qp, r, IBV_QP_QKEY, "a new Q_Key");
+    if (!rc) q.qkey = qkey;
+    return rc;
+}
+
+int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* ah, uint32_t qkey) {
     ibv_sge sge[abi::kMaxSge];
     ibv_send_wr wr{};
     wr.wr_id = make_wr_id(false, q.gen, idx);
@@ -333,7 +413,11 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx) {
         wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
     }
     wr.sg_list = sge;
-    if (w.hdr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.hdr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    if (ah) {
+        wr.wr.ud.ah = ah;
+        wr.wr.ud.remote_qpn = w.hdr.remote_qpn;
+        wr.wr.ud.remote_qkey = qkey;
+    } else if (w.hdr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.hdr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
         wr.wr.atomic.remote_addr = w.hdr.remote_addr;
         wr.wr.atomic.rkey = w.hdr.rkey;
         wr.wr.atomic.compare_add = w.hdr.compare_add;
@@ -351,9 +435,15 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx) {
 int HcaDevice::post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx) {
     ibv_sge sge[abi::kMaxSge];
     ibv_recv_wr wr{};
+    ibv_sge sge_ud[abi::kMaxSge + 1];
     wr.wr_id = make_wr_id(true, q.gen, idx);
-    wr.sg_list = sge;
-    wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
+    if (q.headers) {
+        wr.sg_list = sge_ud;
+        wr.num_sge = to_ud_recv_sges(*q.headers, idx, w.sge, w.num_sge, sge_ud);
+    } else {
+        wr.sg_list = sge;
+        wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
+    }
     ibv_recv_wr* bad = nullptr;
     int rc = ibv_post_recv(q.qp, &wr, &bad);
     if (rc) LOG_WARN("hca %s: QP %u: ibv_post_recv: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
@@ -364,11 +454,12 @@ int HcaDevice::post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx) {
 int HcaDevice::post_srq_recv(DeviceSrq& s, const RecvWork& w) {
     if (s.free.empty()) return ENOSPC;
     const uint32_t slot = s.free.back();
-    ibv_sge sge[abi::kMaxSge];
+    ibv_sge sge[abi::kMaxSge + 1];
     ibv_recv_wr wr{};
     wr.wr_id = make_wr_id(true, s.id, slot) | kSrqBit;
     wr.sg_list = sge;
-    wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
+    wr.num_sge = s.headers ? to_ud_recv_sges(*s.headers, slot, w.sge, w.num_sge, sge)
+                           : to_ibv_sges(w.sge, w.num_sge, sge);
     ibv_recv_wr* bad = nullptr;
     int rc = ibv_post_srq_recv(s.srq, &wr, &bad);
     if (rc) {
@@ -377,6 +468,8 @@ int HcaDevice::post_srq_recv(DeviceSrq& s, const RecvWork& w) {
     }
     s.free.pop_back();
     s.wr_ids[slot] = w.wr_id;
+    s.nsge[slot] = uint8_t(std::min(w.num_sge, s.max_sge));
+    std::copy_n(w.sge, s.nsge[slot], s.sges.begin() + ptrdiff_t(uint64_t(slot) * s.max_sge));
     s.on_device[slot] = 1;
     ++stats_.recvs;
     return 0;

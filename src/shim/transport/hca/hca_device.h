@@ -44,6 +44,31 @@ struct DeviceMr {
 // remote access the same rkey; one without has no rkey to use).
 inline uint32_t device_mr_key(const DeviceMr& m) { return m.mr->lkey; }
 
+// The device address handle of a guest AH (UD through the device): the
+// path to the device GID of the shim that serves the AH's LID, made at the
+// first datagram and again when that GID changes (hca_ud.h).
+struct DeviceAh {
+    ibv_ah* ah = nullptr;
+    std::shared_ptr<DevicePd> pd;
+    uint8_t gid[16] = {};  // where it goes
+    ~DeviceAh();
+};
+
+// UD: where the device puts the 40 bytes before each datagram's payload
+// (its network header), one slot per receive WQE. The device's scatter
+// list for a guest's UD receive is this slot, then the guest's list less
+// its first 40 bytes: the shim reads the sender's address from its own
+// memory, whatever the guest does with its buffers (perftest posts every
+// receive on one buffer), and writes the guest's GRH there itself.
+struct HeaderSlots {
+    static constexpr uint32_t kBytes = 40;
+    std::unique_ptr<uint8_t[]> bytes;
+    uint32_t count = 0;
+    ibv_mr* mr = nullptr;
+    ~HeaderSlots();
+    uint8_t* at(uint32_t i) const { return bytes.get() + uint64_t(i % count) * kBytes; }
+};
+
 // The device SRQ of a guest SRQ (created with it). Once a QP on the SRQ
 // is bound (Srq::feeds_device), the shim moves the guest's receive WQEs from the
 // guest's ring into the device SRQ, keeping each one's wr_id in a shadow
@@ -57,8 +82,18 @@ struct DeviceSrq {
     HcaDevice* owner = nullptr;
     uint32_t id = 0;
     bool broken = false;  // the guest posted a WQE the device cannot take: no more are forwarded
+    // Fed to the device: whether its QPs are UD (their receives get header
+    // slots); the first QP bound decides, and QPs of the other kind cannot
+    // be bound on it (hca_bind.cpp).
+    bool ud = false;
+    std::unique_ptr<HeaderSlots> headers;
     std::shared_ptr<DevicePd> pd;
     std::vector<uint64_t> wr_ids;    // by shadow slot: the guest's wr_id
+    // By shadow slot: the WQE's scatter list (max_sge each), for the GRH a
+    // UD receive gets in its first 40 bytes (hca_ud.h).
+    uint32_t max_sge = 0;
+    std::vector<abi::Sge> sges;
+    std::vector<uint8_t> nsge;
     std::vector<uint8_t> on_device;  // by shadow slot
     std::vector<uint32_t> free;      // shadow slots not on the device
     ~DeviceSrq();
@@ -88,6 +123,8 @@ struct DeviceQp {
     uint32_t route_gen = 0;  // not bound: the route table generation last looked at
     uint32_t cq_slot = 0;    // which shared CQ, and how many entries it holds for this QP
     uint32_t cq_entries = 0;
+    uint32_t qkey = 0;       // UD: the Q_Key the device QP has
+    std::unique_ptr<HeaderSlots> headers;  // UD without an SRQ: by guest ring slot
     ~DeviceQp();
     // ERR: the device flushes what was posted (the guest QP's flush answers
     // for it: hca_completions.h). RESET: a new life.
@@ -110,7 +147,13 @@ public:
     const uint8_t* gid() const { return gid_.raw; }
     int gid_index() const { return gid_index_; }
     ibv_mtu active_mtu() const { return active_mtu_; }
+    // The largest datagram the device carries (UD through the device).
+    uint32_t mtu_bytes() const { return 128u << active_mtu_; }
     std::string describe() const;
+
+    // `count` header slots registered in `pd` (UD receives); null and
+    // `err` on failure.
+    std::unique_ptr<HeaderSlots> make_header_slots(const std::shared_ptr<DevicePd>& pd, uint32_t count, int& err);
 
     // Device objects of guest objects; null and a positive errno on failure.
     std::shared_ptr<DevicePd> alloc_pd(int& err);
@@ -123,15 +166,23 @@ public:
                                         uint32_t recv_wr, uint32_t send_sge, uint32_t recv_sge,
                                         uint32_t max_inline, const std::shared_ptr<DeviceSrq>& srq, int& err);
     void release_cq_room(const DeviceQp& q);
+    // A path to `gid` (another shim's device, or this one's for its own
+    // guests) on the device PD of a guest AH: its SL, and its traffic class
+    // and hop limit if the guest's AH is global.
+    std::unique_ptr<DeviceAh> create_ah(const std::shared_ptr<DevicePd>& pd, const uint8_t* gid,
+                                        const abi::AhAttr& guest, int& err);
 
     // The device QP follows its guest QP to INIT, RTR and RTS with the
-    // guest's attributes; the path is the peer shim's device GID.
+    // guest's attributes; the path (RC, UC) is the peer shim's device GID.
     int to_rtr(DeviceQp& q, const abi::QpAttr& a, const uint8_t* peer_gid);
     int to_rts(DeviceQp& q, const abi::QpAttr& a);
+    // UD: the guest changed its Q_Key (RTS to RTS, SQD to SQD...).
+    int set_qkey(DeviceQp& q, uint32_t qkey);
 
     // Posts the guest's send WQE (already validated by the requester) as
-    // ring index `idx`, and the guest's receive WQE `idx`. 0 or an errno.
-    int post_send(DeviceQp& q, const SendWork& w, uint32_t idx);
+    // ring index `idx` (UD: to `ah` with the resolved Q_Key), and the
+    // guest's receive WQE `idx`. 0 or an errno.
+    int post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* ah = nullptr, uint32_t qkey = 0);
     int post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx);
     // Posts the guest's SRQ receive WQE into a free shadow slot. 0 or an
     // errno (ENOSPC: the device SRQ is full).
@@ -153,8 +204,15 @@ public:
     // copied by the shim's CPU.
     struct Stats {
         uint64_t sends = 0, send_bytes = 0, recvs = 0, completions = 0, errors = 0;
+        // Datagrams for a UD QP on the device that came another way (TCP
+        // from a shim without a device, memcpy from a QP of this shim off
+        // the device): its receives are on the device, so they are lost.
+        uint64_t ud_lost = 0;
+        // Datagrams from a QP no shim announced (hca_ud.h): no source LID.
+        uint64_t ud_unknown = 0;
     };
     const Stats& stats() const { return stats_; }
+    Stats& stats() { return stats_; }
     void count_send(uint64_t bytes) {
         ++stats_.sends;
         stats_.send_bytes += bytes;

@@ -1,0 +1,121 @@
+#include "hca_ud.h"
+
+#include <cstring>
+
+#include "context.h"
+#include "engine.h"
+#include "hca_device.h"
+#include "responder.h"
+#include "transport.h"
+#include "vrdma_common/log.h"
+#include "work_queue.h"
+
+namespace vrdma::shim {
+namespace {
+
+// What the device wrote before the payload: a RoCE v2 datagram carries an
+// IPv4 header (in the last 20 of the 40 bytes) or an IPv6 one; an
+// InfiniBand or RoCE v1 one a GRH, laid out as IPv6.
+struct DeviceHeader {
+    uint8_t sgid[16] = {};
+    uint8_t traffic_class = 0;
+    uint8_t hop_limit = 0;
+};
+
+bool parse_device_header(const uint8_t g[40], DeviceHeader& h) {
+    if ((g[20] >> 4) == 4 && (g[20] & 0xf) == 5) {
+        // IPv4: the source address as an IPv4-mapped GID.
+        static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        std::memcpy(h.sgid, prefix, 12);
+        std::memcpy(h.sgid + 12, g + 20 + 12, 4);
+        h.traffic_class = g[21];
+        h.hop_limit = g[20 + 8];
+        return true;
+    }
+    if ((g[0] >> 4) == 6) {
+        std::memcpy(h.sgid, g + 8, 16);
+        h.traffic_class = uint8_t((g[0] << 4) | (g[1] >> 4));
+        h.hop_limit = g[7];
+        return true;
+    }
+    return false;
+}
+
+// The guest that owns UD QP `qpn` of the device with GID `gid`: this
+// shim's, or a peer's as it announced.
+bool datagram_source(Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) {
+    if (std::memcmp(gid, eng.hca()->gid(), 16) == 0) {
+        Engine::QpRef ref = eng.find_qp_by_qpn(qpn);
+        if (!ref || ref.qp->type != IBV_QPT_UD) return false;
+        lid = ref.ctx->guest().lid;
+        guid = ref.ctx->guest().guid;
+        return true;
+    }
+    return eng.ud_directory() && eng.ud_directory()->ud_owner(gid, qpn, lid, guid);
+}
+
+}  // namespace
+
+const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn) {
+    if (!eng.hca()) return nullptr;
+    const Transport* t = eng.routes().lookup(dlid);
+    if (!t) return nullptr;
+    if (t == &eng.local_transport()) {
+        Engine::QpRef d = eng.find_qp(dlid, dqpn);
+        return d && d.qp->type == IBV_QPT_UD && d.qp->device_bound ? eng.hca()->gid() : nullptr;
+    }
+    // A peer shim with a device has every UD QP of the default partition
+    // on it, as this one does (a datagram to one that is not is lost there,
+    // as it would be at its responder: another partition).
+    return t->device_gid();
+}
+
+ibv_ah* hca_ud_ah(Engine& eng, const Pd& pd, Ah& ah, const uint8_t* gid) {
+    if (ah.dev && std::memcmp(ah.dev->gid, gid, 16) == 0) return ah.dev->ah;
+    if (!pd.dev) return nullptr;
+    int err = 0;
+    std::unique_ptr<DeviceAh> d = eng.hca()->create_ah(pd.dev, gid, ah.attr, err);
+    if (!d) return nullptr;
+    ah.dev.reset(d.release());
+    return ah.dev->ah;
+}
+
+void hca_ud_received(Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, const uint8_t* header,
+                     const abi::Sge* sge, uint32_t nsge, abi::Cqe& c) {
+    c.src_qp = wc.src_qp;
+    c.slid = 0;
+    c.sl = 0;  // a RoCE device does not carry it
+    c.byte_len = wc.byte_len;
+    DeviceHeader h;
+    uint64_t src_guid = 0;
+    Request g;  // the guest's GRH, as the shim's other paths write it (make_grh)
+    if (!parse_device_header(header, h) || !datagram_source(eng, h.sgid, wc.src_qp, g.slid, src_guid)) {
+        ++eng.hca()->stats().ud_unknown;
+        LOG_WARN("guest %s: QP %u: a datagram from device QP %u that no shim announced: no source LID",
+                 ctx.guest().name.c_str(), qp.qpn, wc.src_qp);
+        return;
+    }
+    c.slid = g.slid;
+    g.traffic_class = h.traffic_class;
+    g.hop_limit = h.hop_limit;
+    g.length = wc.byte_len >= HeaderSlots::kBytes ? wc.byte_len - HeaderSlots::kBytes : 0;
+    make_gid(src_guid, g.sgid);
+    make_gid(ctx.guest().guid, g.dgid);
+    uint8_t grh[HeaderSlots::kBytes];
+    make_grh(g, grh);
+    // Into the guest's memory through the shim's mapping, as the local
+    // transport writes it. A WQE the guest changed under the device (its
+    // list no longer resolves) only loses the guest its own GRH.
+    Span spans[abi::kMaxSge];
+    uint32_t nspans = 0;
+    uint64_t cap = 0;
+    Span from{grh, sizeof(grh)};
+    if (resolve_sges(ctx, qp.pd, sge, nsge, IBV_ACCESS_LOCAL_WRITE, spans, nspans, cap) != IBV_WC_SUCCESS ||
+        cap < sizeof(grh) || copy_sg(spans, nspans, 0, &from, 1, sizeof(grh)) != CopyFault::None)
+        return;
+    // Every datagram through a RoCE device has a GRH: whether the sender's
+    // AH was global does not travel with it.
+    c.wc_flags |= IBV_WC_GRH;
+}
+
+}  // namespace vrdma::shim
