@@ -70,7 +70,13 @@ say "figures base_write_bw_MBps $(bw_of /tmp/base_write_bw.out) vrdma_write_bw_M
 # the outcome, and rxe's differs from the shim's; the rest are the stated
 # gaps of the device path.
 VERBS_EXCLUDED=(
-    '~[mw]'                             # memory windows: not carried by the device
+    '~type 2:*'                         # type 2 windows are not put on rxe: its 6.1
+    '~send with invalidate frees*'      #   driver crashes the kernel when a Send with
+    '~bind and invalidate errors*'      #   Invalidate names an unbound one
+    '~the extended QP API binds*'       #   (hca_device.h takes_windows); a bind
+    '~UC: a window bound*'              #   through the device fails MW_BIND_ERR
+    '~send with invalidate of an rkey*' # rxe completes it with success when the key
+                                        #   is an MR's or a type 1 window's
     '~atomic write*'                    # not carried by the device (rxe on 6.1 has none)
     '~solicited_only*'                  # a device completion does not say "solicited"
     '~QP_ACCESS_ERR*' '~QP_REQ_ERR*'    # responder async events are the device's:
@@ -103,7 +109,7 @@ local_pair loopback_send_lat /run/vrdma-loop a b ib_send_lat -d vrdma0 -s 8 -n 2
 say "figures one host: memcpy_write_bw_MBps $(bw_of /tmp/memcpy_write_bw.out) loopback_write_bw_MBps" \
     "$(bw_of /tmp/loopback_write_bw.out) memcpy_send_lat_us $(lat_of /tmp/memcpy_send_lat.out)" \
     "loopback_send_lat_us $(lat_of /tmp/loopback_send_lat.out)"
-if VRDMA_TEST_DEVICE_KEYS=1 timeout 600 "$build/tools/vrdma-run" --run-dir /run/vrdma-loop --guest a --guest b -- \
+if VRDMA_TEST_DEVICE_KEYS=1 VRDMA_TEST_THROUGH_RXE=1 timeout 600 "$build/tools/vrdma-run" --run-dir /run/vrdma-loop --guest a --guest b -- \
     "$build/test/integration/vrdma-verbs-tests" "${VERBS_EXCLUDED[@]}" >/tmp/verbs.out 2>&1; then
     ok "verbs-suite-through-device ($(grep -a "^All tests passed" /tmp/verbs.out))"
 else

@@ -17,6 +17,11 @@ namespace {
 }
 }  // namespace
 
+bool through_rxe() {
+    const char* v = std::getenv("VRDMA_TEST_THROUGH_RXE");
+    return v && *v && std::string(v) != "0";
+}
+
 std::string peer_device_name() {
     int n = 0;
     ibv_device** list = ibv_get_device_list(&n);

@@ -35,6 +35,11 @@ struct Device {
 // The name of the device a peer Device opens ("vrdma1" or "vrdma0").
 std::string peer_device_name();
 
+// Whether the guests' traffic goes through Soft-RoCE (scripts/test-hca.sh
+// sets VRDMA_TEST_THROUGH_RXE=1 for its run of this suite): where the device
+// is the responder, its behaviour is the one a test may see.
+bool through_rxe();
+
 // A registered buffer.
 struct Buffer {
     Buffer(ibv_pd* pd, size_t size, int access);

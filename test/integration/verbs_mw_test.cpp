@@ -193,9 +193,13 @@ TEST_CASE("type 1: a bound window grants its access to its range, and only that"
     CHECK(std::memcmp(back.data, local.data + 10, 100) == 0);
 
     // Outside the window (inside the MR): refused. So is the MR's own rkey,
-    // which grants no remote access.
-    expect_no_access(dev, peer, mem.addr(0), mw->rkey);
-    expect_no_access(dev, peer, mem.addr(4096 + 8192 - 32), mw->rkey);
+    // which grants no remote access. (Soft-RoCE checks a window's key,
+    // access and QP, but only the range of the MR behind it: through rxe,
+    // scripts/test-hca.sh, the device decides.)
+    if (!through_rxe()) {
+        expect_no_access(dev, peer, mem.addr(0), mw->rkey);
+        expect_no_access(dev, peer, mem.addr(4096 + 8192 - 32), mw->rkey);
+    }
     expect_no_access(dev, peer, mem.addr(4096), mem.mr->rkey);
 
     // Rebound read-only elsewhere: the old rkey is retired, writes are refused.

@@ -172,7 +172,8 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
 }
 
 // A window starts unbound, its rkey already its own (memory_windows.h).
-int cmd_alloc_mw(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+// With a device, the device's window and its rkey (hca_device.h).
+int cmd_alloc_mw(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdAllocMwReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
@@ -185,7 +186,17 @@ int cmd_alloc_mw(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     Mw* w = mw.get();
     uint32_t h = ctx.mws.insert(std::move(mw));
     if (!h) return ENOMEM;
-    w->key = ctx.keys.alloc(h, KeyKind::Mw);
+    if (eng.hca() && pd->dev && eng.hca()->takes_windows(r.type)) {
+        int err = 0;
+        std::unique_ptr<DeviceMw> d = eng.hca()->alloc_mw(pd->dev, r.type, err);
+        // A key whose index is live already (a key of the shim's own) is
+        // not taken twice: the window is then the shim's only.
+        if (d && ctx.keys.insert(d->mw->rkey, h, KeyKind::Mw)) {
+            w->key = d->mw->rkey;
+            w->dev.reset(d.release());
+        }
+    }
+    if (!w->key) w->key = ctx.keys.alloc(h, KeyKind::Mw);
     charge.keep();
     ++pd->users;
     store_resp(resp, abi::CmdAllocMwResp{h, w->key});

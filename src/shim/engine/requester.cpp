@@ -221,15 +221,38 @@ enum class Step { Next, Stop };
 // queue's order and a WQE after them sees the window as they left it. Over
 // a transport that answers later, a local operation therefore waits for
 // the responses before it, like a fence.
+//
+// On a QP bound to the device the shim checks and applies the operation to
+// its own view of the window (requests of this host and over TCP use it),
+// then posts it to the device, which applies it to the device's window
+// (requests through the device use that) and completes it.
 Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (qp.sq_next != qp.sq.cons) return Step::Stop;  // resumed when the last response arrives
-    if (st == IBV_WC_SUCCESS && qp.device_bound) st = IBV_WC_LOC_QP_OP_ERR;  // windows are not the device's
+    const bool bind = w.hdr.opcode == IBV_WR_BIND_MW;
+    // The device window, when the device takes part (hca_device.h): a bind
+    // through the device needs one; an invalidation goes to the device only
+    // if the device holds the window bound.
+    Mw* mw = ctx.mws.get(bind ? w.hdr.mw_handle : ctx.keys.lookup(w.hdr.rkey, KeyKind::Mw));
+    DeviceMw* dmw = qp.device_bound && mw ? mw->dev.get() : nullptr;
+    if (st == IBV_WC_SUCCESS && bind && qp.device_bound && !dmw) st = IBV_WC_MW_BIND_ERR;
     if (st == IBV_WC_SUCCESS) {
         if (w.num_sge || w.is_inline) st = IBV_WC_LOC_QP_OP_ERR;
-        else if (w.hdr.opcode == IBV_WR_BIND_MW) st = bind_window(ctx, qp, w.hdr);
+        else if (bind) st = bind_window(ctx, qp, w.hdr);
         else st = invalidate_local(ctx, qp, w.hdr.rkey);
     }
     if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
+    if (dmw && (bind || dmw->bound)) {
+        dmw->bound = bind && mw->bound;
+        Request req;
+        req.opcode = w.hdr.opcode;
+        req.wqe = &w;
+        Response r;
+        if (eng.hca_transport()->send(eng, ctx, qp, req, nullptr, 0, nullptr, r) != SendResult::InFlight)
+            return fail_head(eng, ctx, qp, bind ? IBV_WC_MW_BIND_ERR : IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+        qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+        qp.inflight_on_device = true;
+        return Step::Next;
+    }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, 0);
     return Step::Next;
 }

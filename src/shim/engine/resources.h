@@ -20,6 +20,10 @@ struct DeviceSrq;
 struct DeviceMr;
 struct DeviceQp;
 struct DeviceAh;
+struct DeviceMw;
+struct DeviceMwDeleter {
+    void operator()(DeviceMw* m) const;
+};
 struct DeviceAhDeleter {
     void operator()(DeviceAh* a) const;
 };
@@ -61,6 +65,9 @@ struct Mw {
     uint32_t access = 0;  // bound: IBV_ACCESS_REMOTE_*
     uint64_t addr = 0;
     uint64_t length = 0;
+    // With a device: its device window, whose rkey `key` is (null if the
+    // device refused: the window then serves this host and TCP only).
+    std::unique_ptr<DeviceMw, DeviceMwDeleter> dev;
 };
 
 struct Cq {

@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "hca_device.h"
 #include "hca_ud.h"
+#include "memory_windows.h"
 #include "qp_state.h"
 #include "work_queue.h"
 #include "requester.h"
@@ -36,6 +37,9 @@ abi::Cqe receive_cqe(const Qp& qp, const ibv_wc& wc, uint64_t wr_id) {
         if (wc.wc_flags & IBV_WC_WITH_IMM) {
             c.wc_flags |= IBV_WC_WITH_IMM;
             c.imm_data = wc.imm_data;
+        } else if (wc.wc_flags & IBV_WC_WITH_INV) {
+            c.wc_flags |= IBV_WC_WITH_INV;
+            c.imm_data = wc.invalidated_rkey;  // ibv_wc::invalidated_rkey shares imm_data's place
         }
     }
     return c;
@@ -43,6 +47,12 @@ abi::Cqe receive_cqe(const Qp& qp, const ibv_wc& wc, uint64_t wr_id) {
 
 void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
     if (c.status == IBV_WC_SUCCESS) qp_request_arrived(ctx, qp);  // COMM_EST in RTR
+    // The device freed the window a Send with Invalidate named: the
+    // shim's view of it follows.
+    if (c.status == IBV_WC_SUCCESS && (c.wc_flags & IBV_WC_WITH_INV)) {
+        if (Mw* mw = ctx.mws.get(ctx.keys.lookup(c.imm_data, KeyKind::Mw)); mw && mw->dev) mw->dev->bound = false;
+        invalidate_remote(ctx, qp, c.imm_data);
+    }
     // The device does not say whether the message was solicited: every
     // receive counts as solicited (a solicited-only waiter may wake for an
     // unsolicited one; it never sleeps through a solicited one).

@@ -14,10 +14,6 @@
 namespace vrdma::shim {
 namespace {
 
-// The vendor id Soft-RoCE (rdma_rxe) reports. rxe retries without end
-// when a QP's retry_cnt is 7 (rxe_comp.c treats it like rnr_retry 7); a
-// hardware HCA gives up after 7 retries.
-constexpr uint32_t kRxeVendorId = 0xffffff;
 
 // Work request ids: [63] receive, [62] SRQ receive, [61:32] the device
 // QP's generation (an SRQ receive: the DeviceSrq's id), [31:0] the guest
@@ -66,6 +62,7 @@ int modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* what) {
 }  // namespace
 
 DevicePd::~DevicePd() {
+    if (unbind_mr) ibv_dereg_mr(unbind_mr);
     if (pd) ibv_dealloc_pd(pd);
 }
 DeviceMr::~DeviceMr() {
@@ -80,6 +77,10 @@ HeaderSlots::~HeaderSlots() {
     if (mr) ibv_dereg_mr(mr);
 }
 
+DeviceMw::~DeviceMw() {
+    if (mw) ibv_dealloc_mw(mw);
+}
+
 DeviceAh::~DeviceAh() {
     if (ah) ibv_destroy_ah(ah);
 }
@@ -92,6 +93,7 @@ DeviceSrq::~DeviceSrq() {
 void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
 void DeviceQpDeleter::operator()(DeviceQp* q) const { delete q; }
 void DeviceAhDeleter::operator()(DeviceAh* a) const { delete a; }
+void DeviceMwDeleter::operator()(DeviceMw* m) const { delete m; }
 
 int DeviceQp::to_error() {
     ibv_qp_attr r{};
@@ -316,6 +318,18 @@ void HcaDevice::release_cq_room(const DeviceQp& q) {
     if (q.cq_slot < cqs_.size()) cqs_[q.cq_slot].used -= std::min(cqs_[q.cq_slot].used, q.cq_entries);
 }
 
+std::unique_ptr<DeviceMw> HcaDevice::alloc_mw(const std::shared_ptr<DevicePd>& pd, uint32_t type, int& err) {
+    auto m = std::make_unique<DeviceMw>();
+    m->mw = ibv_alloc_mw(pd->pd, ibv_mw_type(type));
+    if (!m->mw) {
+        err = errno ? errno : ENOMEM;
+        LOG_WARN("hca %s: ibv_alloc_mw(type %u): %s", name_.c_str(), type, strerror(err));
+        return nullptr;
+    }
+    m->pd = pd;
+    return m;
+}
+
 std::unique_ptr<DeviceAh> HcaDevice::create_ah(const std::shared_ptr<DevicePd>& pd, const uint8_t* gid,
                                                const abi::AhAttr& guest, int& err) {
     ibv_ah_attr a{};
@@ -377,6 +391,8 @@ int HcaDevice::to_rts(DeviceQp& q, const abi::QpAttr& a) {
     int mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
     if (q.qp->qp_type == IBV_QPT_RC) {
         r.timeout = a.timeout;
+        // rxe retries without end when retry_cnt is 7 (rxe_comp.c treats it
+        // like rnr_retry 7); a hardware HCA gives up after 7 retries.
         // On rxe 7 would mean "forever": a dead peer must end in
         // IBV_WC_RETRY_EXC_ERR, as on an HCA, so rxe gets 6.
         r.retry_cnt = attr_.vendor_id == kRxeVendorId ? std::min<uint8_t>(a.retry_cnt, 6) : a.retry_cnt;
@@ -395,7 +411,7 @@ int HcaDevice::set_qkey(DeviceQp& q, uint32_t qkey) {
     return rc;
 }
 
-int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* ah, uint32_t qkey) {
+int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx, const SendTargets& t) {
     ibv_sge sge[abi::kMaxSge];
     ibv_send_wr wr{};
     wr.wr_id = make_wr_id(false, q.gen, idx);
@@ -403,6 +419,7 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* a
     // Every request is signaled on the device: each guest WQE completes on
     // its own completion (the guest's signaling decides its CQE).
     wr.send_flags = IBV_SEND_SIGNALED | (w.hdr.send_flags & (IBV_SEND_SOLICITED | IBV_SEND_FENCE));
+    if (w.hdr.opcode == IBV_WR_BIND_MW) return post_bind(q, w, wr, t);
     wr.imm_data = w.hdr.imm_data;
     if (w.is_inline) {
         // The device copies inline data when it is posted: a WQE, not a payload.
@@ -413,10 +430,11 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* a
         wr.num_sge = to_ibv_sges(w.sge, w.num_sge, sge);
     }
     wr.sg_list = sge;
-    if (ah) {
-        wr.wr.ud.ah = ah;
+    if (w.hdr.opcode == IBV_WR_LOCAL_INV || w.hdr.opcode == IBV_WR_SEND_WITH_INV) wr.invalidate_rkey = w.hdr.rkey;
+    if (t.ah) {
+        wr.wr.ud.ah = t.ah;
         wr.wr.ud.remote_qpn = w.hdr.remote_qpn;
-        wr.wr.ud.remote_qkey = qkey;
+        wr.wr.ud.remote_qkey = t.qkey;
     } else if (w.hdr.opcode == IBV_WR_ATOMIC_CMP_AND_SWP || w.hdr.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
         wr.wr.atomic.remote_addr = w.hdr.remote_addr;
         wr.wr.atomic.rkey = w.hdr.rkey;
@@ -429,6 +447,42 @@ int HcaDevice::post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* a
     ibv_send_wr* bad = nullptr;
     int rc = ibv_post_send(q.qp, &wr, &bad);
     if (rc) LOG_WARN("hca %s: QP %u: ibv_post_send: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
+    return rc;
+}
+
+int HcaDevice::post_bind(DeviceQp& q, const SendWork& w, ibv_send_wr& wr, const SendTargets& t) {
+    ibv_mw_bind_info info{};
+    info.mr = t.mr;
+    if (!t.mr) {
+        // An unbind (length 0): the device ignores the MR, but rxe's
+        // provider reads its lkey.
+        DevicePd& pd = *q.pd;
+        if (!pd.unbind_mr) pd.unbind_mr = ibv_reg_mr(pd.pd, &pd.unbind_byte, 1, IBV_ACCESS_LOCAL_WRITE);
+        if (!pd.unbind_mr) return errno ? errno : ENOMEM;
+        info.mr = pd.unbind_mr;
+    }
+    info.addr = t.mr ? w.hdr.remote_addr : 0;
+    info.length = t.mr ? w.hdr.compare_add : 0;
+    info.mw_access_flags = w.hdr.mw_access;
+    int rc;
+    if (t.mw->type == IBV_MW_TYPE_1) {
+        // ibv_bind_mw takes the next key itself (ibv_inc_rkey of the
+        // window's): give it the one before the guest's, which the guest's
+        // provider picked the same way.
+        t.mw->rkey = (w.hdr.rkey & 0xffffff00u) | ((w.hdr.rkey - 1) & 0xffu);
+        ibv_mw_bind b{};
+        b.wr_id = wr.wr_id;
+        b.send_flags = wr.send_flags;
+        b.bind_info = info;
+        rc = ibv_bind_mw(q.qp, t.mw, &b);
+    } else {
+        wr.bind_mw.mw = t.mw;
+        wr.bind_mw.rkey = w.hdr.rkey;
+        wr.bind_mw.bind_info = info;
+        ibv_send_wr* bad = nullptr;
+        rc = ibv_post_send(q.qp, &wr, &bad);
+    }
+    if (rc) LOG_WARN("hca %s: QP %u: binding a window: %s", name_.c_str(), q.qp->qp_num, strerror(rc));
     return rc;
 }
 

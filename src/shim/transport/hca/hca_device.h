@@ -32,6 +32,11 @@ struct RecvWork;
 
 struct DevicePd {
     ibv_pd* pd = nullptr;
+    // A one-byte MR of the shim's, made at the first unbind of a type 1
+    // window: a provider may read the MR of an unbind (rxe's does), which
+    // names none.
+    ibv_mr* unbind_mr = nullptr;
+    uint8_t unbind_byte = 0;
     ~DevicePd();
 };
 
@@ -43,6 +48,19 @@ struct DeviceMr {
 // The guest's lkey and rkey: the device's lkey (a device gives an MR with
 // remote access the same rkey; one without has no rkey to use).
 inline uint32_t device_mr_key(const DeviceMr& m) { return m.mr->lkey; }
+
+// The device memory window of a guest window (created with it on a shim
+// with a device): its rkey is the guest's, the guest's binds and
+// invalidations on QPs bound to the device are posted as they are, and a
+// remote request through it is checked by the device.
+struct DeviceMw {
+    ibv_mw* mw = nullptr;
+    std::shared_ptr<DevicePd> pd;
+    // Bound on the device (a bind posted, no invalidation since): only
+    // then is a local invalidation posted to the device.
+    bool bound = false;
+    ~DeviceMw();
+};
 
 // The device address handle of a guest AH (UD through the device): the
 // path to the device GID of the shim that serves the AH's LID, made at the
@@ -132,6 +150,9 @@ struct DeviceQp {
     int to_reset();
 };
 
+// The vendor id Soft-RoCE (rdma_rxe) reports (and vrdma itself).
+constexpr uint32_t kRxeVendorId = 0xffffff;
+
 class HcaDevice {
 public:
     ~HcaDevice();
@@ -169,6 +190,12 @@ public:
     // A path to `gid` (another shim's device, or this one's for its own
     // guests) on the device PD of a guest AH: its SL, and its traffic class
     // and hop limit if the guest's AH is global.
+    // Whether the device may hold windows of `type`. Soft-RoCE on Linux 6.1
+    // dereferences a null QP when a Send with Invalidate names a type 2
+    // window that is not bound (rxe_invalidate_mw): a peer could crash the
+    // host's kernel, so on rxe type 2 windows stay the shim's.
+    bool takes_windows(uint32_t type) const { return type == IBV_MW_TYPE_1 || attr_.vendor_id != kRxeVendorId; }
+    std::unique_ptr<DeviceMw> alloc_mw(const std::shared_ptr<DevicePd>& pd, uint32_t type, int& err);
     std::unique_ptr<DeviceAh> create_ah(const std::shared_ptr<DevicePd>& pd, const uint8_t* gid,
                                         const abi::AhAttr& guest, int& err);
 
@@ -179,10 +206,17 @@ public:
     // UD: the guest changed its Q_Key (RTS to RTS, SQD to SQD...).
     int set_qkey(DeviceQp& q, uint32_t qkey);
 
+    // What a send WQE names that only the shim can translate: UD, the
+    // device AH and the resolved Q_Key; BIND_MW, the device window and MR.
+    struct SendTargets {
+        ibv_ah* ah = nullptr;
+        uint32_t qkey = 0;
+        ibv_mw* mw = nullptr;
+        ibv_mr* mr = nullptr;  // null: unbind (a type 1 window)
+    };
     // Posts the guest's send WQE (already validated by the requester) as
-    // ring index `idx` (UD: to `ah` with the resolved Q_Key), and the
-    // guest's receive WQE `idx`. 0 or an errno.
-    int post_send(DeviceQp& q, const SendWork& w, uint32_t idx, ibv_ah* ah = nullptr, uint32_t qkey = 0);
+    // ring index `idx`, and the guest's receive WQE `idx`. 0 or an errno.
+    int post_send(DeviceQp& q, const SendWork& w, uint32_t idx, const SendTargets& t);
     int post_recv(DeviceQp& q, const RecvWork& w, uint32_t idx);
     // Posts the guest's SRQ receive WQE into a free shadow slot. 0 or an
     // errno (ENOSPC: the device SRQ is full).
@@ -227,6 +261,7 @@ public:
 
 private:
     HcaDevice() = default;
+    int post_bind(DeviceQp& q, const SendWork& w, ibv_send_wr& wr, const SendTargets& t);
 
     std::string name_;
     uint8_t port_ = 1;

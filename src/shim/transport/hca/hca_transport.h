@@ -11,12 +11,14 @@
 
 namespace vrdma::shim {
 
-// What a device QP can carry of what the guest may post (memory windows
-// are the shim's, not the device's: not over the device yet).
+// What a device QP can carry of what the guest may post (BIND_MW and
+// LOCAL_INV too, posted by the requester's local operations; atomic write
+// is not: rxe on the kernels here has none).
 inline bool device_opcode(uint32_t op) {
     switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
+    case IBV_WR_SEND_WITH_INV:
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM:
     case IBV_WR_RDMA_READ:
