@@ -26,6 +26,7 @@
 # Env: VM_PORT_BASE  UDP ports BASE (VM 1) and BASE+1 (VM 2) on 127.0.0.1
 #                    (default: derived from the PID, skipping ports in use)
 #      VM_MEM        MiB per VM (1024)
+#      VM_SMP        vCPUs per VM (1)
 #      VM_PEER_GRACE seconds, see above (30)
 # Only one run-pair at a time per WORK (flock on WORK/.run-pair.lock).
 set -euo pipefail
@@ -107,7 +108,7 @@ for i in 1 2; do
     me=${ports[$((i - 1))]} peer=${ports[$((2 - i))]}
     append="console=ttyS0 panic=-1 loglevel=4 vmid=$i vmwork=$work gscript=${scripts[$((i - 1))]} wdt=$timeout"
     [ -z "$gargs" ] || append+=" gargs=$gargs"
-    qemu-system-x86_64 -accel tcg -cpu max -m "${VM_MEM:-1024}" -smp 1 -display none -monitor none \
+    qemu-system-x86_64 -accel tcg -cpu max -m "${VM_MEM:-1024}" -smp "${VM_SMP:-1}" -display none -monitor none \
         -serial "file:$work/vm$i.serial" -no-reboot -kernel "$kernel" -initrd "$work/initrd.gz" \
         -append "$append" \
         -virtfs local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap \

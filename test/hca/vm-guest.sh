@@ -17,7 +17,8 @@ source "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 
 # The figure perftest prints for a run: BW average (MB/s) or t_avg (usec).
 bw_of() { awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ { v = $4 } END { print v }' "$1"; }
-lat_of() { awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ { v = $6 } END { print v }' "$1"; }
+# Latency: t_avg, and t_typical (the median: a TCG hiccup moves it less).
+lat_of() { awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+/ { v = $6 " (typical " $5 ")" } END { print v }' "$1"; }
 
 # 1. Baseline: perftest on rxe0 directly.
 run_pair base_write_bw 18600 ib_write_bw -d rxe0 -x "$RXE_GID_INDEX" -s 65536 -n 100 -F

@@ -61,6 +61,8 @@ bool Daemon::start(std::string& error) {
             return false;
         }
         LOG_INFO("hca: %s", hca_->describe().c_str());
+        if (std::string advice = HcaDevice::memlock_advice(); !advice.empty())
+            LOG_WARN("hca: %s", advice.c_str());
     }
     if (!run_dir_.acquire(opts_.run_dir, error)) return false;
 

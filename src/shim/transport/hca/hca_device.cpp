@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "hca_completions.h"
@@ -39,18 +41,9 @@ int to_ibv_sges(const abi::Sge* in, uint32_t n, ibv_sge* out) {
     return int(n);
 }
 
-// A UD receive's scatter list on the device: header slot `slot`, then the
-// guest's list less its first 40 bytes (`out` has room for n + 1).
 int to_ud_recv_sges(const HeaderSlots& h, uint32_t slot, const abi::Sge* in, uint32_t n, ibv_sge* out) {
-    int k = 0;
-    out[k++] = ibv_sge{reinterpret_cast<uint64_t>(h.at(slot)), HeaderSlots::kBytes, h.mr->lkey};
-    uint64_t skip = HeaderSlots::kBytes;
-    for (uint32_t i = 0; i < n; ++i) {
-        const uint64_t cut = std::min<uint64_t>(skip, in[i].length);
-        skip -= cut;
-        if (in[i].length > cut) out[k++] = ibv_sge{in[i].addr + cut, uint32_t(in[i].length - cut), in[i].lkey};
-    }
-    return k;
+    return ud_receive_sges(ibv_sge{reinterpret_cast<uint64_t>(h.at(slot)), HeaderSlots::kBytes, h.mr->lkey}, in, n,
+                           out);
 }
 
 int modify(ibv_qp* qp, ibv_qp_attr& attr, int mask, const char* what) {
@@ -71,6 +64,18 @@ DeviceMr::~DeviceMr() {
 DeviceQp::~DeviceQp() {
     if (qp) ibv_destroy_qp(qp);
     if (owner) owner->release_cq_room(*this);
+}
+
+int ud_receive_sges(const ibv_sge& header, const abi::Sge* in, uint32_t n, ibv_sge* out) {
+    int k = 0;
+    out[k++] = header;
+    uint64_t skip = HeaderSlots::kBytes;
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint64_t cut = std::min<uint64_t>(skip, in[i].length);
+        skip -= cut;
+        if (in[i].length > cut) out[k++] = ibv_sge{in[i].addr + cut, uint32_t(in[i].length - cut), in[i].lkey};
+    }
+    return k;
 }
 
 HeaderSlots::~HeaderSlots() {
@@ -185,6 +190,24 @@ std::unique_ptr<HcaDevice> HcaDevice::open(const std::string& spec, std::string&
     for (int fd : {d->channel_->fd, d->ctx_->async_fd}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     d->wcs_.resize(32);
     return d;
+}
+
+std::string HcaDevice::memlock_advice() {
+    // CAP_IPC_LOCK (bit 14 of the effective set) lifts the limit.
+    if (FILE* f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        unsigned long long caps = 0;
+        while (std::fgets(line, sizeof(line), f))
+            if (std::sscanf(line, "CapEff: %llx", &caps) == 1) break;
+        std::fclose(f);
+        if (caps & (1ull << 14)) return "";
+    }
+    rlimit r{};
+    if (getrlimit(RLIMIT_MEMLOCK, &r) || r.rlim_cur == RLIM_INFINITY) return "";
+    return "RLIMIT_MEMLOCK is " + std::to_string(r.rlim_cur >> 10) +
+           " KiB for the registered memory of all guests together (the device pins every MR): registrations "
+           "beyond it fail with ENOMEM; raise it (ulimit -l unlimited, systemd LimitMEMLOCK=infinity) or give "
+           "the shim CAP_IPC_LOCK";
 }
 
 std::string HcaDevice::describe() const {

@@ -87,6 +87,11 @@ struct HeaderSlots {
     uint8_t* at(uint32_t i) const { return bytes.get() + uint64_t(i % count) * kBytes; }
 };
 
+// A UD receive's scatter list on the device: `header` (a header slot),
+// then the guest's list `in` less its first 40 bytes. `out` has room for
+// n + 1; returns how many it holds.
+int ud_receive_sges(const ibv_sge& header, const abi::Sge* in, uint32_t n, ibv_sge* out);
+
 // The device SRQ of a guest SRQ (created with it). Once a QP on the SRQ
 // is bound (Srq::feeds_device), the shim moves the guest's receive WQEs from the
 // guest's ring into the device SRQ, keeping each one's wr_id in a shadow
@@ -162,6 +167,11 @@ public:
     // GID if there is one, else the first non-zero GID. Null and `error`
     // on failure.
     static std::unique_ptr<HcaDevice> open(const std::string& spec, std::string& error);
+
+    // Empty, or why guests' registrations may fail for want of lockable
+    // memory: the device pins every guest MR in this process, which needs
+    // CAP_IPC_LOCK or an RLIMIT_MEMLOCK as large as all of them together.
+    static std::string memlock_advice();
 
     const std::string& name() const { return name_; }
     uint8_t port() const { return port_; }

@@ -13,14 +13,20 @@
 namespace vrdma::shim {
 namespace {
 
-// What the device wrote before the payload: a RoCE v2 datagram carries an
-// IPv4 header (in the last 20 of the 40 bytes) or an IPv6 one; an
-// InfiniBand or RoCE v1 one a GRH, laid out as IPv6.
-struct DeviceHeader {
-    uint8_t sgid[16] = {};
-    uint8_t traffic_class = 0;
-    uint8_t hop_limit = 0;
-};
+// The guest that owns UD QP `qpn` of the device with GID `gid`: this
+// shim's, or a peer's as it announced.
+bool datagram_source(Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) {
+    if (std::memcmp(gid, eng.hca()->gid(), 16) == 0) {
+        Engine::QpRef ref = eng.find_qp_by_qpn(qpn);
+        if (!ref || ref.qp->type != IBV_QPT_UD) return false;
+        lid = ref.ctx->guest().lid;
+        guid = ref.ctx->guest().guid;
+        return true;
+    }
+    return eng.ud_directory() && eng.ud_directory()->ud_owner(gid, qpn, lid, guid);
+}
+
+}  // namespace
 
 bool parse_device_header(const uint8_t g[40], DeviceHeader& h) {
     if ((g[20] >> 4) == 4 && (g[20] & 0xf) == 5) {
@@ -40,21 +46,6 @@ bool parse_device_header(const uint8_t g[40], DeviceHeader& h) {
     }
     return false;
 }
-
-// The guest that owns UD QP `qpn` of the device with GID `gid`: this
-// shim's, or a peer's as it announced.
-bool datagram_source(Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) {
-    if (std::memcmp(gid, eng.hca()->gid(), 16) == 0) {
-        Engine::QpRef ref = eng.find_qp_by_qpn(qpn);
-        if (!ref || ref.qp->type != IBV_QPT_UD) return false;
-        lid = ref.ctx->guest().lid;
-        guid = ref.ctx->guest().guid;
-        return true;
-    }
-    return eng.ud_directory() && eng.ud_directory()->ud_owner(gid, qpn, lid, guid);
-}
-
-}  // namespace
 
 const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn) {
     if (!eng.hca()) return nullptr;

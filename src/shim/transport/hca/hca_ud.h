@@ -31,6 +31,17 @@ struct Qp;
 struct Ah;
 struct Pd;
 
+// What a device wrote in the 40 bytes before a datagram's payload: a RoCE
+// v2 device an IPv4 header in the last 20 (or an IPv6 header), an
+// InfiniBand or RoCE v1 one a GRH, laid out as IPv6. The sender's address
+// as a GID (IPv4-mapped for IPv4). False if it is neither.
+struct DeviceHeader {
+    uint8_t sgid[16] = {};
+    uint8_t traffic_class = 0;
+    uint8_t hop_limit = 0;
+};
+bool parse_device_header(const uint8_t header[40], DeviceHeader& out);
+
 // The device GID a datagram to (dlid, dqpn) goes to through the device;
 // null when the destination is not a UD QP on a device (the datagram goes
 // as without one).
