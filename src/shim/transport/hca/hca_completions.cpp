@@ -63,7 +63,7 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
 void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
     abi::Cqe c;
-    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS) {
+    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && qp.dev->headers) {
         // The scatter list too (the GRH goes there), read again from the
         // ring as the device got it (or as the guest changed it since).
         RecvWork w;
@@ -88,7 +88,7 @@ void srq_receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion&
     if (!srq || srq->dev.get() != dc.srq || !qp.device_bound) return;
     if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
     abi::Cqe c = receive_cqe(qp, *dc.wc, dc.srq_wr_id);
-    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS) {
+    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && dc.srq->headers) {
         const DeviceSrq& d = *dc.srq;
         hca_ud_received(eng, ctx, qp, *dc.wc, d.headers->at(dc.idx), &d.sges[uint64_t(dc.idx) * d.max_sge],
                         d.nsge[dc.idx], c);

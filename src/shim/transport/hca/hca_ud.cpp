@@ -81,9 +81,13 @@ void hca_ud_received(Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, 
     uint64_t src_guid = 0;
     Request g;  // the guest's GRH, as the shim's other paths write it (make_grh)
     if (!parse_device_header(header, h) || !datagram_source(eng, h.sgid, wc.src_qp, g.slid, src_guid)) {
-        ++eng.hca()->stats().ud_unknown;
-        LOG_WARN("guest %s: QP %u: a datagram from device QP %u that no shim announced: no source LID",
-                 ctx.guest().name.c_str(), qp.qpn, wc.src_qp);
+        // Logged at the 1st, 2nd, 4th, 8th...: anyone on the device's network
+        // may send such datagrams (a program on the device directly).
+        const uint64_t n = ++eng.hca()->stats().ud_unknown;
+        if ((n & (n - 1)) == 0)
+            LOG_WARN("guest %s: QP %u: a datagram from device QP %u that no shim announced: no source LID "
+                     "(%llu so far)",
+                     ctx.guest().name.c_str(), qp.qpn, wc.src_qp, (unsigned long long)n);
         return;
     }
     c.slid = g.slid;
