@@ -178,6 +178,19 @@ std::vector<uint8_t> request_segment(const Request& req, const std::vector<uint8
     return out;
 }
 
+// A UD QP notice (SegType::UdQp) as a peer shim would write it.
+std::vector<uint8_t> ud_qp_notice(uint16_t lid, uint32_t qpn, uint64_t guid) {
+    fabric::SegHeader h{};
+    h.type = uint8_t(fabric::SegType::UdQp);
+    h.flags = fabric::kSegFirst | fabric::kSegLast;
+    h.src_lid = lid;
+    h.src_qpn = qpn;
+    h.offset = guid;
+    std::vector<uint8_t> v(sizeof(h));
+    std::memcpy(v.data(), &h, sizeof(h));
+    return v;
+}
+
 // Writes raw bytes into the stream from A to B (A's link is idle, so they
 // arrive at a segment boundary).
 void inject(Fabric2& f, const std::vector<uint8_t>& bytes) {
@@ -653,14 +666,7 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
         CHECK(t.lb->close_reason() == "protocol violation: request addresses differ from its segment's");
     }
     SECTION("a UD QP notice for a LID the peer does not own") {
-        fabric::SegHeader h{};
-        h.type = uint8_t(fabric::SegType::UdQp);
-        h.flags = fabric::kSegFirst | fabric::kSegLast;
-        h.src_lid = 2;  // B's own
-        h.src_qpn = t.qa.qpn;
-        std::vector<uint8_t> v(sizeof(h));
-        std::memcpy(v.data(), &h, sizeof(h));
-        inject(t, v);
+        inject(t, ud_qp_notice(2, t.qa.qpn, 0));  // LID 2 is B's own
         t.pump();
         CHECK(t.lb->close_reason() == "protocol violation: a segment from a LID the peer does not own");
         CHECK(t.lb->ud_owners.empty());
@@ -695,15 +701,7 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
 // QPN, with the guest's LID and port GUID; the link goes on.
 TEST_CASE("fabric: a UD QP notice names the guest behind a device QPN", "[shim][fabric]") {
     RcOverFabric t;
-    fabric::SegHeader h{};
-    h.type = uint8_t(fabric::SegType::UdQp);
-    h.flags = fabric::kSegFirst | fabric::kSegLast;
-    h.src_lid = 1;
-    h.src_qpn = 0x123456;
-    h.offset = 0x0011223344556677ull;
-    std::vector<uint8_t> v(sizeof(h));
-    std::memcpy(v.data(), &h, sizeof(h));
-    inject(t, v);
+    inject(t, ud_qp_notice(1, 0x123456, 0x0011223344556677ull));
     t.pump();
     REQUIRE(t.lb->state() == LinkState::Up);
     REQUIRE(t.lb->ud_owners.count(0x123456));

@@ -220,8 +220,9 @@ std::unique_ptr<HeaderSlots> HcaDevice::make_header_slots(const std::shared_ptr<
                                                           int& err) {
     auto h = std::make_unique<HeaderSlots>();
     h->count = std::max<uint32_t>(count, 1);
-    h->bytes = std::make_unique<uint8_t[]>(uint64_t(h->count) * HeaderSlots::kBytes);
-    h->mr = ibv_reg_mr(pd->pd, h->bytes.get(), uint64_t(h->count) * HeaderSlots::kBytes, IBV_ACCESS_LOCAL_WRITE);
+    const uint64_t bytes = uint64_t(h->count) * HeaderSlots::kBytes;
+    h->bytes = std::make_unique<uint8_t[]>(bytes);
+    h->mr = ibv_reg_mr(pd->pd, h->bytes.get(), bytes, int(IBV_ACCESS_LOCAL_WRITE));
     if (!h->mr) {
         err = errno ? errno : ENOMEM;
         LOG_WARN("hca %s: ibv_reg_mr (UD header slots): %s", name_.c_str(), strerror(err));
@@ -480,7 +481,7 @@ int HcaDevice::post_bind(DeviceQp& q, const SendWork& w, ibv_send_wr& wr, const 
         // An unbind (length 0): the device ignores the MR, but rxe's
         // provider reads its lkey.
         DevicePd& pd = *q.pd;
-        if (!pd.unbind_mr) pd.unbind_mr = ibv_reg_mr(pd.pd, &pd.unbind_byte, 1, IBV_ACCESS_LOCAL_WRITE);
+        if (!pd.unbind_mr) pd.unbind_mr = ibv_reg_mr(pd.pd, &pd.unbind_byte, 1, int(IBV_ACCESS_LOCAL_WRITE));
         if (!pd.unbind_mr) return errno ? errno : ENOMEM;
         info.mr = pd.unbind_mr;
     }
