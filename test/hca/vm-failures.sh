@@ -26,6 +26,11 @@ fi
 
 # stdbuf: perftest writes its lines to a file; "remote address" is awaited.
 WBW=(stdbuf -oL ib_write_bw -d vrdma0 -s 65536 -D 20 -F)
+# The link-down case runs longer: its client must end with an error before
+# its duration does (rxe usually fails it within a second; once in CI it
+# had not after 17 s, and the client then hung in perftest's closing
+# handshake across the dead link).
+WBW_LINK=(stdbuf -oL ib_write_bw -d vrdma0 -s 65536 -D 60 -F)
 
 # Both VMs start the cases together: VM 2's clients retry their connection
 # for a minute only, and VM 1 may still be busy with what came before.
@@ -107,12 +112,12 @@ fi
 
 # 3. The link lost under traffic.
 if [ "$N" = 1 ]; then
-    timeout 90 "${RUN[@]}" "${WBW[@]}" -p 18802 >/tmp/link_down.out 2>&1
+    timeout 90 "${RUN[@]}" "${WBW_LINK[@]}" -p 18802 >/tmp/link_down.out 2>&1
     say "link-down server: rc $? $(grep -m1 -iE "status|fail|error" /tmp/link_down.out)"
 else
     "${RUN[@]}" stdbuf -oL ibv_asyncwatch -d vrdma0 >/tmp/asyncwatch.out 2>&1 &
     watch=$!
-    connect_retrying 180 /tmp/link_down.out "${RUN[@]}" "${WBW[@]}" -p 18802 "$server_ip" &
+    connect_retrying 180 /tmp/link_down.out "${RUN[@]}" "${WBW_LINK[@]}" -p 18802 "$server_ip" &
     client=$!
     if ! wait_for "remote address" /tmp/link_down.out 120; then
         fail link-down "the client never connected: $(tail -3 /tmp/link_down.out | tr '\n' ' ')"
