@@ -28,8 +28,8 @@ fi
 WBW=(stdbuf -oL ib_write_bw -d vrdma0 -s 65536 -D 20 -F)
 # The link-down case runs longer: its client must end with an error before
 # its duration does (rxe usually fails it within a second; once in CI it
-# had not after 17 s, and the client then hung in perftest's closing
-# handshake across the dead link).
+# had not after 17 s, and the client did not end: after its duration
+# perftest's closing handshake goes to the server across the dead link).
 WBW_LINK=(stdbuf -oL ib_write_bw -d vrdma0 -s 65536 -D 60 -F)
 
 # Both VMs start the cases together: VM 2's clients retry their connection
