@@ -17,6 +17,11 @@ CTL=("$build/tools/vrdmactl" --run-dir /run/vrdma)
 RUN=("$build/tools/vrdma-run" --run-dir /run/vrdma --guest "g$N" --)
 server_ip=10.10.0.1
 shim_pid=
+# A build with ASan and UBSan (scripts/test.sh's build-asan) runs here too:
+# the plain provider is preloaded into instrumented programs, and what the
+# sanitizers find in a shim fails the run (finish).
+export ASAN_OPTIONS="${ASAN_OPTIONS:-verify_asan_link_order=0:detect_leaks=1:halt_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
 say() { echo "$*" | tee -a "$results"; }
 ok() { say "ok $1"; }
@@ -63,6 +68,10 @@ stop_shim() {
 finish() {
     stop_shim
     grep -E "^vrdma-shim: (warning|error)" /tmp/shim.log | head -20 >>"$results"
+    if grep -qE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" /tmp/shim.log /tmp/loop.log 2>/dev/null; then
+        fail sanitizers "$(grep -hE -A8 "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:" /tmp/shim.log \
+            /tmp/loop.log 2>/dev/null | head -20 | tr '\n' ' ')"
+    fi
     [ "$failures" = 0 ]
 }
 
