@@ -121,7 +121,7 @@ TEST_CASE("QPNs are random, never 0 or 1, and a freed QPN is not handed out agai
     const auto req = t.b.qp_req(pd, cq, cq, QpSpec{}, v);  // the same rings every time
     std::vector<uint32_t> qpns;
     std::set<uint32_t> seen;
-    constexpr int kCycles = 20000;  // < Engine::kQpnQuarantine: every QPN must be new
+    constexpr int kCycles = 20000;  // < SharedTables::kQpnQuarantine: every QPN must be new
     for (int i = 0; i < kCycles; ++i) {
         auto r = t.b.cmd(CmdOp::CreateQp, req);
         REQUIRE(r.status == 0);

@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "async_events.h"
+#include "sliced_transfer.h"
 #include "commands.h"
 #include "hca_bind.h"
 #include "hca_device.h"
@@ -136,7 +137,7 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
     if (mask & IBV_QP_AV) qp->route_gen = 0;  // bind the transport of the new destination
     // A large local transfer this QP was moving stops here; its receive, if
     // it took one, completes in error at the responder.
-    if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) eng.local_transport().abandon(eng, *qp);
+    if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) abandon_transfer(eng, *qp);
     if (next == IBV_QPS_RESET) {
         // Back to a fresh QP: posted WQEs are dropped without completions.
         // The peer's requests now find it unconnected and time out
@@ -200,7 +201,7 @@ int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     auto r = load_req<abi::CmdHandleReq>(req);
     auto qp = ctx.qps.erase(r.handle);
     if (!qp) return ENOENT;
-    eng.local_transport().abandon(eng, *qp);
+    abandon_transfer(eng, *qp);
     // Its peer is not told: as on a fabric, the peer's requests find nobody
     // and end in RETRY_EXC_ERR, and a QP that gets this QPN later is a
     // stranger to the peer (bind_peer), so they never reach it.

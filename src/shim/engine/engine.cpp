@@ -1,4 +1,5 @@
 #include "engine.h"
+#include "sliced_transfer.h"
 
 #include <unordered_set>
 
@@ -15,7 +16,6 @@
 #include "cq_writer.h"
 #include "fault_guard.h"
 #include "requester.h"
-#include "secure_random.h"
 #include "transport.h"
 #include "qp_state.h"
 #include "vrdma/ring.h"
@@ -38,17 +38,11 @@ uint64_t monotonic_ns() {
     return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
-Engine::Engine(Quotas quotas)
-    : quotas_(quotas), next_incarnation_(uint64_t(secure_random_u32()) << 32 | secure_random_u32()) {
+Engine::Engine(Quotas quotas, SharedTables* shared)
+    : quotas_(quotas),
+      own_shared_(shared ? nullptr : std::make_unique<SharedTables>()),
+      shared_(shared ? shared : own_shared_.get()) {
     install_fault_guard();  // guest files behind MRs may be truncated under the shim
-    // Leave the shim's own allocations room under vm.max_map_count.
-    uint64_t max_maps = 65530;
-    if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
-        unsigned long long v;
-        if (std::fscanf(f, "%llu", &v) == 1 && v > 0) max_maps = v;
-        std::fclose(f);
-    }
-    global_.mapping_limit = max_maps > 16384 ? max_maps - 8192 : max_maps / 2;
 }
 
 GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
@@ -65,7 +59,7 @@ void Engine::set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys) 
 GuestSecurity& Engine::security_of(const GuestIdentity& guest) {
     for (auto& g : guests_)
         if (g.get() == &guest) return g->security;
-    static GuestSecurity unknown;  // a guest of no engine (tests): counted nowhere that matters
+    thread_local GuestSecurity unknown;  // a guest of no engine (tests): counted nowhere that matters
     return unknown;
 }
 
@@ -80,7 +74,7 @@ const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, ui
     g->name = name;
     g->lid = lid;
     g->guid = guid;
-    usages_.push_back(std::make_unique<GuestUsage>(name, quotas_, global_));
+    usages_.push_back(std::make_unique<GuestUsage>(name, quotas_, shared_->global_usage()));
     routes_.add(lid, lid, &local_);
     guests_.push_back(std::move(g));
     return *guests_.back();
@@ -97,7 +91,7 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
     GuestUsage* usage = usage_of(guest);
     std::shared_ptr<Mapping> map;
     if ((err = map_segment(std::move(arena), gva, len, 0, map, usage, why, true))) return nullptr;
-    uint64_t id = next_ctx_id_++;
+    const uint64_t id = shared_->new_context_id();
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
                                          std::move(async), usage);
     Context* p = ctx.get();
@@ -111,7 +105,7 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
 void Engine::destroy_resources(Context& ctx) {
     std::unordered_set<uint32_t> gone;
     ctx.qps.for_each([&](uint32_t, Qp& qp) {
-        local_.abandon(*this, qp);
+        abandon_transfer(*this, qp);
         unregister_qp(qp.qpn);
         if (qp.type != IBV_QPT_RC) return;
         gone.insert(qp.qpn);
@@ -176,20 +170,13 @@ std::vector<uint64_t> Engine::dead_contexts() const {
     return v;
 }
 
-uint32_t Engine::alloc_qpn() {
-    // Live and quarantined QPNs together stay far below 2^24 (the QP quota
-    // of all guests is), so a few draws find a free one.
-    if (qpns_.size() + recent_qpns_.size() >= 0xc00000) return 0;
-    for (;;) {
-        uint32_t q = secure_random_u32() & 0xffffff;
-        if (q < 2 || qpns_.count(q) || recent_qpns_.contains(q)) continue;  // 0 and 1: IB's special QPs
-        return q;
-    }
+void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) {
+    shared_->take_qpn(qpn);
+    qpns_[qpn] = QpLoc{&ctx, handle};
 }
 
-void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) { qpns_[qpn] = QpLoc{&ctx, handle}; }
 void Engine::unregister_qp(uint32_t qpn) {
-    if (qpns_.erase(qpn)) recent_qpns_.add(qpn);
+    if (qpns_.erase(qpn)) shared_->release_qpn(qpn);
 }
 
 Engine::QpRef Engine::find_qp_by_qpn(uint32_t qpn) {

@@ -1,8 +1,9 @@
 // The QP engine: every guest and attached context of this shim, the QPN
 // registry that finds the QP a (LID, QPN) names, the route table of
 // destination LIDs, and one pass of work over all contexts (commands, send
-// queues, flushes). Single-threaded by design (see event_loop.h); nothing
-// here locks.
+// queues, flushes). One engine per worker (worker.h): only its worker's
+// thread calls it, and nothing here locks; what the workers of a shim
+// share is in shared_tables.h.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "quota.h"
 #include "recent_ids.h"
 #include "route_table.h"
+#include "shared_tables.h"
 #include "work_queue.h"
 
 namespace vrdma::shim {
@@ -30,7 +32,9 @@ class HcaDevice;
 
 class Engine {
 public:
-    explicit Engine(Quotas quotas = {});
+    // `shared`: the tables of the shim this engine is a worker of (null: its
+    // own, for an engine alone: tests, fuzzing).
+    explicit Engine(Quotas quotas = {}, SharedTables* shared = nullptr);
     ~Engine();
 
     const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid,
@@ -42,12 +46,13 @@ public:
     GuestSecurity& security_of(const GuestIdentity& guest);
     // Remote access errors per source LID; sources that keep making them
     // have their RDMA requests dropped (guess_throttle.h).
-    GuessThrottle& guess_throttle() { return guess_throttle_; }
+    GuessThrottle& guess_throttle() { return shared_->guess_throttle(); }
     const Quotas& quotas() const { return quotas_; }
     // What every context of `guest` holds together (quota.h). Null for a
     // guest this engine does not serve.
     GuestUsage* usage_of(const GuestIdentity& guest);
-    const GlobalUsage& global_usage() const { return global_; }
+    const GlobalUsage& global_usage() const { return shared_->global_usage(); }
+    SharedTables& shared() { return *shared_; }
 
     // Attaches a process: maps its arena (validated) and creates its context.
     // Returns null with a positive errno in `err` on failure.
@@ -89,33 +94,25 @@ public:
     bool set_port_active(const std::string& guest, bool active);
     std::vector<int> kick_fds() const;
 
-    // QPN registry. QPNs are unique per shim, drawn at random (24 bits, never
-    // 0 or 1) and not handed out again until kQpnQuarantine other QPNs were
-    // freed after them: a stale QPN names nothing rather than a newcomer.
-    static constexpr size_t kQpnQuarantine = 1u << 16;
+    // QPN registry: this engine's QPs by number. The numbers themselves are
+    // unique per shim (SharedTables: random, quarantined once freed).
     struct QpRef {
         Context* ctx = nullptr;
         Qp* qp = nullptr;
         uint32_t handle = 0;
         explicit operator bool() const { return qp != nullptr; }
     };
-    uint32_t alloc_qpn();
+    uint32_t alloc_qpn() { return shared_->alloc_qpn(); }
+    // Registers QP `handle` of `ctx` as `qpn` (taken shim-wide if it was not).
     void register_qp(uint32_t qpn, Context& ctx, uint32_t handle);
     void unregister_qp(uint32_t qpn);
     QpRef find_qp(uint16_t lid, uint32_t qpn);
     // The QP of this shim with `qpn`, whatever its LID (device completions
     // name the device QP, whose QPN is the guest's: hca_bind.h).
     QpRef find_qp_by_qpn(uint32_t qpn);
-    bool qpn_taken(uint32_t qpn) const { return qpns_.count(qpn) != 0; }
-    // Each QP created is a new incarnation: an RC or UC connection binds
-    // the two incarnations it joined (responder.cpp), not just their QPNs.
-    // Never 0 ("not known"); counted from a random start, so that a
-    // restarted shim's QPs are not taken for its earlier ones by peers.
-    uint64_t new_incarnation() {
-        const uint64_t v = next_incarnation_++;
-        return v ? v : next_incarnation_++;
-    }
-    uint32_t alloc_srqn() { return next_srqn_++ & 0xffffff; }
+    bool qpn_taken(uint32_t qpn) const { return shared_->qpn_taken(qpn); }
+    uint64_t new_incarnation() { return shared_->new_incarnation(); }
+    uint32_t alloc_srqn() { return shared_->alloc_srqn(); }
     // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
     // of this shim connected to exactly it goes to error (QP_FATAL).
     void fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn);
@@ -192,22 +189,18 @@ private:
     void fail_peers_of(uint16_t lid, const std::unordered_set<uint32_t>& qpns);
 
     Quotas quotas_;
-    GlobalUsage global_;
+    std::unique_ptr<SharedTables> own_shared_;  // when no shim's tables were given
+    SharedTables* shared_;
     std::vector<std::unique_ptr<GuestIdentity>> guests_;
     std::vector<std::unique_ptr<GuestUsage>> usages_;  // parallel to guests_
     std::map<uint64_t, std::unique_ptr<Context>> contexts_;
-    uint64_t next_ctx_id_ = 1;
     struct QpLoc {
         Context* ctx;
         uint32_t handle;
     };
     std::unordered_map<uint32_t, QpLoc> qpns_;
-    RecentIds recent_qpns_{kQpnQuarantine};
-    uint64_t next_incarnation_;  // Engine::Engine: random
-    uint32_t next_srqn_ = 1;
     uint64_t (*clock_)() = monotonic_ns;
     RouteTable routes_;
-    GuessThrottle guess_throttle_;
     LocalTransport local_;
     HcaDevice* hca_ = nullptr;
     Transport* hca_transport_ = nullptr;

@@ -11,6 +11,7 @@ void GuessThrottle::refill(Bucket& b, uint64_t now_ns) const {
 
 bool GuessThrottle::charge(uint16_t lid, uint64_t now_ns) {
     if (!limit_) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
     auto [it, fresh] = buckets_.try_emplace(lid);
     Bucket& b = it->second;
     if (fresh) {
@@ -26,6 +27,7 @@ bool GuessThrottle::charge(uint16_t lid, uint64_t now_ns) {
 }
 
 bool GuessThrottle::throttled_slow(uint16_t lid, uint64_t now_ns) {
+    std::lock_guard<std::mutex> lock(mutex_);
     auto it = buckets_.find(lid);
     if (it == buckets_.end() || !it->second.empty) return false;
     Bucket& b = it->second;

@@ -11,9 +11,15 @@
 // QP and the target QP in error), so the bucket only ever empties for a
 // guesser. Its guesses then cost a transport timeout each, not a round
 // trip. The fast path pays one branch while nobody is throttled.
+//
+// One throttle serves all workers of a shim (shared_tables.h): a source's
+// errors count whichever worker serves its targets. The fast path is one
+// relaxed atomic load; charging and the throttled path lock.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <unordered_map>
 
 namespace vrdma::shim {
@@ -22,7 +28,7 @@ class GuessThrottle {
 public:
     static constexpr uint32_t kDefaultLimit = 32;
 
-    // 0: never throttle.
+    // 0: never throttle. Set before the workers run.
     void set_limit(uint32_t errors_per_second) { limit_ = errors_per_second; }
     uint32_t limit() const { return limit_; }
 
@@ -32,7 +38,7 @@ public:
 
     // Whether requests with an rkey from `lid` are dropped now.
     bool throttled(uint16_t lid, uint64_t now_ns) {
-        return throttled_sources_ != 0 && throttled_slow(lid, now_ns);
+        return throttled_sources_.load(std::memory_order_relaxed) != 0 && throttled_slow(lid, now_ns);
     }
 
 private:
@@ -45,7 +51,8 @@ private:
     bool throttled_slow(uint16_t lid, uint64_t now_ns);
 
     uint32_t limit_ = kDefaultLimit;
-    uint32_t throttled_sources_ = 0;
+    std::atomic<uint32_t> throttled_sources_{0};
+    std::mutex mutex_;  // buckets_
     // Only sources that made an error have a bucket: at most one per LID.
     std::unordered_map<uint16_t, Bucket> buckets_;
 };

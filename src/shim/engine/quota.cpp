@@ -120,19 +120,38 @@ bool set_quota(Quotas& q, const std::string& kv, std::string& error) {
     return true;
 }
 
+namespace {
+
+// Reserves n of the shim-wide mappings; false if that would pass the limit.
+bool take_global_mappings(GlobalUsage& g, uint64_t n) {
+    uint64_t cur = g.mappings.load(std::memory_order_relaxed);
+    do {
+        if (g.mapping_limit && (n > g.mapping_limit || cur > g.mapping_limit - n)) return false;
+    } while (!g.mappings.compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+    return true;
+}
+
+void give_global_mappings(GlobalUsage& g, uint64_t n) {
+    uint64_t cur = g.mappings.load(std::memory_order_relaxed);
+    while (!g.mappings.compare_exchange_weak(cur, n <= cur ? cur - n : 0, std::memory_order_relaxed)) {
+    }
+}
+
+}  // namespace
+
 bool GuestUsage::take(Res r, uint64_t n, const char* what) {
     const unsigned i = unsigned(r);
     const uint64_t lim = limit(r);
-    bool global_full = r == Res::Mappings && global_->mapping_limit &&
-                       (n > global_->mapping_limit || global_->mappings > global_->mapping_limit - n);
-    if (n > lim || used_[i] > lim - n || global_full) {
+    const bool over = n > lim || used_[i] > lim - n;
+    const bool global_full = !over && r == Res::Mappings && !take_global_mappings(*global_, n);
+    if (over || global_full) {
         ++refusals_;
         uint64_t t = monotonic_ns();
         if (t - last_log_ns_[i] >= kLogIntervalNs || last_log_ns_[i] == 0) {
             if (global_full)
                 LOG_WARN("guest %s: %s refused: the shim holds %llu of at most %llu mappings for all guests "
                          "(%llu similar refusals not logged)",
-                         guest_.c_str(), what, (unsigned long long)global_->mappings,
+                         guest_.c_str(), what, (unsigned long long)global_->mappings.load(),
                          (unsigned long long)global_->mapping_limit, (unsigned long long)suppressed_[i]);
             else
                 LOG_WARN("guest %s: %s refused: over quota %s=%llu (%llu in use, %llu asked; "
@@ -147,14 +166,13 @@ bool GuestUsage::take(Res r, uint64_t n, const char* what) {
         return false;
     }
     used_[i] += n;
-    if (r == Res::Mappings) global_->mappings += n;
     return true;
 }
 
 void GuestUsage::give(Res r, uint64_t n) {
     const unsigned i = unsigned(r);
     used_[i] -= n <= used_[i] ? n : used_[i];
-    if (r == Res::Mappings) global_->mappings -= n <= global_->mappings ? n : global_->mappings;
+    if (r == Res::Mappings) give_global_mappings(*global_, n);
 }
 
 bool Charges::take(Res r, uint64_t n, const char* what) {

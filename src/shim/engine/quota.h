@@ -11,6 +11,7 @@
 // unmapped (see segment_table.h), a connection its own when it is closed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -49,10 +50,11 @@ uint64_t quota_limit(const Quotas& q, Res r);
 uint64_t default_fd_share(uint64_t nofile_limit, size_t guests);
 
 // Shim-wide mappings (the kernel's vm.max_map_count is per process: guests
-// together must leave room for the shim's own allocations).
+// together must leave room for the shim's own allocations). Guests served
+// by different workers charge it at once: the count is atomic.
 struct GlobalUsage {
-    uint64_t mappings = 0;
-    uint64_t mapping_limit = 0;
+    std::atomic<uint64_t> mappings{0};
+    uint64_t mapping_limit = 0;  // set before any worker runs
 };
 
 class GuestUsage {

@@ -1,4 +1,5 @@
 #include "requester.h"
+#include "sliced_transfer.h"
 
 #include <infiniband/verbs.h>
 
@@ -552,7 +553,7 @@ void requester_begin_drain(Qp& qp) {
 bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     // A QP that failed on its own (a local error in the middle of a large
     // transfer) gives up the transfer: the peer's receive it took fails.
-    if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_SQE) eng.local_transport().abandon(eng, qp);
+    if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_SQE) abandon_transfer(eng, qp);
     if (qp.state == IBV_QPS_ERR) {
         bool a = flush_sq(ctx, qp);
         bool b = flush_rq(ctx, qp);

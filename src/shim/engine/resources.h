@@ -117,8 +117,8 @@ struct Srq {
 
 class Transport;
 
-// A large transfer the local transport moves one slice per turn
-// (local_transport.h); defined there.
+// A large transfer a transport moves one slice per turn
+// (sliced_transfer.h).
 struct SlicedCopy;
 struct SlicedCopyDeleter {
     void operator()(SlicedCopy* s) const;
@@ -163,8 +163,9 @@ struct Qp {
     uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
     uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
     uint32_t drain_end = 0;          // SQD: the WQEs before this index still run
-    // The local transport's transfer of the WQE at sq_next, while it moves
-    // slice by slice (kept between transfers: no allocation per message).
+    // The transfer of the WQE at sq_next, while a transport moves it slice
+    // by slice (sliced_transfer.h; kept between transfers: no allocation
+    // per message).
     std::unique_ptr<SlicedCopy, SlicedCopyDeleter> sliced;
     // UD and UC WQEs in flight over the fabric whose payload was sent, by
     // send queue slot (requester_sent: they complete in order; a datagram

@@ -39,6 +39,12 @@ struct Pins {
     void add(const std::shared_ptr<Mapping>& m) {
         if (count < abi::kMaxSge) keep[count++] = m;
     }
+    // Moves every pin of `from` into this one (from is left empty).
+    void take(Pins& from) {
+        for (uint32_t i = 0; i < from.count; ++i)
+            if (count < abi::kMaxSge) keep[count++] = std::move(from.keep[i]);
+        from.clear();
+    }
     // Whether any of this memory is a file the guest may truncate under the
     // shim (not a sealed memfd: segment_table.h), so that reading it can fail.
     bool fragile() const;

@@ -22,11 +22,10 @@ public:
     SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
                     Pins* pins, Response& resp) override;
 
-    // `qp` stops a large transfer it was moving (it is reset, in error or
-    // destroyed, or its WQE changed): a receive the transfer took completes
-    // with IBV_WC_REM_ABORT_ERR and the responder QP goes to error, as when
-    // a peer shim goes away mid-message.
-    void abandon(Engine& eng, Qp& qp);
+    // `qp` stops a large transfer it was moving (sliced_transfer.h): a
+    // receive the transfer took completes with IBV_WC_REM_ABORT_ERR and the
+    // responder QP goes to error, as when a peer shim goes away mid-message.
+    void abandon(Engine& eng, Qp& qp) override;
 
     // With --hca-local, this host's RC and UC traffic goes through the
     // device too, as to a peer shim with that GID (hca_bind.h).
@@ -35,7 +34,6 @@ public:
 
     // Payload bytes copied between guests (vrdmactl transports).
     uint64_t copied_bytes() const { return copied_bytes_; }
-    void count_copy(uint64_t bytes) { copied_bytes_ += bytes; }
 
 private:
     uint64_t copied_bytes_ = 0;

@@ -52,6 +52,12 @@ public:
         return false;
     }
 
+    // `qp` stops the transfer in slices this transport was moving for it
+    // (sliced_transfer.h).
+    virtual void abandon(Engine& eng, Qp& qp) {
+        (void)eng, (void)qp;
+    }
+
     // The device GID of the shim this transport reaches when that shim and
     // this one both have an RDMA device (hca_bind.h); null otherwise.
     virtual const uint8_t* device_gid() const { return nullptr; }

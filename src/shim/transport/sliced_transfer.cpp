@@ -1,0 +1,32 @@
+#include "sliced_transfer.h"
+
+#include <infiniband/verbs.h>
+
+#include "engine.h"
+#include "transport.h"
+
+namespace vrdma::shim {
+
+void SlicedCopyDeleter::operator()(SlicedCopy* s) const { delete s; }
+
+bool sliceable(const Request& req) {
+    return req.length > Engine::kSliceBytes && req.qp_type != IBV_QPT_UD &&
+           (request_carries_payload(req.opcode) || req.opcode == IBV_WR_RDMA_READ);
+}
+
+bool same_request(const Request& a, const Request& b) {
+    return a.psn == b.psn && a.opcode == b.opcode && a.length == b.length && a.rkey == b.rkey &&
+           a.remote_addr == b.remote_addr && a.dlid == b.dlid && a.dqpn == b.dqpn;
+}
+
+void abandon_transfer(Engine& eng, Qp& qp) {
+    SlicedCopy* s = qp.sliced.get();
+    if (s && s->active && s->owner) s->owner->abandon(eng, qp);
+}
+
+SlicedCopy& sliced_state(Qp& qp) {
+    if (!qp.sliced) qp.sliced.reset(new SlicedCopy);
+    return *qp.sliced;
+}
+
+}  // namespace vrdma::shim
