@@ -81,6 +81,9 @@ TEST_CASE("a copy from a truncated guest file fails instead of killing the shim"
     CHECK(copy_sg(&src, 1, 0, &dst, 1, 8192) == CopyFault::Src);
     uint64_t old = 0;
     CHECK_FALSE(guarded_fetch_add(reinterpret_cast<uint64_t*>(map->base + 8192), 1, &old));
+    CHECK_FALSE(guarded_compare_swap(reinterpret_cast<uint64_t*>(map->base + 8192), 0, 1, &old));
+    CHECK_FALSE(guarded_atomic_store(reinterpret_cast<uint64_t*>(map->base + 8192), 1));
+    CHECK(guarded_atomic_store(reinterpret_cast<uint64_t*>(map->base + 8), 3));
     CHECK(guarded_fetch_add(reinterpret_cast<uint64_t*>(map->base), 5, &old));
     CHECK(guarded_compare_swap(reinterpret_cast<uint64_t*>(map->base), 5, 9, &old));
     CHECK(old == 5);

@@ -26,5 +26,8 @@ bool guarded_memmove(void* dst, const void* src, size_t n, uintptr_t* fault_addr
 // The responder's atomics on guest memory; false if the page was gone.
 bool guarded_fetch_add(uint64_t* target, uint64_t add, uint64_t* old);
 bool guarded_compare_swap(uint64_t* target, uint64_t compare, uint64_t swap, uint64_t* old);
+// The responder's atomic write (8 aligned bytes stored at once); false if
+// the page was gone.
+bool guarded_atomic_store(uint64_t* target, uint64_t value);
 
 }  // namespace vrdma::shim

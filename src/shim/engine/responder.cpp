@@ -435,7 +435,8 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             qp.atomic_replay_orig = old;
         }
         if (is_atomic_write) {
-            __atomic_store_n(reinterpret_cast<uint64_t*>(d.spans[0].p), req.compare_add, __ATOMIC_SEQ_CST);
+            if (!guarded_atomic_store(reinterpret_cast<uint64_t*>(d.spans[0].p), req.compare_add))
+                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
             d.nspans = 0;
         }
         if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
