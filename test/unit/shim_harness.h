@@ -14,6 +14,7 @@
 
 #include "abi_client.h"
 #include "engine.h"
+#include "worker_link.h"
 #include "vrdma/abi.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/log.h"
@@ -158,18 +159,70 @@ inline abi::SendWqe send_wqe(uint64_t wr_id, uint32_t opcode, uint32_t flags = I
     return w;
 }
 
-// Two guests (LIDs 1 and 2) of one engine with the fake clock.
+// Where the two guests of TwoGuests are served: by one engine (one
+// worker), or guest a by one and guest b by another, joined by worker
+// links (worker_link.h) as two workers of a shim are.
+enum class Workers { One, Two };
+
+// Two guests (LIDs 1 and 2) with the fake clock, on one worker or two. The
+// two workers' engines run in turns on the test's thread: a pass of a's
+// engine, then b's worker receives, a pass of b's, then a's receives.
 struct TwoGuests {
-    Engine eng;
+    SharedTables shared;
+    Engine eng{Quotas{}, &shared};   // guest a's (and b's, with one worker)
+    Engine eng2{Quotas{}, &shared};  // guest b's with two workers
+    const bool two;
     const GuestIdentity& ga;
     const GuestIdentity& gb;
     FakeProvider a, b;
-    TwoGuests()
-        : ga(eng.add_guest("a", 1, 0x1111)), gb(eng.add_guest("b", 2, 0x2222)), a(eng, ga), b(eng, gb) {
+    WorkerInbox inbox_a, inbox_b;  // of a's worker (0) and b's (1)
+    std::unique_ptr<WorkerLink> link_ab, link_ba;
+    explicit TwoGuests(Workers w = Workers::One)
+        : two(w == Workers::Two),
+          ga(eng.add_guest("a", 1, 0x1111)),
+          gb((two ? eng2 : eng).add_guest("b", 2, 0x2222)),
+          a(eng, ga),
+          b(two ? eng2 : eng, gb) {
         eng.set_clock(fake_clock);
+        eng2.set_clock(fake_clock);
+        if (!two) return;
+        link_ab = std::make_unique<WorkerLink>(eng, 0, 1, inbox_b);
+        link_ba = std::make_unique<WorkerLink>(eng2, 1, 0, inbox_a);
+        eng.routes().add(2, 2, link_ab.get());
+        eng2.routes().add(1, 1, link_ba.get());
+    }
+    ~TwoGuests() {
+        if (!two) return;
+        // The links hold pins of both guests: they go first.
+        eng.routes().remove(link_ab.get());
+        eng2.routes().remove(link_ba.get());
+        for (WorkerInbox* in : {&inbox_a, &inbox_b})
+            while (WorkerMsg* m = in->ring.front()) {
+                m->pins.clear();
+                in->ring.pop();
+            }
+        link_ab.reset();
+        link_ba.reset();
+    }
+    // The engine that serves guest b.
+    Engine& beng() { return two ? eng2 : eng; }
+    // What the other worker sent each worker, all of it.
+    void receive() {
+        if (!two) return;
+        WorkerLink* to_a[2] = {nullptr, link_ab.get()};
+        WorkerLink* to_b[2] = {link_ba.get(), nullptr};
+        link_ab->flush();
+        link_ba->flush();
+        receive_messages(inbox_b, to_b, 2, UINT64_MAX);
+        receive_messages(inbox_a, to_a, 2, UINT64_MAX);
     }
     void run(int passes = 4) {
-        for (int i = 0; i < passes; ++i) eng.poll_once();
+        for (int i = 0; i < passes; ++i) {
+            eng.poll_once();
+            receive();
+            if (two) eng2.poll_once();
+            receive();
+        }
     }
 };
 

@@ -1,6 +1,9 @@
-// Work per turn (docs/protocol.md): a large local message moves a slice at
-// a time across the engine's passes, other guests are served in between,
-// and a transfer its requester abandons fails the receive it took.
+// Work per turn (docs/protocol.md): a large message between two guests of
+// one shim moves a slice at a time across the engine's passes, other
+// guests are served in between, and a transfer its requester abandons
+// fails the receive it took; with one worker (the local transport copies
+// each slice) and with two (the worker link hands each slice to the other
+// worker, which copies it).
 #include <catch2/catch.hpp>
 #include <cstring>
 
@@ -23,7 +26,7 @@ struct BigPair : TwoGuests {
     FakeProvider::CqView cq_a, cq_b;
     FakeProvider::QpView qa, qb;
     FakeProvider::MrInfo ma, mb;
-    BigPair() {
+    explicit BigPair(Workers w) : TwoGuests(w) {
         pd_a = a.pd();
         pd_b = b.pd();
         cq_a = a.cq(64);
@@ -47,7 +50,8 @@ struct BigPair : TwoGuests {
 
 TEST_CASE("a message larger than a slice moves over several turns; completions come with its last byte",
           "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     t.send_big();
     t.a.post_send(t.qa.sq, send_wqe(2, IBV_WR_RDMA_WRITE), {});  // behind it: waits for it
     t.run(1);
@@ -71,7 +75,8 @@ TEST_CASE("a message larger than a slice moves over several turns; completions c
 }
 
 TEST_CASE("a large RDMA READ moves over several turns and arrives intact", "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     auto w = send_wqe(9, IBV_WR_RDMA_READ);
     w.remote_addr = t.ma.addr;
     w.rkey = t.ma.rkey;
@@ -88,13 +93,14 @@ TEST_CASE("a large RDMA READ moves over several turns and arrives intact", "[shi
 }
 
 TEST_CASE("another guest is served between the slices of a large message", "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     // b sends a small message back to a meanwhile: it completes in the
     // first pass, long before a's 2 MiB send.
     t.a.post_recv(t.qa.rq, 60, {abi::Sge{t.ma.addr, 64, t.ma.lkey}});
     t.send_big();
     t.b.post_send(t.qb.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{t.mb.addr + kBig - 64, 64, t.mb.lkey}});
-    t.run(1);
+    t.run(workers == Workers::One ? 1 : 2);  // two workers: the answer crosses back
     auto bc = t.b.poll(t.cq_b);
     REQUIRE(bc.size() == 1);
     CHECK(bc[0].wr_id == 3);
@@ -108,7 +114,8 @@ TEST_CASE("another guest is served between the slices of a large message", "[shi
 
 TEST_CASE("a large message whose requester QP is destroyed mid-way fails the receive it took",
           "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     t.send_big();
     t.run(1);
     REQUIRE(t.a.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{t.qa.handle}).status == 0);
@@ -122,7 +129,8 @@ TEST_CASE("a large message whose requester QP is destroyed mid-way fails the rec
 
 TEST_CASE("a large message whose WQE the guest rewrites mid-way is abandoned, never mixed",
           "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     t.send_big();
     t.run(1);
     // The guest rewrites the WQE in its slot (the shim reads it again each
@@ -141,7 +149,8 @@ TEST_CASE("a large message whose WQE the guest rewrites mid-way is abandoned, ne
 
 TEST_CASE("a large message whose requester loses its memory mid-way fails at both ends",
           "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     t.send_big();
     t.run(1);
     // The requester's MR goes away under the transfer: the next slice finds
@@ -162,7 +171,8 @@ TEST_CASE("a large message whose requester loses its memory mid-way fails at bot
 
 TEST_CASE("a guest's contexts share one turn: more contexts do not buy more of the shim",
           "[shim][transport][slicing]") {
-    BigPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
     // A second process of guest a, with its own 2 MiB send to b.
     FakeProvider a2(t.eng, t.ga);
     const uint32_t pd2 = a2.pd();

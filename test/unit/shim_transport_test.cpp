@@ -1,4 +1,5 @@
-// The local transport: RC and UD semantics between two guests of one shim.
+// RC and UD semantics between two guests of one shim: by the local
+// transport (one worker) and through the worker links (two workers).
 #include <arpa/inet.h>
 
 #include <catch2/catch.hpp>
@@ -22,7 +23,9 @@ struct RcPair : TwoGuests {
     FakeProvider::CqView cq_a, cq_b;
     FakeProvider::QpView qa, qb;
     FakeProvider::MrInfo ma, mb;
-    explicit RcPair(uint32_t access_b = kAllAccess, uint8_t rnr_retry = 7, uint32_t mr_access_b = kAllAccess) {
+    explicit RcPair(Workers w, uint32_t access_b = kAllAccess, uint8_t rnr_retry = 7,
+                    uint32_t mr_access_b = kAllAccess)
+        : TwoGuests(w) {
         pd_a = a.pd();
         pd_b = b.pd();
         cq_a = a.cq(64);
@@ -43,7 +46,8 @@ struct RcPair : TwoGuests {
 }  // namespace
 
 TEST_CASE("RC send with several SGEs and immediate data", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     std::memcpy(t.pa(0), "hello ", 6);
     std::memcpy(t.pa(100), "vrdma ", 6);
     std::memcpy(t.pa(200), "world", 5);
@@ -77,7 +81,8 @@ TEST_CASE("RC send with several SGEs and immediate data", "[shim][transport]") {
 }
 
 TEST_CASE("RC inline send and unsignaled completions", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     t.b.post_recv(t.qb.rq, 1, {t.sb(0, 64)});
     t.b.post_recv(t.qb.rq, 2, {t.sb(64, 64)});
     auto w = send_wqe(10, IBV_WR_SEND, IBV_SEND_INLINE);  // unsignaled
@@ -97,7 +102,8 @@ TEST_CASE("RC inline send and unsignaled completions", "[shim][transport]") {
 }
 
 TEST_CASE("RDMA write, write with immediate and read", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     std::memcpy(t.pa(0), "0123456789", 10);
     auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
     w.remote_addr = t.mb.addr + 500;
@@ -142,7 +148,8 @@ TEST_CASE("RDMA write, write with immediate and read", "[shim][transport]") {
 }
 
 TEST_CASE("atomics fetch-and-add and compare-and-swap", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     uint64_t v = 100;
     std::memcpy(t.pb(64), &v, 8);
     auto w = send_wqe(1, IBV_WR_ATOMIC_FETCH_AND_ADD);
@@ -187,8 +194,9 @@ TEST_CASE("atomics fetch-and-add and compare-and-swap", "[shim][transport]") {
 }
 
 TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[shim][transport]") {
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
     SECTION("bad rkey") {
-        RcPair t;
+        RcPair t(workers);
         auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
         w.remote_addr = t.mb.addr;
         w.rkey = t.mb.rkey + 1;
@@ -206,7 +214,7 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
         CHECK(rc[0].wr_id == 9);
     }
     SECTION("range outside the MR, including wrap-around") {
-        RcPair t;
+        RcPair t(workers);
         auto w = send_wqe(1, IBV_WR_RDMA_READ);
         w.remote_addr = t.mb.addr + 65536 - 4;
         w.rkey = t.mb.rkey;
@@ -215,7 +223,7 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
         auto sc = t.a.poll(t.cq_a);
         REQUIRE(sc.size() == 1);
         CHECK(sc[0].status == IBV_WC_REM_ACCESS_ERR);
-        RcPair u;
+        RcPair u(workers);
         w.remote_addr = ~0ull - 2;
         w.rkey = u.mb.rkey;
         u.a.post_send(u.qa.sq, w, {u.sa(0, 8)});
@@ -225,7 +233,7 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
         CHECK(sc[0].status == IBV_WC_REM_ACCESS_ERR);
     }
     SECTION("MR without remote write") {
-        RcPair t(kAllAccess, 7, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+        RcPair t(workers, kAllAccess, 7, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
         auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
         w.remote_addr = t.mb.addr;
         w.rkey = t.mb.rkey;
@@ -236,7 +244,7 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
         CHECK(sc[0].status == IBV_WC_REM_ACCESS_ERR);
     }
     SECTION("QP without remote read access") {
-        RcPair t(IBV_ACCESS_REMOTE_WRITE);
+        RcPair t(workers, IBV_ACCESS_REMOTE_WRITE);
         auto w = send_wqe(1, IBV_WR_RDMA_READ);
         w.remote_addr = t.mb.addr;
         w.rkey = t.mb.rkey;
@@ -247,7 +255,7 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
         CHECK(sc[0].status == IBV_WC_REM_ACCESS_ERR);
     }
     SECTION("the requester's own MR is not a valid rkey at the responder") {
-        RcPair t;
+        RcPair t(workers);
         auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
         w.remote_addr = t.ma.addr;
         w.rkey = t.ma.rkey;  // a key of guest a, presented to guest b
@@ -260,8 +268,9 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
 }
 
 TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport]") {
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
     SECTION("bad lkey: LOC_PROT_ERR, later WQEs flushed") {
-        RcPair t;
+        RcPair t(workers);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {abi::Sge{t.ma.addr, 8, t.ma.lkey + 7}});
         t.a.post_send(t.qa.sq, send_wqe(2, IBV_WR_SEND, 0), {t.sa(0, 8)});  // unsignaled, still flushed
         t.run();
@@ -276,7 +285,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         CHECK(t.b.qp_state(t.qb.handle) == IBV_QPS_RTS);
     }
     SECTION("SGE beyond its MR") {
-        RcPair t;
+        RcPair t(workers);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(65530, 16)});
         t.run();
         auto sc = t.a.poll(t.cq_a);
@@ -284,7 +293,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         CHECK(sc[0].status == IBV_WC_LOC_PROT_ERR);
     }
     SECTION("num_sge over the QP's limit") {
-        RcPair t;
+        RcPair t(workers);
         auto w = send_wqe(1, IBV_WR_SEND);
         w.num_sge = 5;  // QP has max_send_sge 4
         t.a.post_send(t.qa.sq, w, {t.sa(0, 1), t.sa(1, 1), t.sa(2, 1), t.sa(3, 1), t.sa(4, 1)});
@@ -294,7 +303,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         CHECK(sc[0].status == IBV_WC_LOC_QP_OP_ERR);
     }
     SECTION("inline over the limit, opcode not allowed") {
-        RcPair t;
+        RcPair t(workers);
         auto w = send_wqe(1, IBV_WR_SEND, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
         w.inline_len = 900;  // QP max_inline 256
         static const char data[1024] = {};
@@ -303,7 +312,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         auto sc = t.a.poll(t.cq_a);
         REQUIRE(sc.size() == 1);
         CHECK(sc[0].status == IBV_WC_LOC_LEN_ERR);
-        RcPair u;
+        RcPair u(workers);
         u.a.post_send(u.qa.sq, send_wqe(1, IBV_WR_TSO), {});
         u.a.post_send(u.qa.sq, send_wqe(2, 99), {});
         u.run();
@@ -313,7 +322,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         CHECK(sc[1].status == IBV_WC_WR_FLUSH_ERR);
     }
     SECTION("receive buffer too small") {
-        RcPair t;
+        RcPair t(workers);
         t.b.post_recv(t.qb.rq, 5, {t.sb(0, 4)});
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
         t.run();
@@ -326,7 +335,7 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         CHECK(t.b.qp_state(t.qb.handle) == IBV_QPS_ERR);
     }
     SECTION("an invalid send queue producer index puts the QP in error") {
-        RcPair t;
+        RcPair t(workers);
         reinterpret_cast<abi::RingHeader*>(t.a.at(t.qa.sq.ring))->producer.store(1000);
         t.a.announce(t.qa.sq);
         t.run();
@@ -335,8 +344,9 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
 }
 
 TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][transport]") {
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
     SECTION("rnr_retry 0") {
-        RcPair t(kAllAccess, 0);
+        RcPair t(workers, kAllAccess, 0);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
         t.run();
         auto sc = t.a.poll(t.cq_a);
@@ -345,7 +355,7 @@ TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][tra
         CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);
     }
     SECTION("rnr_retry 2 gives up after two timer periods") {
-        RcPair t(kAllAccess, 2);
+        RcPair t(workers, kAllAccess, 2);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
         t.run();
         CHECK(t.a.poll(t.cq_a).empty());
@@ -361,7 +371,7 @@ TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][tra
         CHECK(sc[0].status == IBV_WC_RNR_RETRY_EXC_ERR);
     }
     SECTION("rnr_retry 7") {
-        RcPair t(kAllAccess, 7);
+        RcPair t(workers, kAllAccess, 7);
         std::memcpy(t.pa(0), "late", 4);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 4)});
         t.a.post_send(t.qa.sq, send_wqe(2, IBV_WR_SEND), {t.sa(0, 4)});
@@ -385,9 +395,11 @@ TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][tra
 }
 
 TEST_CASE("a vanished peer puts its connected QPs in error at once", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     t.b.post_recv(t.qb.rq, 1, {t.sb(0, 8)});
-    t.eng.detach(t.b.ctx_id());  // guest b's process dies
+    t.beng().detach(t.b.ctx_id());  // guest b's process dies
+    t.receive();  // two workers: a's is told through its link
     CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);
     t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
     t.run();
@@ -397,7 +409,8 @@ TEST_CASE("a vanished peer puts its connected QPs in error at once", "[shim][tra
 }
 
 TEST_CASE("a peer that is not connected gives RETRY_EXC_ERR", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     abi::QpAttr reset{};
     reset.qp_state = IBV_QPS_RESET;
     REQUIRE(t.b.modify(t.qb.handle, IBV_QP_STATE, reset) == 0);
@@ -415,7 +428,8 @@ TEST_CASE("a peer that is not connected gives RETRY_EXC_ERR", "[shim][transport]
 }
 
 TEST_CASE("modify to ERR flushes send and receive queues", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     t.b.post_recv(t.qb.rq, 1, {t.sb(0, 8)});
     t.b.post_recv(t.qb.rq, 2, {t.sb(0, 8)});
     abi::QpAttr a{};
@@ -443,7 +457,8 @@ TEST_CASE("modify to ERR flushes send and receive queues", "[shim][transport]") 
 }
 
 TEST_CASE("CQ overrun puts the CQ in error and drops completions", "[shim][transport]") {
-    TwoGuests t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    TwoGuests t(workers);
     uint32_t pd = t.a.pd();
     auto cq = t.a.cq(2);
     auto q = t.a.qp(pd, cq, cq);
@@ -462,7 +477,8 @@ TEST_CASE("CQ overrun puts the CQ in error and drops completions", "[shim][trans
 }
 
 TEST_CASE("SRQ receives and the SRQ limit", "[shim][transport]") {
-    TwoGuests t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    TwoGuests t(workers);
     uint32_t pa = t.a.pd(), pb = t.b.pd();
     auto ca = t.a.cq(64), cb = t.b.cq(64);
     uint64_t ring = t.b.alloc(abi::wq_ring_bytes(16, 256));
@@ -500,7 +516,8 @@ TEST_CASE("SRQ receives and the SRQ limit", "[shim][transport]") {
 }
 
 TEST_CASE("UD: GRH space, qkey, drops and CQE fields", "[shim][transport]") {
-    TwoGuests t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    TwoGuests t(workers);
     uint32_t pa = t.a.pd(), pb = t.b.pd();
     auto ca = t.a.cq(64), cb = t.b.cq(64);
     FakeProvider::QpSpec ud;
@@ -589,7 +606,8 @@ TEST_CASE("UD: GRH space, qkey, drops and CQE fields", "[shim][transport]") {
 }
 
 TEST_CASE("detaching a context frees everything and leaves others running", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = Workers::One;  // the two contexts of one engine
+    RcPair t(workers);
     CHECK(t.eng.context_count() == 2);
     t.eng.detach(t.a.ctx_id());
     CHECK(t.eng.context_count() == 1);
@@ -599,7 +617,8 @@ TEST_CASE("detaching a context frees everything and leaves others running", "[sh
 }
 
 TEST_CASE("RESET drops posted WQEs; indices keep running", "[shim][transport]") {
-    RcPair t;
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    RcPair t(workers);
     abi::QpAttr a{};
     a.qp_state = IBV_QPS_RESET;
     REQUIRE(t.a.modify(t.qa.handle, IBV_QP_STATE, a) == 0);

@@ -20,8 +20,8 @@
 
 namespace vrdma::shim {
 
-Daemon::Daemon(Options opts) : opts_(std::move(opts)), engine_(opts_.quotas) {
-    engine_.guess_throttle().set_limit(opts_.rkey_guess_limit);
+Daemon::Daemon(Options opts) : opts_(std::move(opts)) {
+    shared_.guess_throttle().set_limit(opts_.rkey_guess_limit);
 }
 
 Daemon::~Daemon() { shutdown(); }
@@ -48,18 +48,17 @@ bool Daemon::start(std::string& error) {
         error = std::string("cannot set up epoll/signalfd: ") + strerror(errno);
         return false;
     }
+    const uint32_t nworkers = opts_.workers ? opts_.workers : 1;
+    for (uint32_t w = 0; w < nworkers; ++w) {
+        workers_.push_back(std::make_unique<Worker>(w, opts_, shared_));
+        if (!workers_.back()->init(error)) return false;
+    }
     // The device first: a wrong --hca fails before the run directory is touched.
     if (!opts_.hca.empty()) {
         hca_ = HcaDevice::open(opts_.hca, error);
         if (!hca_) return false;
         hca_transport_ = std::make_unique<HcaTransport>(*hca_);
-        engine_.set_hca(hca_.get(), hca_transport_.get());
-        if (opts_.hca_local) engine_.local_transport().set_device_gid(hca_->gid());
-        if (!epoll_add(hca_->comp_fd(), EPOLLIN, tag(kHca, 0)) ||
-            !epoll_add(hca_->async_fd(), EPOLLIN, tag(kHcaAsync, 0))) {
-            error = std::string("epoll: ") + strerror(errno);
-            return false;
-        }
+        if (!workers_[0]->set_hca(hca_.get(), hca_transport_.get(), error)) return false;
         LOG_INFO("hca: %s", hca_->describe().c_str());
         if (std::string advice = HcaDevice::memlock_advice(); !advice.empty())
             LOG_WARN("hca: %s", advice.c_str());
@@ -70,10 +69,9 @@ bool Daemon::start(std::string& error) {
     std::string line = "vrdma-shim: ready: guests";
     for (size_t i = 0; i < opts_.guests.size(); ++i) {
         const std::string& name = opts_.guests[i];
-        const GuestIdentity& id =
-            engine_.add_guest(name, uint16_t(opts_.lid_base + i), derive_guid(host, name),
-                              i < opts_.controlled_qkeys.size() && opts_.controlled_qkeys[i]);
-        if (i < opts_.pkeys.size() && !opts_.pkeys[i].empty()) engine_.set_pkeys(id, opts_.pkeys[i]);
+        const uint32_t w = worker_of_guest(opts_, i);
+        worker_of_.push_back(w);
+        const GuestIdentity& id = workers_[w]->add_guest(i, uint16_t(opts_.lid_base + i), derive_guid(host, name));
         auto pub = std::make_unique<GuestPublication>();
         bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
         published_.push_back(std::move(pub));
@@ -90,7 +88,16 @@ bool Daemon::start(std::string& error) {
         }
         listeners_.push_back(std::move(lfd));
         line += " " + name + "(lid " + std::to_string(id.lid) + ")";
-        LOG_INFO("guest %s: lid %u guid %s", name.c_str(), id.lid, format_guid(id.guid).c_str());
+        LOG_INFO("guest %s: lid %u guid %s worker %u", name.c_str(), id.lid, format_guid(id.guid).c_str(), w);
+    }
+    // Every worker reaches the guests of every other through a link.
+    if (nworkers > 1) {
+        for (uint32_t a = 0; a < nworkers; ++a)
+            for (uint32_t b = 0; b < nworkers; ++b)
+                if (a != b) workers_[a]->link_to(b, nworkers, workers_[b]->inbox());
+        for (size_t i = 0; i < opts_.guests.size(); ++i)
+            for (uint32_t a = 0; a < nworkers; ++a)
+                if (a != worker_of_[i]) workers_[a]->route_to(uint16_t(opts_.lid_base + i), worker_of_[i]);
     }
     control_path_ = run_dir_.path() + "/" + kControlSocketName;
     if (!open_control_socket(control_path_, control_, error)) return false;
@@ -106,104 +113,137 @@ bool Daemon::start(std::string& error) {
         fc.lid_first = uint16_t(opts_.lid_base);
         uint32_t count = opts_.lid_count ? opts_.lid_count : uint32_t(opts_.guests.size());
         fc.lid_last = uint16_t(opts_.lid_base + count - 1);
-        if (!fabric_.start(fc, error)) return false;
-        if (!epoll_add(fabric_.epoll_fd(), EPOLLIN, tag(kFabric, 0))) {
-            error = std::string("epoll: ") + strerror(errno);
-            return false;
-        }
+        if (!workers_[0]->start_fabric(fc, error)) return false;  // a fabric shim has one worker
         line += " fabric lids " + std::to_string(fc.lid_first) + "-" + std::to_string(fc.lid_last);
     }
     if (hca_) line += " hca " + hca_->name() + ":" + std::to_string(hca_->port());
     if (!run_dir_.mark_ready(error)) return false;
+    if (nworkers > 1) line += " workers " + std::to_string(nworkers);
     line += " run-dir " + run_dir_.path();
+    for (auto& w : workers_) w->start();
+    started_ = true;
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     return true;
 }
 
 void Daemon::run() {
-    uint64_t idle_since = monotonic_ns();
-    unsigned busy_passes = 0, idle_passes = 0;
-    const bool fabric = fabric_.enabled();
-    while (!stop_) {
-        bool progress = engine_.poll_once();
-        if (fabric) {
-            fabric_.flush();       // what the requesters queued
-            fabric_.poll_links();  // what the peers sent (other fabric events come through poll_events)
-        }
-        // After the links: a peer's announcement of a UD QP (hca_ud.h),
-        // sent before that QP's first datagram, is read before the device
-        // delivers the datagram.
-        if (hca_) progress |= hca_->poll(engine_);
-        reap_dead_contexts();
-        if (progress) {
-            idle_since = monotonic_ns();
-            // Kicks of dormant contexts (engine.h) come through the epoll
-            // too: looked at more often while there are any.
-            if (++busy_passes % (engine_.dormant_count() ? 8 : 64) == 0) poll_events(0);
-            continue;
-        }
-        uint64_t t = monotonic_ns();
-        if (t - idle_since < kIdleSpinNs) {
-            // With a fabric, every pass already reads its links (a syscall);
-            // the epoll of the rest (connections, control, fabric accepts)
-            // is looked at every 8th pass, a few microseconds apart.
-            if (!fabric || ++idle_passes % 8 == 0) poll_events(0);
-            sched_yield();
-            continue;
-        }
-        // Going to sleep: announce it, then look at every ring once more so
-        // that a doorbell rung before the announcement is not missed.
-        engine_.set_sleeping(true);
-        if (hca_) hca_->arm();  // a completion from now on makes comp_fd readable
-        if (engine_.poll_once() || (hca_ && hca_->poll(engine_))) {
-            engine_.set_sleeping(false);
-            idle_since = monotonic_ns();
-            continue;
-        }
-        int timeout_ms = -1;
-        uint64_t dl = engine_.next_deadline_ns();
-        if (uint64_t fdl = fabric_.next_deadline_ns(); fdl && (!dl || fdl < dl)) dl = fdl;
-        if (dl) {
-            t = monotonic_ns();
-            if (dl <= t + 1'000'000) {  // too close to sleep on a millisecond timer
-                engine_.set_sleeping(false);
-                poll_events(0);
-                sched_yield();
-                continue;
-            }
-            timeout_ms = int((dl - t) / 1'000'000);
-        }
-        const uint64_t asleep_from = monotonic_ns();
-        poll_events(timeout_ms);
-        asleep_ns_ += monotonic_ns() - asleep_from;
-        engine_.set_sleeping(false);
-        idle_since = monotonic_ns();
-    }
+    while (!stop_) poll_events(-1);
     shutdown();
+}
+
+std::string Daemon::ask_workers(const std::function<std::string(Worker&)>& part) {
+    std::string out;
+    for (auto& w : workers_) {
+        Worker* worker = w.get();
+        bool answered = false;
+        // By value: a worker that answers late runs it after this returned.
+        std::string text = worker->call([part, worker] { return part(*worker); }, kWorkerAnswerMs, answered);
+        if (!answered) text = "error: worker " + std::to_string(worker->index()) + " did not answer\n";
+        out += text;
+    }
+    return out;
 }
 
 std::string Daemon::transports_report() {
     char line[512];
-    std::string out;
-    std::snprintf(line, sizeof(line), "local copied_bytes %llu\n",
-                  (unsigned long long)engine_.local_transport().copied_bytes());
-    out += line;
-    const fabric::LinkStats t = fabric_.totals();
-    std::snprintf(line, sizeof(line), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_payload + t.rx_payload));
-    out += line;
-    if (hca_) {
-        const HcaDevice::Stats& s = hca_->stats();
-        std::snprintf(line, sizeof(line),
-                      "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0"
-                      " ud_lost %llu ud_unknown %llu\n",
-                      hca_->name().c_str(), hca_->port(), (unsigned long long)s.sends,
-                      (unsigned long long)s.send_bytes, (unsigned long long)s.recvs,
-                      (unsigned long long)s.completions, (unsigned long long)s.errors,
-                      (unsigned long long)s.ud_lost, (unsigned long long)s.ud_unknown);
-        out += line;
+    std::string out = ask_workers([](Worker& w) {
+        char l[256];
+        std::snprintf(l, sizeof(l), "%llu\n", (unsigned long long)w.engine().local_transport().copied_bytes());
+        return std::string(l);
+    });
+    uint64_t local = 0;
+    for (size_t pos = 0; pos < out.size();) {
+        local += std::strtoull(out.c_str() + pos, nullptr, 10);
+        pos = out.find('\n', pos);
+        if (pos == std::string::npos) break;
+        ++pos;
     }
-    return out;
+    std::snprintf(line, sizeof(line), "local copied_bytes %llu\n", (unsigned long long)local);
+    std::string report = line;
+    if (workers_.size() > 1)
+        report += ask_workers([](Worker& w) {
+            std::string text;
+            char l[256];
+            for (auto& link : w.links()) {
+                if (!link) continue;
+                const WorkerLink::Stats& s = link->stats();
+                std::snprintf(l, sizeof(l),
+                              "worker %u->%u requests %llu copied_bytes %llu ring_full %llu\n", w.index(),
+                              link->peer(), (unsigned long long)s.requests_out,
+                              (unsigned long long)s.copied_bytes, (unsigned long long)s.ring_full);
+                text += l;
+            }
+            return text;
+        });
+    report += ask_workers([this](Worker& w) -> std::string {
+        if (w.index() != 0) return "";
+        std::string text;
+        char l[512];
+        const fabric::LinkStats t = w.fabric().totals();
+        std::snprintf(l, sizeof(l), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_payload + t.rx_payload));
+        text += l;
+        if (hca_) {
+            const HcaDevice::Stats& s = hca_->stats();
+            std::snprintf(l, sizeof(l),
+                          "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0"
+                          " ud_lost %llu ud_unknown %llu\n",
+                          hca_->name().c_str(), hca_->port(), (unsigned long long)s.sends,
+                          (unsigned long long)s.send_bytes, (unsigned long long)s.recvs,
+                          (unsigned long long)s.completions, (unsigned long long)s.errors,
+                          (unsigned long long)s.ud_lost, (unsigned long long)s.ud_unknown);
+            text += l;
+        }
+        return text;
+    });
+    return report;
+}
+
+std::string Daemon::load_report_all() {
+    std::string workers, guests;
+    const uint64_t uptime = monotonic_ns() - started_ns_;
+    for (auto& w : workers_) {
+        Worker* worker = w.get();
+        bool answered = false;
+        std::string text = worker->call(
+            [worker, uptime] {
+                std::string wl, gl;
+                load_report(worker->engine(), worker->index(), worker->asleep_ns(), uptime, wl, gl);
+                return wl + '\x1e' + gl;  // the two parts, apart
+            },
+            kWorkerAnswerMs, answered);
+        if (!answered) {
+            workers += "error: worker " + std::to_string(worker->index()) + " did not answer\n";
+            continue;
+        }
+        const size_t cut = text.find('\x1e');
+        workers += text.substr(0, cut);
+        guests += text.substr(cut + 1);
+    }
+    return workers + guests;
+}
+
+std::string Daemon::counters_report() {
+    std::string guests, qps;
+    for (auto& w : workers_) {
+        Worker* worker = w.get();
+        bool answered = false;
+        std::string text = worker->call(
+            [worker] {
+                std::string gl, ql;
+                security_report(worker->engine(), gl, ql);
+                return gl + '\x1e' + ql;
+            },
+            kWorkerAnswerMs, answered);
+        if (!answered) {
+            guests += "error: worker " + std::to_string(worker->index()) + " did not answer\n";
+            continue;
+        }
+        const size_t cut = text.find('\x1e');
+        guests += text.substr(0, cut);
+        qps += text.substr(cut + 1);
+    }
+    return guests + qps;
 }
 
 void Daemon::poll_events(int timeout_ms) {
@@ -223,36 +263,12 @@ void Daemon::poll_events(int timeout_ms) {
         case kListen:
             accept_all(id);
             break;
-        case kConn:
-            on_connection(id, evs[i].events);
-            break;
         case kControl:
             accept_control();
             break;
         case kControlConn:
             on_control(id);
             break;
-        case kFabric:
-            fabric_.poll();
-            break;
-        case kHca:
-            hca_->consume_events();  // the next pass polls the CQs
-            break;
-        case kHcaAsync:
-            hca_->handle_async(engine_);
-            break;
-        case kKick: {
-            auto it = conns_.find(id);
-            if (it == conns_.end()) break;
-            Context* ctx = engine_.find_context(it->second.ctx_id);
-            uint64_t v;
-            if (!ctx) break;
-            ssize_t n = guest_fd_read(ctx->kick_fd(), &v, sizeof(v));
-            ctx->check_blocked(n, "kick eventfd");  // EINTR: reaped as dead below
-            engine_.wake(*ctx);  // a dormant context rang its doorbell
-            if (n < 0 && errno != EAGAIN && errno != EINTR) close_connection(id);
-            break;
-        }
         }
     }
 }
@@ -272,7 +288,7 @@ void Daemon::accept_all(size_t guest_index) {
                 if (monotonic_ns() - last_fd_warning_ns_ > 1'000'000'000) {
                     last_fd_warning_ns_ = monotonic_ns();
                     LOG_WARN("guest %s: connection refused: the shim is out of file descriptors",
-                             engine_.guests()[guest_index]->name.c_str());
+                             opts_.guests[guest_index].c_str());
                 }
                 if (refused >= 0) continue;
                 return;
@@ -280,91 +296,10 @@ void Daemon::accept_all(size_t guest_index) {
             if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept: %s", strerror(errno));
             return;
         }
-        close_stale_connections();
-        uint64_t id = next_conn_id_++;
-        Connection& c = conns_[id];
-        c.id = id;
-        c.accepted_ns = monotonic_ns();
-        c.guest = engine_.guests()[guest_index].get();
-        c.sock.reset(fd);
-        read_peer_credentials(c);
-        if (!opts_.access[guest_index].allows(c.uid, c.gid)) {  // before anything is charged
-            refuse_connection(c, opts_.access[guest_index], engine_.security_of(*c.guest));
-            conns_.erase(id);
-            continue;
-        }
-        c.charges.bind(engine_.usage_of(*c.guest));
-        if (!c.charges.take(Res::Connections, 1, "a connection") || !c.charges.take(Res::Fds, 1, "a connection")) {
-            conns_.erase(id);  // closes it: the guest sees EOF
-            continue;
-        }
-        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kConn, id))) {
-            LOG_WARN("epoll: %s", strerror(errno));
-            conns_.erase(id);
-        }
-    }
-}
-
-void Daemon::on_connection(uint64_t conn_id, uint32_t events) {
-    auto it = conns_.find(conn_id);
-    if (it == conns_.end()) return;
-    Connection& c = it->second;
-    if (events & EPOLLIN) {
-        uint64_t before = c.ctx_id;
-        if (!handle_connection_message(engine_, c)) {
-            close_connection(conn_id);
-            return;
-        }
-        if (!before && c.ctx_id) {
-            Context* ctx = engine_.find_context(c.ctx_id);
-            if (ctx && ctx->kick_fd() >= 0) epoll_add(ctx->kick_fd(), EPOLLIN, tag(kKick, conn_id));
-        }
-        return;
-    }
-    if (events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) close_connection(conn_id);
-}
-
-// Connections that never attached, past --attach-timeout, are closed when
-// the next one arrives (that is when the quota they hold matters).
-void Daemon::close_stale_connections() {
-    const uint64_t now = monotonic_ns();
-    const uint64_t limit = uint64_t(opts_.attach_timeout_s) * 1'000'000'000ull;
-    std::vector<uint64_t> stale;
-    for (auto& [id, c] : conns_)
-        if (!c.ctx_id && now - c.accepted_ns > limit) stale.push_back(id);
-    if (stale.empty()) return;
-    LOG_WARN("closing %zu connection(s) that did not attach within %u s", stale.size(), opts_.attach_timeout_s);
-    for (uint64_t id : stale) close_connection(id);
-}
-
-void Daemon::close_connection(uint64_t conn_id) {
-    auto it = conns_.find(conn_id);
-    if (it == conns_.end()) return;
-    Connection& c = it->second;
-    if (c.ctx_id) {
-        // Unregister the kick eventfd before closing it: the guest still
-        // holds the same open file, so close() alone would not remove it.
-        if (Context* ctx = engine_.find_context(c.ctx_id)) epoll_del(ctx->kick_fd());
-        engine_.detach(c.ctx_id);
-    } else {
-        LOG_INFO("guest %s: connection %llu closed", c.guest->name.c_str(), (unsigned long long)conn_id);
-    }
-    epoll_del(c.sock.get());
-    conns_.erase(it);
-}
-
-void Daemon::reap_dead_contexts() {
-    auto dead = engine_.dead_contexts();
-    if (dead.empty()) return;
-    for (uint64_t ctx_id : dead) {
-        uint64_t conn_id = 0;
-        for (auto& [id, c] : conns_)
-            if (c.ctx_id == ctx_id) conn_id = id;
-        if (conn_id) {
-            close_connection(conn_id);
-        } else {
-            engine_.detach(ctx_id);
-        }
+        // The guest's worker checks the peer and charges the connection.
+        Worker& w = *workers_[worker_of_[guest_index]];
+        const uint64_t id = next_conn_id_++;
+        w.post([&w, guest_index, id, fd] { w.adopt_connection(guest_index, id, UniqueFd(fd)); });
     }
 }
 
@@ -394,9 +329,14 @@ void Daemon::on_control(uint64_t id) {
     if (it == control_conns_.end()) return;
     ControlActions actions;
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
-    actions.peers = [this] { return fabric_.enabled() ? fabric_.status() : std::string("no fabric\n"); };
-    actions.counters = [this] { return security_report(engine_); };
-    actions.load = [this] { return load_report(engine_, asleep_ns_, monotonic_ns() - started_ns_); };
+    actions.peers = [this] {
+        return ask_workers([](Worker& w) -> std::string {
+            if (w.index() != 0) return "";
+            return w.fabric().enabled() ? w.fabric().status() : std::string("no fabric\n");
+        });
+    };
+    actions.counters = [this] { return counters_report(); };
+    actions.load = [this] { return load_report_all(); };
     actions.transports = [this] { return transports_report(); };
     if (!handle_control_connection(it->second.get(), actions)) return;
     epoll_del(it->second.get());
@@ -404,11 +344,17 @@ void Daemon::on_control(uint64_t id) {
 }
 
 bool Daemon::set_port(const std::string& guest, bool up, std::string& error) {
-    const auto& guests = engine_.guests();
-    for (size_t i = 0; i < guests.size(); ++i) {
-        if (guests[i]->name != guest) continue;
+    for (size_t i = 0; i < opts_.guests.size(); ++i) {
+        if (opts_.guests[i] != guest) continue;
         if (i < published_.size() && !published_[i]->set_port_state(up, error)) return false;
-        engine_.set_port_active(guest, up);
+        Worker& w = *workers_[worker_of_[i]];
+        bool answered = false;
+        w.call([&w, guest, up] { return std::string(w.engine().set_port_active(guest, up) ? "" : "?"); },
+               kWorkerAnswerMs, answered);
+        if (!answered) {
+            error = "worker " + std::to_string(w.index()) + " did not answer";
+            return false;
+        }
         return true;
     }
     error = "no guest named '" + guest + "'";
@@ -418,8 +364,13 @@ bool Daemon::set_port(const std::string& guest, bool up, std::string& error) {
 void Daemon::shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
-    engine_.mark_all_fatal();
-    while (!conns_.empty()) close_connection(conns_.begin()->first);
+    // Each worker marks its guests' contexts fatal and closes their
+    // connections in its own thread; then, with every thread stopped, the
+    // links go (they hold other workers' pins), then the workers.
+    for (auto& w : workers_) w->stop();
+    for (auto& w : workers_) w->join();
+    for (auto& w : workers_) w->drop_links();
+    workers_.clear();
     for (auto& [id, fd] : control_conns_) epoll_del(fd.get());
     control_conns_.clear();
     if (control_) {

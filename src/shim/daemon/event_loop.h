@@ -1,38 +1,33 @@
-// The daemon: run directory, published guests, sockets, and the event loop.
+// The daemon: run directory, published guests, sockets, and the threads.
 //
-// Threading: one thread runs everything — accepting and serving sockets,
-// commands, and the whole data path (send queues of every context, local
-// transport into any other context's queues, the fabric's connections). No locks are needed, each
-// context's commands and WQEs are processed in order, and the local
-// transport can touch both guests' queues safely. On 2 cores this is the
-// simplest correct design; sharding guests across worker threads can come
-// later.
-//
-// Polling and sleeping (docs/protocol.md): the loop passes over every
-// context while there is work; when a pass finds none it keeps passing,
-// yielding the CPU with sched_yield() after each pass, for kIdleSpinNs. Then
-// it sets shim_sleeping in every control block, checks all doorbells and
-// rings once more, and only then sleeps in epoll_wait on the kick eventfds,
-// sockets and the signalfd, until the earliest RNR/retry deadline.
+// Threading (docs/protocol.md "Workers"): the daemon's own thread (run)
+// is the control plane. It sleeps in epoll_wait on the signalfd, the
+// guests' listening sockets and the operator's control socket, never
+// polls, and touches no guest's state: it accepts a connection and hands
+// it to the worker that serves the guest (worker.h), and answers vrdmactl
+// by asking each worker in its thread. The data path (commands, send
+// queues, the transports, the fabric and the device) runs in the workers,
+// each over its own guests, with no lock shared between them on their
+// fast paths.
 #pragma once
 
 #include <fcntl.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "attach.h"
 #include "control_socket.h"
-#include "engine.h"
-#include "fabric.h"
 #include "hca_device.h"
 #include "hca_transport.h"
 #include "options.h"
 #include "run_dir.h"
+#include "shared_tables.h"
 #include "sysfs_publisher.h"
+#include "worker.h"
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::shim {
@@ -41,51 +36,53 @@ class Daemon {
 public:
     explicit Daemon(Options opts);
     ~Daemon();
-    // Publishes everything and prints the ready line. Returns false with a
-    // message when the shim cannot start (exit status 1).
+    // Publishes everything, starts the workers and prints the ready line.
+    // Returns false with a message when the shim cannot start (exit
+    // status 1).
     bool start(std::string& error);
     // Runs until SIGTERM or SIGINT; then shuts down cleanly.
     void run();
     void shutdown();
 
-    static constexpr uint64_t kIdleSpinNs = 100'000;
+    // How long the daemon waits for a worker to answer vrdmactl.
+    static constexpr int kWorkerAnswerMs = 5000;
 
 private:
-    enum Kind : uint64_t { kSignal = 1, kListen = 2, kConn = 3, kKick = 4, kControl = 5, kControlConn = 6, kFabric = 7,
-                       kHca = 8, kHcaAsync = 9 };
+    enum Kind : uint64_t { kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4 };
     static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
     void poll_events(int timeout_ms);
     void accept_all(size_t guest_index);
-    void on_connection(uint64_t conn_id, uint32_t events);
-    void close_connection(uint64_t conn_id);
-    void close_stale_connections();
-    void reap_dead_contexts();
     void accept_control();
     void on_control(uint64_t id);
     bool set_port(const std::string& guest, bool up, std::string& error);
+    // Asks every worker for its part of a report, in worker order; a worker
+    // that does not answer is named in the text.
+    std::string ask_workers(const std::function<std::string(Worker&)>& part);
     std::string transports_report();
+    std::string load_report_all();
+    std::string counters_report();
 
     Options opts_;
-    // The RDMA device (--hca), before the engine: it outlives the guests'
+    // The RDMA device (--hca), before the workers: it outlives the guests'
     // device objects.
     std::unique_ptr<HcaDevice> hca_;
     std::unique_ptr<HcaTransport> hca_transport_;
-    Engine engine_;
-    fabric::Fabric fabric_{engine_};
+    SharedTables shared_;
+    std::vector<std::unique_ptr<Worker>> workers_;
+    std::vector<uint32_t> worker_of_;  // by guest index
     RunDir run_dir_;
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;
-    std::map<uint64_t, Connection> conns_;
     UniqueFd control_;                           // RUN_DIR/control.sock
     std::string control_path_;
     std::map<uint64_t, UniqueFd> control_conns_;  // operator connections awaiting their request
     uint64_t next_conn_id_ = 1;
     UniqueFd epoll_, signal_fd_;
     bool stop_ = false;
+    bool started_ = false;                        // the workers run
     const uint64_t started_ns_ = monotonic_ns();  // vrdmactl load: uptime
-    uint64_t asleep_ns_ = 0;                      // in epoll_wait with nothing to do
     bool shut_down_ = false;
     // Held in reserve and given up at the fd limit to refuse a connection
     // (see accept_all); opened at start so the shim's fd count is stable.

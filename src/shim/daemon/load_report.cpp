@@ -10,27 +10,26 @@ double seconds(uint64_t ns) { return double(ns) / 1e9; }
 
 }  // namespace
 
-std::string load_report(Engine& eng, uint64_t asleep_ns, uint64_t uptime_ns) {
+void load_report(Engine& eng, uint32_t worker, uint64_t asleep_ns, uint64_t uptime_ns, std::string& workers,
+                 std::string& guests) {
     std::map<const GuestIdentity*, unsigned> contexts;
     eng.for_each_context([&](Context& ctx) { ++contexts[&ctx.guest()]; });
-    std::string out;
     char line[256];
     const WorkerLoad& w = eng.worker_load();
-    std::snprintf(line, sizeof(line), "worker 0 guests %zu contexts %zu passes %llu busy_s %.3f asleep_s %.3f uptime_s %.3f\n",
-                  eng.guests().size(), eng.context_count(), (unsigned long long)w.passes, seconds(w.busy_ns),
+    std::snprintf(line, sizeof(line), "worker %u guests %zu contexts %zu passes %llu busy_s %.3f asleep_s %.3f uptime_s %.3f\n",
+                  worker, eng.guests().size(), eng.context_count(), (unsigned long long)w.passes, seconds(w.busy_ns),
                   seconds(asleep_ns), seconds(uptime_ns));
-    out += line;
+    workers += line;
     for (auto& g : eng.guests()) {
         const GuestLoad& l = g->load;
         auto it = contexts.find(g.get());
         std::snprintf(line, sizeof(line),
-                      "guest %s contexts %u turns %llu messages %llu bytes %llu busy_s %.3f qp_visits %llu\n",
+                      "guest %s contexts %u turns %llu messages %llu bytes %llu busy_s %.3f qp_visits %llu worker %u\n",
                       g->name.c_str(), it == contexts.end() ? 0u : it->second, (unsigned long long)l.turns,
                       (unsigned long long)l.messages, (unsigned long long)l.bytes, seconds(l.busy_ns),
-                      (unsigned long long)l.qp_visits);
-        out += line;
+                      (unsigned long long)l.qp_visits, worker);
+        guests += line;
     }
-    return out;
 }
 
 }  // namespace vrdma::shim

@@ -1,5 +1,8 @@
 #include "options.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +18,8 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
-               [--guest ...] [--lid-base N] [--lid-count N] [--attach-timeout SECONDS]
+               [:worker=K] [--guest ...] [--workers N] [--lid-base N] [--lid-count N]
+               [--attach-timeout SECONDS]
                [--rkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
@@ -49,7 +53,7 @@ OPTIONS
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing. Only one shim may serve a run directory.
 
-    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys]
+    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given.
@@ -79,6 +83,23 @@ OPTIONS
         to privileged consumers (such as the subnet administrator's GSI
         users); without it ibv_modify_qp with such a qkey fails with EPERM,
         as it does for an unprivileged process on Linux.
+        :worker=K has worker K (0 to --workers minus 1) serve the guest;
+        without it guests are dealt to the workers in turn, in the order
+        given (see --workers).
+
+    --workers N
+        Worker threads that serve the guests (1..64). Each worker serves
+        its share of the guests (all processes of a guest on one worker)
+        and polls while they have work, sleeping when they have none;
+        guests of two workers still talk to each other (every verb, with
+        the same semantics), each message crossing from one worker to the
+        other through a lock-free ring, which costs latency against two
+        guests of one worker. Put guests that talk most on one worker
+        (:worker=K), or give heavy tenants workers of their own. Default:
+        half the CPUs the shim may run on (its affinity mask), at least
+        1: the guests' own pollers need the other half. A shim in a
+        fabric (--fabric-*) or with a device (--hca) runs one worker;
+        --workers above 1 is refused there.
 
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
@@ -240,6 +261,19 @@ bool parse_pkeys(const std::string& list, std::vector<uint16_t>& out) {
 
 }  // namespace
 
+uint32_t default_workers(const Options& o) {
+    if (!o.fabric_listen.empty() || !o.fabric_peers.empty() || !o.hca.empty()) return 1;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+    return std::clamp<uint32_t>(uint32_t(cpus / 2), 1, kMaxWorkers);
+}
+
+uint32_t worker_of_guest(const Options& o, size_t i) {
+    if (i < o.worker_of.size() && o.worker_of[i] >= 0) return uint32_t(o.worker_of[i]);
+    return o.workers ? uint32_t(i % o.workers) : 0;
+}
+
 bool parse_options(int argc, char** argv, Options& o, std::string& error) {
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
@@ -281,6 +315,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             const auto colon = g.find(':');
             std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
             bool qkeys = false;
+            int worker = -1;
             std::vector<uint16_t> table;
             std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
             for (size_t start = 0; start < spec.size();) {
@@ -289,6 +324,14 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                 std::string part = spec.substr(start, end - start);
                 if (part == "controlled-qkeys") {
                     qkeys = true;
+                } else if (part.rfind("worker=", 0) == 0) {
+                    uint32_t k;
+                    if (!parse_u32(part.substr(7).c_str(), k) || k >= kMaxWorkers) {
+                        error = "--guest " + g + ": worker= wants a worker number, 0 to " +
+                                std::to_string(kMaxWorkers - 1);
+                        return false;
+                    }
+                    worker = int(k);
                 } else if (part.rfind("pkeys=", 0) == 0) {
                     if (!parse_pkeys(part.substr(6), table)) {
                         error = "--guest " + g + ": pkeys= wants 1-16 P_Keys like 0x8001,0x0002 (partition "
@@ -319,6 +362,14 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             o.access.push_back(acc);
             o.controlled_qkeys.push_back(qkeys);
             o.pkeys.push_back(table);
+            o.worker_of.push_back(worker);
+        } else if (a == "--workers") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.workers) || o.workers == 0 || o.workers > kMaxWorkers) {
+                error = "--workers must be 1.." + std::to_string(kMaxWorkers) + ", not '" + v + "'";
+                return false;
+            }
         } else if (a == "--lid-base") {
             std::string v;
             if (!need_value(v)) return false;
@@ -405,6 +456,19 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
         error = "--fabric-key without --fabric-listen or --fabric-peer";
         return false;
     }
+    if (o.workers > 1 && (fabric || !o.hca.empty())) {
+        error = "--workers " + std::to_string(o.workers) +
+                ": a shim in a fabric (--fabric-*) or with a device (--hca) runs one worker "
+                "(docs/protocol.md \"Workers\")";
+        return false;
+    }
+    if (!o.workers) o.workers = default_workers(o);
+    for (size_t i = 0; i < o.guests.size(); ++i)
+        if (o.worker_of[i] >= 0 && uint32_t(o.worker_of[i]) >= o.workers) {
+            error = "--guest " + o.guests[i] + ":worker=" + std::to_string(o.worker_of[i]) + ": the shim has " +
+                    std::to_string(o.workers) + " worker" + (o.workers == 1 ? "" : "s") + " (--workers)";
+            return false;
+        }
     if (o.hca_local && o.hca.empty()) {
         error = "--hca-local needs --hca DEVICE (the device this host's traffic would go through)";
         return false;

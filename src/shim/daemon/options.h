@@ -12,12 +12,17 @@
 
 namespace vrdma::shim {
 
+constexpr uint32_t kMaxWorkers = 64;
+
 struct Options {
     std::string run_dir = "/run/vrdma";
     std::vector<std::string> guests;
     std::vector<GuestAccess> access;  // parallel to guests: who may use each
     std::vector<bool> controlled_qkeys;  // parallel to guests: :controlled-qkeys given
     std::vector<std::vector<uint16_t>> pkeys;  // parallel to guests: :pkeys=..., empty: the default 0xffff
+    std::vector<int> worker_of;  // parallel to guests: :worker=K, -1: round-robin
+    // --workers: worker threads (0: the default, default_workers()).
+    uint32_t workers = 0;
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE
@@ -38,5 +43,12 @@ bool parse_options(int argc, char** argv, Options& out, std::string& error);
 
 // The --help text.
 const char* help_text();
+
+// The worker count when --workers is not given: half the CPUs this
+// process may run on (sched_getaffinity), at least 1; 1 with a fabric or a
+// device (docs/protocol.md "Workers").
+uint32_t default_workers(const Options& o);
+// The worker that serves guest `i` (after parse_options: workers is set).
+uint32_t worker_of_guest(const Options& o, size_t i);
 
 }  // namespace vrdma::shim

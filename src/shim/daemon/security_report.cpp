@@ -4,8 +4,7 @@
 
 namespace vrdma::shim {
 
-std::string security_report(Engine& eng) {
-    std::string out;
+void security_report(Engine& eng, std::string& guests, std::string& qps) {
     char line[256];
     for (auto& g : eng.guests()) {
         const GuestSecurity& s = g->security;
@@ -15,7 +14,7 @@ std::string security_report(Engine& eng) {
                       g->name.c_str(), (unsigned long long)s.remote_access_errors,
                       (unsigned long long)s.stranger_requests, (unsigned long long)s.pkey_violations,
                       (unsigned long long)s.refused_connections, (unsigned long long)s.throttled_requests);
-        out += line;
+        guests += line;
     }
     eng.for_each_context([&](Context& ctx) {
         ctx.qps.for_each([&](uint32_t, Qp& qp) {
@@ -23,10 +22,9 @@ std::string security_report(Engine& eng) {
             std::snprintf(line, sizeof(line), "qp %s 0x%06x remote_access_errors %llu stranger_requests %llu\n",
                           ctx.guest().name.c_str(), qp.qpn, (unsigned long long)qp.remote_access_errors,
                           (unsigned long long)qp.stranger_requests);
-            out += line;
+            qps += line;
         });
     });
-    return out;
 }
 
 }  // namespace vrdma::shim

@@ -10,6 +10,8 @@
 
 namespace vrdma::shim {
 
-std::string security_report(Engine& eng);
+// Appends the guest lines of `eng`'s guests to `guests` and the QP lines
+// to `qps` (the shim prints every worker's guest lines first).
+void security_report(Engine& eng, std::string& guests, std::string& qps);
 
 }  // namespace vrdma::shim

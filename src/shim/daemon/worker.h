@@ -1,0 +1,126 @@
+// A worker: one thread that serves a share of the shim's guests
+// (docs/protocol.md "Workers"). It owns an engine with those guests'
+// contexts, their socket connections and kick eventfds, and the links to
+// the other workers (worker_link.h); worker 0 also drives the fabric and
+// the RDMA device when the shim has them (and is then the only worker).
+// Nothing a worker owns is touched by another thread: the daemon's thread
+// hands it accepted connections and operator requests as tasks (post, call),
+// and other workers reach its guests only through the links.
+//
+// The loop (run): a pass over every awake context, the links, the fabric
+// and the device, while there is work; with none, it keeps passing and
+// yields the CPU after each pass for kIdleSpinNs; then it announces that it
+// sleeps (to its guests, in every control block, and to the other workers,
+// in its WorkerWake), looks at everything once more so that nothing rung
+// before the announcement is missed, and sleeps in epoll_wait on the kick
+// eventfds, its connections, its wake eventfd and the fabric's and device's
+// fds, until the earliest RNR, retry or fabric deadline.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "attach.h"
+#include "engine.h"
+#include "fabric.h"
+#include "hca_device.h"
+#include "options.h"
+#include "worker_link.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim {
+
+class Worker {
+public:
+    Worker(uint32_t index, const Options& opts, SharedTables& shared);
+    ~Worker();
+    Worker(const Worker&) = delete;
+    Worker& operator=(const Worker&) = delete;
+
+    // Setup, before start (single-threaded).
+    bool init(std::string& error);
+    uint32_t index() const { return index_; }
+    Engine& engine() { return engine_; }
+    WorkerInbox& inbox() { return inbox_; }
+    // Serves guest `guest_index` (of the options), whose identity its
+    // engine holds.
+    const GuestIdentity& add_guest(size_t guest_index, uint16_t lid, uint64_t guid);
+    // The link to worker `peer` (`workers` in all), made here; guest `lid`
+    // of that worker is then reached through it (route_to).
+    WorkerLink& link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_inbox);
+    void route_to(uint16_t lid, uint32_t peer);
+    // Each link, by the worker it reaches (null: this one).
+    const std::vector<std::unique_ptr<WorkerLink>>& links() const { return links_; }
+    // The fabric and the device (worker 0 of a shim with them).
+    bool start_fabric(const fabric::FabricConfig& cfg, std::string& error);
+    fabric::Fabric& fabric() { return fabric_; }
+    bool set_hca(HcaDevice* dev, Transport* transport, std::string& error);
+
+    // Runs the loop in a thread of its own until stop().
+    void start();
+    void stop();
+    void join();
+
+    // From the daemon's thread: `task` runs in the worker's thread, between
+    // two passes.
+    void post(std::function<void()> task);
+    // From the daemon's thread: runs `f` in the worker's thread and returns
+    // its result, or "" with `answered` false when the worker did not answer
+    // within `timeout_ms`.
+    std::string call(std::function<std::string()> f, int timeout_ms, bool& answered);
+
+    // In the worker's thread (tasks): a connection to guest `guest_index`
+    // the daemon accepted, with a shim-wide id.
+    void adopt_connection(size_t guest_index, uint64_t id, UniqueFd fd);
+    // Seconds asleep since the start (vrdmactl load).
+    uint64_t asleep_ns() const { return asleep_ns_; }
+    // After stop (single-threaded again): the links go (they hold pins of
+    // other workers' guests), before any worker's engine does.
+    void drop_links();
+
+    static constexpr uint64_t kIdleSpinNs = 100'000;
+
+private:
+    enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kFabric = 4, kHca = 5, kHcaAsync = 6 };
+    static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
+    bool epoll_add(int fd, uint32_t events, uint64_t data);
+    void epoll_del(int fd);
+    void run();
+    bool pass();
+    bool poll_links();
+    bool links_idle() const;
+    void run_tasks();
+    void poll_events(int timeout_ms);
+    void on_connection(uint64_t conn_id, uint32_t events);
+    void close_connection(uint64_t conn_id);
+    void close_stale_connections();
+    void reap_dead_contexts();
+    void shutdown();
+
+    uint32_t index_;
+    const Options& opts_;
+    Engine engine_;
+    fabric::Fabric fabric_{engine_};
+    HcaDevice* hca_ = nullptr;
+    std::vector<std::unique_ptr<WorkerLink>> links_;  // by peer worker
+    std::vector<WorkerLink*> link_ptrs_;             // the same, for receive_messages
+    std::map<size_t, const GuestIdentity*> guests_;  // by index in the options
+    std::map<uint64_t, Connection> conns_;
+    UniqueFd epoll_;
+    WorkerInbox inbox_;
+    std::thread thread_;
+    std::atomic<bool> stop_{false};
+    std::mutex tasks_mutex_;
+    std::vector<std::function<void()>> tasks_;
+    std::atomic<bool> has_tasks_{false};
+    uint64_t asleep_ns_ = 0;
+};
+
+}  // namespace vrdma::shim
