@@ -8,9 +8,13 @@
 #   3. builds build-asan/ with -DVRDMA_SANITIZE=ON (ASan and UBSan in the
 #      shim, the tools and every test program; the provider stays plain)
 #      and runs the same ctest there;
-#   4. runs scripts/fuzz.sh's bounded smoke (seeds, then 20 s per target).
-# Arguments go to the ctest of step 2 only. VRDMA_SKIP_ASAN=1 and
-# VRDMA_SKIP_FUZZ=1 leave out steps 3 and 4 (local runs; CI runs all).
+#   4. builds build-tsan/ with -DVRDMA_TSAN=ON and runs the unit tests and
+#      the two-worker integration entries there (scripts/test-tsan.sh);
+#   5. runs scripts/fuzz.sh's bounded smoke (seeds, then 20 s per target);
+#   6. runs scripts/test-hca.sh (below).
+# Arguments go to the ctest of step 2 only. VRDMA_SKIP_ASAN=1,
+# VRDMA_SKIP_TSAN=1, VRDMA_SKIP_FUZZ=1 and VRDMA_SKIP_HCA=1 leave out steps
+# 3, 4, 5 and 6 (local runs; CI runs all).
 # A failing test step does not stop the later ones; the summary names it and
 # the exit status is non-zero. A failing build stops at once.
 set -euo pipefail
@@ -58,15 +62,23 @@ if [ "${VRDMA_SKIP_ASAN:-0}" != 1 ]; then
     #    uninstrumented binaries; only vrdma-run and the shim would be
     #    instrumented, which the other integration tests already cover, and
     #    they cost 50 s.
-    #  - integration.fabric.{perftest,events_perftest,mpi_two_guests}: the
-    #    same clients across the two-hosts fabric (about 4.5 min plain); the
-    #    fabric's code under the sanitizers is covered by the fault tests
-    #    and the other integration.fabric.* entries, which stay.
+    #  - integration.{fabric,workers}.{perftest,events_perftest,mpi_two_guests}:
+    #    the same clients across the two-hosts fabric (about 4.5 min plain)
+    #    and between two workers; the fabric's and the worker links' code
+    #    under the sanitizers is covered by the other integration.fabric.*
+    #    and integration.workers.* entries, which stay.
     rc=0
     ctest --test-dir "$asan_build" --output-on-failure \
-        -E '^integration\.(mpi_|fabric\.(perftest|events_perftest|mpi_two_guests)$)' || rc=$?
+        -E '^integration\.(mpi_|(fabric|workers)\.(perftest|events_perftest|mpi_two_guests)$)' || rc=$?
     unset ASAN_OPTIONS UBSAN_OPTIONS
     done_section "ctest (ASan+UBSan)" "$rc"
+fi
+
+if [ "${VRDMA_SKIP_TSAN:-0}" != 1 ]; then
+    section "ThreadSanitizer: build-tsan, unit tests and the two-worker entries (scripts/test-tsan.sh)"
+    rc=0
+    BUILD_DIR="${TSAN_BUILD_DIR:-$src/build-tsan}" "$src/scripts/test-tsan.sh" || rc=$?
+    done_section "ThreadSanitizer" "$rc"
 fi
 
 if [ "${VRDMA_SKIP_FUZZ:-0}" != 1 ]; then
