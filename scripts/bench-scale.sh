@@ -13,12 +13,20 @@
 #                     pair keeps at least 0.4 of its bandwidth and at most 3 x
 #                     its average latency; d within 50 ms)
 #   aggregate         ib_write_bw of one pair (a-b) and of two independent
-#                     pairs at once (a-b, d-e), with the shim's one worker
+#                     pairs at once (a-b, d-e), with one worker
 #   event mode        ib_send_lat -e beside polling mode (target: at most 3 x)
 #   the floor         ib_send_lat beside vrdma-baselines shm-relay, a
 #                     three-process shared-memory relay (target: at most 1.5 x)
+# then, with a second shim of two workers pinned to the two CPUs (a and b
+# on worker 0 and their programs on CPU 0; c, d and e on worker 1 and CPU
+# 1: a busy tenant given a worker and a core of its own):
+#   two workers       ib_write_bw of the two pairs at once (a-b on one
+#                     worker, d-e on the other) beside one pair alone;
+#                     ib_send_lat and ib_write_bw across the workers (a-d)
+#                     beside a pair on one worker (a-b); the honest pair
+#                     (a-b) beside the greedy guest on the other worker
 # and prints a markdown table (docs/performance.md, "Scale and fairness").
-# It takes about three minutes, most of it creating 10000 QPs. ITERS_LAT,
+# It takes about two minutes. ITERS_LAT,
 # ITERS_BW, IDLE_QPS (default 10000) and GREEDY_SECONDS (30) change the
 # amounts.
 set -euo pipefail
@@ -31,31 +39,54 @@ IDLE_QPS="${IDLE_QPS:-10000}"
 run="$build/tools/vrdma-run"
 
 run_dir="$(mktemp -d /tmp/vrdma-bench-scale.XXXXXX)"
-"$build/src/shim/vrdma-shim" --run-dir "$run_dir" \
-    --guest a --guest b --guest c --guest d --guest e >"$run_dir.log" 2>&1 &
-shim=$!
+shim=""
 greedy=""
-cleanup() {
-    [ -n "$greedy" ] && kill "$greedy" 2>/dev/null
+# start_shim ARGS...: a shim serving guests a to e in $run_dir (the one
+# before it stopped first).
+start_shim() {
+    stop_shim
+    "$build/src/shim/vrdma-shim" --run-dir "$run_dir" "$@" >"$run_dir.log" 2>&1 &
+    shim=$!
+    for _ in $(seq 1 100); do [ -e "$run_dir/ready" ] && break; sleep 0.1; done
+    [ -e "$run_dir/ready" ] || { cat "$run_dir.log" >&2; echo "bench-scale: the shim did not start" >&2; exit 1; }
+}
+stop_shim() {
+    [ -n "$shim" ] || return 0
     kill -TERM "$shim" 2>/dev/null
     wait "$shim" 2>/dev/null
+    shim=""
+}
+cleanup() {
+    [ -n "$greedy" ] && kill "$greedy" 2>/dev/null
+    stop_shim
     rm -rf "$run_dir" "$run_dir.log" "$run_dir.greedy"
 }
 trap cleanup EXIT
-for _ in $(seq 1 100); do [ -e "$run_dir/ready" ] && break; sleep 0.1; done
-[ -e "$run_dir/ready" ] || { cat "$run_dir.log" >&2; echo "bench-scale: the shim did not start" >&2; exit 1; }
+start_shim --workers 1 --guest a --guest b --guest c --guest d --guest e
 
 port=20615
+# The CPU each guest's programs are pinned to (none: not pinned).
+declare -A cpu_of=()
+# in_guest GUEST CMD...: runs CMD attached to GUEST, on its CPU if it has one.
+in_guest() {
+    local g="$1"
+    shift
+    if [ -n "${cpu_of[$g]:-}" ]; then
+        taskset -c "${cpu_of[$g]}" "$run" --run-dir "$run_dir" --guest "$g" -- "$@"
+    else
+        "$run" --run-dir "$run_dir" --guest "$g" -- "$@"
+    fi
+}
 # perftest SERVER_GUEST CLIENT_GUEST TOOL ARGS...: prints the client's
 # result line for the size measured.
 perftest() {
     local sg="$1" cg="$2" tool="$3"
     shift 3
     port=$((port + 1))
-    "$run" --run-dir "$run_dir" --guest "$sg" -- "$tool" -d vrdma0 -p $port "$@" >/dev/null 2>&1 &
+    in_guest "$sg" "$tool" -d vrdma0 -p $port "$@" >/dev/null 2>&1 &
     local server=$!
     for _ in $(seq 1 200); do ss -ltnH "sport = :$port" | grep -q . && break; sleep 0.05; done
-    "$run" --run-dir "$run_dir" --guest "$cg" -- "$tool" -d vrdma0 -p $port "$@" 127.0.0.1 |
+    in_guest "$cg" "$tool" -d vrdma0 -p $port "$@" 127.0.0.1 |
         awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print; exit }'
     wait "$server"
 }
@@ -77,49 +108,82 @@ step "the honest pair alone"
 lat_alone="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
 bw_alone="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
 
+# two_pairs: ib_write_bw of a-b and d-e at once; prints their sum (MB/s).
+two_pairs() {
+    port=$((port + 1))  # the second pair's; perftest takes the next one
+    local second_port=$port
+    in_guest d ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" >/dev/null 2>&1 &
+    local second_server=$!
+    for _ in $(seq 1 200); do ss -ltnH "sport = :$second_port" | grep -q . && break; sleep 0.05; done
+    local out="$run_dir.pair2"
+    in_guest e ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" 127.0.0.1 >"$out" 2>&1 &
+    local second_client=$!
+    local first
+    first="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+    wait "$second_client" "$second_server"
+    awk -v a="$(bw_avg "$first")" -v b="$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4; exit }' "$out")" \
+        'BEGIN { printf "%.2f", a + b }'
+    rm -f "$out"
+}
+
 step "two pairs at once"
-port=$((port + 1))  # the second pair's; perftest takes the next one
-second_port=$port
-"$run" --run-dir "$run_dir" --guest d -- ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" >/dev/null 2>&1 &
-second_server=$!
-for _ in $(seq 1 200); do ss -ltnH "sport = :$second_port" | grep -q . && break; sleep 0.05; done
-second_client_out="$run_dir.pair2"
-"$run" --run-dir "$run_dir" --guest e -- ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" 127.0.0.1 \
-    >"$second_client_out" 2>&1 &
-second_client=$!
-bw_pair1="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
-wait "$second_client" "$second_server"
-bw_pair2="$(awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print $4; exit }' "$second_client_out")"
-rm -f "$second_client_out"
-bw_two="$(awk -v a="$(bw_avg "$bw_pair1")" -v b="$bw_pair2" 'BEGIN { printf "%.2f", a + b }')"
+bw_two="$(two_pairs)"
+port=$((port + 2))  # two_pairs ran in a subshell: its ports are taken
 
 step "event mode and the relay floor"
 ev_line="$(perftest a b ib_send_lat -e -s 8 -n "$ITERS_LAT")"
 shm_relay="$("$build/tools/vrdma-baselines" shm-relay | awk '{print $3}')"
 
+# beside_greedy: starts the greedy guest in c, measures how long a new
+# guest (d) takes to answer ibv_devinfo, then the honest pair (a-b)'s
+# ib_send_lat and ib_write_bw; sets attach_ms, lat_hostile, bw_hostile,
+# busy_during and greedy_said.
+beside_greedy() {
+    # It runs for GREEDY_SECONDS (30; longer than the measurements beside
+    # it) and then prints what it got.
+    in_guest c "$build/test/integration/vrdma-greedy-guest" -S "${GREEDY_SECONDS:-30}" >"$run_dir.greedy" 2>&1 &
+    greedy=$!
+    sleep 2
+    local start
+    start=$(date +%s%N)
+    in_guest d ibv_devinfo >/dev/null
+    attach_ms="$(awk -v n="$(( $(date +%s%N) - start ))" 'BEGIN { printf "%.1f", n / 1e6 }')"
+    lat_hostile="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
+    bw_hostile="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+    busy_during="$(kill -0 "$greedy" 2>/dev/null && echo yes || echo "no: it ended before the measurements did")"
+    wait "$greedy" || { cat "$run_dir.greedy" >&2; echo "bench-scale: the greedy guest failed" >&2; exit 1; }
+    greedy=""
+    greedy_said="$(sed -n 's/^greedy: //p' "$run_dir.greedy")"
+}
+
 step "the honest pair beside a greedy guest (c)"
-# It runs for GREEDY_SECONDS (30; longer than the measurements beside it)
-# and then prints what it got.
-"$run" --run-dir "$run_dir" --guest c -- "$build/test/integration/vrdma-greedy-guest" -S "${GREEDY_SECONDS:-30}" \
-    >"$run_dir.greedy" 2>&1 &
-greedy=$!
-sleep 2
-start=$(date +%s%N)
-"$run" --run-dir "$run_dir" --guest d -- ibv_devinfo >/dev/null
-attach_ms="$(awk -v n="$(( $(date +%s%N) - start ))" 'BEGIN { printf "%.1f", n / 1e6 }')"
-lat_hostile="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
-bw_hostile="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
-busy_during="$(kill -0 "$greedy" 2>/dev/null && echo yes || echo "no: it ended before the measurements did")"
-wait "$greedy" || { cat "$run_dir.greedy" >&2; echo "bench-scale: the greedy guest failed" >&2; exit 1; }
-greedy=""
+beside_greedy
 load="$("$build/tools/vrdmactl" --run-dir "$run_dir" load)"
+
+step "two workers on CPUs 0 and 1: a and b on worker 0, c, d and e on worker 1"
+start_shim --workers 2 --worker-cpus 0,1 --guest a:worker=0 --guest b:worker=0 --guest c:worker=1 \
+    --guest d:worker=1 --guest e:worker=1
+cpu_of=([a]=0 [b]=0 [c]=1 [d]=1 [e]=1)
+lat_w1="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
+bw_w1="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+lat_cross="$(perftest a d ib_send_lat -s 8 -n "$ITERS_LAT")"
+bw_cross="$(perftest a d ib_write_bw -s 65536 -n "$ITERS_BW")"
+bw_two_w="$(two_pairs)"
+port=$((port + 2))
+lat_hostile1="$lat_hostile" bw_hostile1="$bw_hostile" attach_ms1="$attach_ms" busy_during1="$busy_during"
+greedy_said1="$greedy_said"
+beside_greedy
+load2="$("$build/tools/vrdmactl" --run-dir "$run_dir" load)"
+transports2="$("$build/tools/vrdmactl" --run-dir "$run_dir" transports)"
 
 lat0="$(idle idle-qps 0)"
 latN="$(idle idle-qps "$IDLE_QPS")"
 r_idle="$(ratio "$latN" "$lat0")"
 r_ctx="$(ratio "$(idle idle-contexts 100)" "$(idle idle-contexts 0)")"
-r_lat_h="$(ratio "$(lat_avg "$lat_hostile")" "$(lat_avg "$lat_alone")")"
-r_bw_h="$(ratio "$(bw_avg "$bw_hostile")" "$(bw_avg "$bw_alone")")"
+r_lat_h="$(ratio "$(lat_avg "$lat_hostile1")" "$(lat_avg "$lat_alone")")"
+r_bw_h="$(ratio "$(bw_avg "$bw_hostile1")" "$(bw_avg "$bw_alone")")"
+r_lat_h2="$(ratio "$(lat_avg "$lat_hostile")" "$(lat_avg "$lat_w1")")"
+r_bw_h2="$(ratio "$(bw_avg "$bw_hostile")" "$(bw_avg "$bw_w1")")"
 r_ev="$(ratio "$(lat_typ "$ev_line")" "$(lat_typ "$lat_alone")")"
 r_relay="$(ratio "$(lat_typ "$lat_alone")" "$shm_relay")"
 
@@ -129,17 +193,29 @@ cat <<TABLE
 | RC ping-pong 8 B, one way, $IDLE_QPS idle QPs in the context (us) | $latN | same, no idle QP | $lat0 | $r_idle x | at most 1.2 x: $(verdict "$r_idle" "<=" 1.2) |
 | same, 1000 idle QPs (us) | $(idle idle-qps 1000) | same, no idle QP | $lat0 | $(ratio "$(idle idle-qps 1000)" "$lat0") x | |
 | RC ping-pong 8 B, one way, 100 idle contexts (us) | $(idle idle-contexts 100) | same, no idle context | $(idle idle-contexts 0) | $r_ctx x | |
-| ib_send_lat 8 B beside the greedy guest (us, average) | $(lat_avg "$lat_hostile") | alone | $(lat_avg "$lat_alone") | $r_lat_h x | at most 3 x: $(verdict "$r_lat_h" "<=" 3) |
-| ib_write_bw 64 KiB beside the greedy guest (MB/s) | $(bw_avg "$bw_hostile") | alone | $(bw_avg "$bw_alone") | $r_bw_h of alone | at least 0.4: $(verdict "$r_bw_h" ">=" 0.4) |
-| a new guest attaches and answers ibv_devinfo beside the greedy guest (ms, whole program) | $attach_ms | | | | at most 50 ms: $(verdict "$attach_ms" "<=" 50) |
-| ib_write_bw 64 KiB, two pairs at once, 1 worker (MB/s, sum) | $bw_two | one pair alone | $(bw_avg "$bw_alone") | $(ratio "$bw_two" "$(bw_avg "$bw_alone")") x | (2 workers: the shim has one) |
+| ib_send_lat 8 B beside the greedy guest, one worker (us, average) | $(lat_avg "$lat_hostile1") | alone | $(lat_avg "$lat_alone") | $r_lat_h x | at most 3 x: $(verdict "$r_lat_h" "<=" 3) |
+| ib_write_bw 64 KiB beside the greedy guest, one worker (MB/s) | $(bw_avg "$bw_hostile1") | alone | $(bw_avg "$bw_alone") | $r_bw_h of alone | at least 0.4: $(verdict "$r_bw_h" ">=" 0.4) |
+| a new guest attaches and answers ibv_devinfo beside the greedy guest, one worker (ms, whole program) | $attach_ms1 | | | | at most 50 ms: $(verdict "$attach_ms1" "<=" 50) |
+| ib_send_lat 8 B beside the greedy guest on the other worker (us, average) | $(lat_avg "$lat_hostile") | alone, 2 workers | $(lat_avg "$lat_w1") | $r_lat_h2 x | at most 3 x: $(verdict "$r_lat_h2" "<=" 3) |
+| ib_write_bw 64 KiB beside the greedy guest on the other worker (MB/s) | $(bw_avg "$bw_hostile") | alone, 2 workers | $(bw_avg "$bw_w1") | $r_bw_h2 of alone | at least 0.4: $(verdict "$r_bw_h2" ">=" 0.4) |
+| a new guest attaches beside the greedy guest, on its worker (ms, whole program) | $attach_ms | | | | at most 50 ms: $(verdict "$attach_ms" "<=" 50) |
+| ib_write_bw 64 KiB, two pairs at once, 1 worker (MB/s, sum) | $bw_two | one pair alone | $(bw_avg "$bw_alone") | $(ratio "$bw_two" "$(bw_avg "$bw_alone")") x | |
+| ib_write_bw 64 KiB, two pairs at once, 2 workers (MB/s, sum) | $bw_two_w | one pair alone, 2 workers | $(bw_avg "$bw_w1") | $(ratio "$bw_two_w" "$(bw_avg "$bw_w1")") x | |
+| ib_send_lat 8 B across two workers (us, typical) | $(lat_typ "$lat_cross") | both guests on one worker | $(lat_typ "$lat_w1") | $(ratio "$(lat_typ "$lat_cross")" "$(lat_typ "$lat_w1")") x | |
+| ib_write_bw 64 KiB across two workers (MB/s) | $(bw_avg "$bw_cross") | both guests on one worker | $(bw_avg "$bw_w1") | $(ratio "$(bw_avg "$bw_cross")" "$(bw_avg "$bw_w1")") of it | |
 | ib_send_lat -e 8 B, event mode (us, typical) | $(lat_typ "$ev_line") | polling mode | $(lat_typ "$lat_alone") | $r_ev x | at most 3 x: $(verdict "$r_ev" "<=" 3) |
 | ib_send_lat 8 B (us, typical) | $(lat_typ "$lat_alone") | shared-memory relay, 3 processes (us) | $shm_relay | $r_relay x | at most 1.5 x: $(verdict "$r_relay" "<=" 1.5) |
 
-Greedy guest: $(sed -n 's/^greedy: //p' "$run_dir.greedy") (still running when the measurements beside it ended: $busy_during). Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg).
+Greedy guest, one worker: $greedy_said1 (still running when the measurements beside it ended: $busy_during1); on the other worker: $greedy_said (still running: $busy_during). Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg).
 
-vrdmactl load at the end:
+vrdmactl load after the greedy guest, one worker:
 \`\`\`
 $load
+\`\`\`
+
+With two workers:
+\`\`\`
+$load2
+$transports2
 \`\`\`
 TABLE

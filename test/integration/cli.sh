@@ -24,6 +24,13 @@ expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest 'bad/name'
 expect_fail 2 'rkey-guess-limit must be 0..1000000' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --rkey-guess-limit many
 expect_fail 2 'hca-local needs --hca' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --hca-local
 expect_fail 1 '^vrdma-shim: --hca: (no RDMA device named nosuch0|cannot list RDMA devices)' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --hca nosuch0
+# Workers (docs/protocol.md "Workers"): counts, placements and CPUs checked.
+expect_fail 2 'workers must be 1..64' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 0
+expect_fail 2 'the shim has 2 workers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a:worker=2 --workers 2
+expect_fail 2 'runs one worker' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 2 --hca rxe0
+expect_fail 2 'names 1 CPU for 2 workers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 2 --worker-cpus 0
+expect_fail 2 'worker-cpus wants CPU numbers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --worker-cpus 1-0
+expect_fail 2 'is not one this process may run on' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --worker-cpus 4095
 expect_fail 2 'no guest' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none -- true
 expect_fail 2 'no program' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a
 expect_fail 3 'is vrdma-shim running' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a -- true

@@ -120,8 +120,11 @@ bool Daemon::start(std::string& error) {
     if (!run_dir_.mark_ready(error)) return false;
     if (nworkers > 1) line += " workers " + std::to_string(nworkers);
     line += " run-dir " + run_dir_.path();
-    for (auto& w : workers_) w->start();
+    for (auto& w : workers_)
+        if (!w->start(error)) return false;
     started_ = true;
+    for (size_t w = 0; w < opts_.worker_cpus.size(); ++w)
+        LOG_INFO("worker %zu: pinned to CPU %u", w, opts_.worker_cpus[w]);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
     return true;

@@ -1,6 +1,7 @@
 #include "options.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,7 +19,8 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
-               [:worker=K] [--guest ...] [--workers N] [--lid-base N] [--lid-count N]
+               [:worker=K] [--guest ...] [--workers N] [--worker-cpus LIST]
+               [--lid-base N] [--lid-count N]
                [--attach-timeout SECONDS]
                [--rkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
@@ -100,6 +102,15 @@ OPTIONS
         1: the guests' own pollers need the other half. A shim in a
         fabric (--fabric-*) or with a device (--hca) runs one worker;
         --workers above 1 is refused there.
+
+    --worker-cpus LIST
+        Pins worker K to the K-th CPU of LIST (CPU numbers and ranges, as
+        taskset -c takes them: 2,3 or 4-7), one CPU per worker, each one the
+        shim may run on; without --workers, the shim runs one worker per
+        CPU listed. A pinned worker polls only its CPU: give it a core the
+        guests' processes do not use, or pin the guests it serves beside it
+        (taskset), so that a busy tenant's worker and processes share cores
+        with nobody else's. Default: not pinned.
 
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
@@ -259,6 +270,33 @@ bool parse_pkeys(const std::string& list, std::vector<uint16_t>& out) {
     return !out.empty() && out.size() <= kMaxPkeys;
 }
 
+// "0,2-3": CPU numbers and ranges, each CPU once, at most kMaxWorkers.
+bool parse_cpu_list(const std::string& list, std::vector<uint32_t>& out) {
+    out.clear();
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t comma = list.find(',', start);
+        if (comma == std::string::npos) comma = list.size();
+        const std::string part = list.substr(start, comma - start);
+        const size_t dash = part.find('-');
+        uint32_t first, last;
+        if (dash == std::string::npos) {
+            if (!parse_u32(part.c_str(), first)) return false;
+            last = first;
+        } else if (!parse_u32(part.substr(0, dash).c_str(), first) ||
+                   !parse_u32(part.substr(dash + 1).c_str(), last) || last < first) {
+            return false;
+        }
+        for (uint32_t c = first; c <= last; ++c) {
+            if (out.size() >= kMaxWorkers || c >= 4096 || std::find(out.begin(), out.end(), c) != out.end())
+                return false;
+            out.push_back(c);
+        }
+        start = comma + 1;
+    }
+    return !out.empty();
+}
+
 }  // namespace
 
 uint32_t default_workers(const Options& o) {
@@ -363,6 +401,14 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             o.controlled_qkeys.push_back(qkeys);
             o.pkeys.push_back(table);
             o.worker_of.push_back(worker);
+        } else if (a == "--worker-cpus") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_cpu_list(v, o.worker_cpus)) {
+                error = "--worker-cpus wants CPU numbers and ranges such as 0,1 or 2-5 (at most " +
+                        std::to_string(kMaxWorkers) + " CPUs, none twice), not '" + v + "'";
+                return false;
+            }
         } else if (a == "--workers") {
             std::string v;
             if (!need_value(v)) return false;
@@ -462,7 +508,25 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                 "(docs/protocol.md \"Workers\")";
         return false;
     }
+    if (!o.workers && !o.worker_cpus.empty()) o.workers = uint32_t(o.worker_cpus.size());
     if (!o.workers) o.workers = default_workers(o);
+    if (!o.worker_cpus.empty()) {
+        if (o.worker_cpus.size() != o.workers) {
+            error = "--worker-cpus names " + std::to_string(o.worker_cpus.size()) + " CPU" +
+                    (o.worker_cpus.size() == 1 ? "" : "s") + " for " + std::to_string(o.workers) +
+                    " worker" + (o.workers == 1 ? "" : "s") + " (one CPU per worker)";
+            return false;
+        }
+        cpu_set_t allowed;
+        CPU_ZERO(&allowed);
+        if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0)
+            for (uint32_t cpu : o.worker_cpus)
+                if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &allowed)) {
+                    error = "--worker-cpus: CPU " + std::to_string(cpu) +
+                            " is not one this process may run on (see taskset -p " + std::to_string(getpid()) + ")";
+                    return false;
+                }
+    }
     for (size_t i = 0; i < o.guests.size(); ++i)
         if (o.worker_of[i] >= 0 && uint32_t(o.worker_of[i]) >= o.workers) {
             error = "--guest " + o.guests[i] + ":worker=" + std::to_string(o.worker_of[i]) + ": the shim has " +

@@ -23,6 +23,9 @@ struct Options {
     std::vector<int> worker_of;  // parallel to guests: :worker=K, -1: round-robin
     // --workers: worker threads (0: the default, default_workers()).
     uint32_t workers = 0;
+    // --worker-cpus: the CPU each worker is pinned to, by worker (empty:
+    // not pinned).
+    std::vector<uint32_t> worker_cpus;
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE

@@ -1,5 +1,6 @@
 #include "worker.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -87,8 +88,18 @@ bool Worker::set_hca(HcaDevice* dev, Transport* transport, std::string& error) {
     return true;
 }
 
-void Worker::start() {
+bool Worker::start(std::string& error) {
     thread_ = std::thread([this] { run(); });
+    if (index_ >= opts_.worker_cpus.size()) return true;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(opts_.worker_cpus[index_], &set);
+    if (int err = pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set)) {
+        error = "worker " + std::to_string(index_) + ": cannot pin it to CPU " +
+                std::to_string(opts_.worker_cpus[index_]) + ": " + strerror(err);
+        return false;
+    }
+    return true;
 }
 
 void Worker::stop() {

@@ -63,8 +63,9 @@ public:
     fabric::Fabric& fabric() { return fabric_; }
     bool set_hca(HcaDevice* dev, Transport* transport, std::string& error);
 
-    // Runs the loop in a thread of its own until stop().
-    void start();
+    // Runs the loop in a thread of its own until stop(), pinned to its CPU
+    // of --worker-cpus if given (false with `error` if that fails).
+    bool start(std::string& error);
     void stop();
     void join();
 
