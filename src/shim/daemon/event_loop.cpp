@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "epoll_set.h"
 #include "guest_fd.h"
 #include "load_report.h"
 #include "security_report.h"
@@ -26,16 +27,9 @@ Daemon::Daemon(Options opts) : opts_(std::move(opts)) {
 
 Daemon::~Daemon() { shutdown(); }
 
-bool Daemon::epoll_add(int fd, uint32_t events, uint64_t data) {
-    epoll_event ev{};
-    ev.events = events;
-    ev.data.u64 = data;
-    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
-}
+bool Daemon::epoll_add(int fd, uint32_t events, uint64_t data) { return epoll_watch(epoll_.get(), fd, events, data); }
 
-void Daemon::epoll_del(int fd) {
-    if (fd >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
-}
+void Daemon::epoll_del(int fd) { epoll_unwatch(epoll_.get(), fd); }
 
 bool Daemon::start(std::string& error) {
     sigset_t set;
@@ -135,25 +129,34 @@ void Daemon::run() {
     shutdown();
 }
 
-std::string Daemon::ask_workers(const std::function<std::string(Worker&)>& part) {
-    std::string out;
+std::string Daemon::ask_workers(const WorkerReport& report) {
+    std::string first, second;
     for (auto& w : workers_) {
         Worker* worker = w.get();
         bool answered = false;
         // By value: a worker that answers late runs it after this returned.
-        std::string text = worker->call([part, worker] { return part(*worker); }, kWorkerAnswerMs, answered);
-        if (!answered) text = "error: worker " + std::to_string(worker->index()) + " did not answer\n";
-        out += text;
+        std::string text = worker->call(
+            [report, worker] {
+                std::string a, b;
+                report(*worker, a, b);
+                return a + '\x1e' + b;  // the two parts, apart
+            },
+            kWorkerAnswerMs, answered);
+        if (!answered) {
+            first += "error: worker " + std::to_string(worker->index()) + " did not answer\n";
+            continue;
+        }
+        const size_t cut = text.find('\x1e');
+        first += text.substr(0, cut);
+        second += text.substr(cut + 1);
     }
-    return out;
+    return first + second;
 }
 
 std::string Daemon::transports_report() {
     char line[512];
-    std::string out = ask_workers([](Worker& w) {
-        char l[256];
-        std::snprintf(l, sizeof(l), "%llu\n", (unsigned long long)w.engine().local_transport().copied_bytes());
-        return std::string(l);
+    std::string out = ask_workers([](Worker& w, std::string& text, std::string&) {
+        text = std::to_string(w.engine().local_transport().copied_bytes()) + "\n";
     });
     uint64_t local = 0;
     for (size_t pos = 0; pos < out.size();) {
@@ -165,8 +168,7 @@ std::string Daemon::transports_report() {
     std::snprintf(line, sizeof(line), "local copied_bytes %llu\n", (unsigned long long)local);
     std::string report = line;
     if (workers_.size() > 1)
-        report += ask_workers([](Worker& w) {
-            std::string text;
+        report += ask_workers([](Worker& w, std::string& text, std::string&) {
             char l[256];
             for (auto& link : w.links()) {
                 if (!link) continue;
@@ -177,11 +179,9 @@ std::string Daemon::transports_report() {
                               (unsigned long long)s.copied_bytes, (unsigned long long)s.ring_full);
                 text += l;
             }
-            return text;
         });
-    report += ask_workers([this](Worker& w) -> std::string {
-        if (w.index() != 0) return "";
-        std::string text;
+    report += ask_workers([this](Worker& w, std::string& text, std::string&) {
+        if (w.index() != 0) return;
         char l[512];
         const fabric::LinkStats t = w.fabric().totals();
         std::snprintf(l, sizeof(l), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_payload + t.rx_payload));
@@ -197,56 +197,20 @@ std::string Daemon::transports_report() {
                           (unsigned long long)s.ud_lost, (unsigned long long)s.ud_unknown);
             text += l;
         }
-        return text;
     });
     return report;
 }
 
 std::string Daemon::load_report_all() {
-    std::string workers, guests;
     const uint64_t uptime = monotonic_ns() - started_ns_;
-    for (auto& w : workers_) {
-        Worker* worker = w.get();
-        bool answered = false;
-        std::string text = worker->call(
-            [worker, uptime] {
-                std::string wl, gl;
-                load_report(worker->engine(), worker->index(), worker->asleep_ns(), uptime, wl, gl);
-                return wl + '\x1e' + gl;  // the two parts, apart
-            },
-            kWorkerAnswerMs, answered);
-        if (!answered) {
-            workers += "error: worker " + std::to_string(worker->index()) + " did not answer\n";
-            continue;
-        }
-        const size_t cut = text.find('\x1e');
-        workers += text.substr(0, cut);
-        guests += text.substr(cut + 1);
-    }
-    return workers + guests;
+    return ask_workers([uptime](Worker& w, std::string& workers, std::string& guests) {
+        load_report(w.engine(), w.index(), w.asleep_ns(), uptime, workers, guests);
+    });
 }
 
 std::string Daemon::counters_report() {
-    std::string guests, qps;
-    for (auto& w : workers_) {
-        Worker* worker = w.get();
-        bool answered = false;
-        std::string text = worker->call(
-            [worker] {
-                std::string gl, ql;
-                security_report(worker->engine(), gl, ql);
-                return gl + '\x1e' + ql;
-            },
-            kWorkerAnswerMs, answered);
-        if (!answered) {
-            guests += "error: worker " + std::to_string(worker->index()) + " did not answer\n";
-            continue;
-        }
-        const size_t cut = text.find('\x1e');
-        guests += text.substr(0, cut);
-        qps += text.substr(cut + 1);
-    }
-    return guests + qps;
+    return ask_workers(
+        [](Worker& w, std::string& guests, std::string& qps) { security_report(w.engine(), guests, qps); });
 }
 
 void Daemon::poll_events(int timeout_ms) {
@@ -333,9 +297,8 @@ void Daemon::on_control(uint64_t id) {
     ControlActions actions;
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
     actions.peers = [this] {
-        return ask_workers([](Worker& w) -> std::string {
-            if (w.index() != 0) return "";
-            return w.fabric().enabled() ? w.fabric().status() : std::string("no fabric\n");
+        return ask_workers([](Worker& w, std::string& text, std::string&) {
+            if (w.index() == 0) text = w.fabric().enabled() ? w.fabric().status() : std::string("no fabric\n");
         });
     };
     actions.counters = [this] { return counters_report(); };

@@ -57,9 +57,12 @@ private:
     void accept_control();
     void on_control(uint64_t id);
     bool set_port(const std::string& guest, bool up, std::string& error);
-    // Asks every worker for its part of a report, in worker order; a worker
-    // that does not answer is named in the text.
-    std::string ask_workers(const std::function<std::string(Worker&)>& part);
+    // Asks every worker, in its thread, for its two parts of a report
+    // (`first`, `second`); returns every worker's first part, in worker
+    // order, then every second part (for reports whose lines go by kind:
+    // workers, then guests). A worker that does not answer is named.
+    using WorkerReport = std::function<void(Worker&, std::string& first, std::string& second)>;
+    std::string ask_workers(const WorkerReport& report);
     std::string transports_report();
     std::string load_report_all();
     std::string counters_report();

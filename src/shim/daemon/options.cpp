@@ -255,46 +255,55 @@ bool parse_u32(const char* s, uint32_t& out) {
     return true;
 }
 
+// Calls `item` with each comma-separated part of `list` (empty ones too);
+// false as soon as it returns false.
+template <typename F>
+bool each_item(const std::string& list, F item) {
+    for (size_t start = 0; start <= list.size();) {
+        size_t comma = list.find(',', start);
+        if (comma == std::string::npos) comma = list.size();
+        if (!item(list.substr(start, comma - start))) return false;
+        start = comma + 1;
+    }
+    return true;
+}
+
 // "0x8001,0x0002": 1-16 P_Keys, each naming a partition (low 15 bits not 0).
 bool parse_pkeys(const std::string& list, std::vector<uint16_t>& out) {
     out.clear();
-    size_t start = 0;
-    while (start <= list.size()) {
-        size_t comma = list.find(',', start);
-        if (comma == std::string::npos) comma = list.size();
-        uint32_t v;
-        if (!parse_u32(list.substr(start, comma - start).c_str(), v) || v > 0xffff || (v & 0x7fff) == 0) return false;
-        out.push_back(uint16_t(v));
-        start = comma + 1;
-    }
-    return !out.empty() && out.size() <= kMaxPkeys;
+    return each_item(list,
+                     [&](const std::string& part) {
+                         uint32_t v;
+                         if (!parse_u32(part.c_str(), v) || v > 0xffff || (v & 0x7fff) == 0) return false;
+                         out.push_back(uint16_t(v));
+                         return true;
+                     }) &&
+           !out.empty() && out.size() <= kMaxPkeys;
 }
 
 // "0,2-3": CPU numbers and ranges, each CPU once, at most kMaxWorkers.
 bool parse_cpu_list(const std::string& list, std::vector<uint32_t>& out) {
     out.clear();
-    size_t start = 0;
-    while (start <= list.size()) {
-        size_t comma = list.find(',', start);
-        if (comma == std::string::npos) comma = list.size();
-        const std::string part = list.substr(start, comma - start);
-        const size_t dash = part.find('-');
-        uint32_t first, last;
-        if (dash == std::string::npos) {
-            if (!parse_u32(part.c_str(), first)) return false;
-            last = first;
-        } else if (!parse_u32(part.substr(0, dash).c_str(), first) ||
-                   !parse_u32(part.substr(dash + 1).c_str(), last) || last < first) {
-            return false;
-        }
-        for (uint32_t c = first; c <= last; ++c) {
-            if (out.size() >= kMaxWorkers || c >= 4096 || std::find(out.begin(), out.end(), c) != out.end())
-                return false;
-            out.push_back(c);
-        }
-        start = comma + 1;
-    }
-    return !out.empty();
+    return each_item(list,
+                     [&](const std::string& part) {
+                         const size_t dash = part.find('-');
+                         uint32_t first, last;
+                         if (dash == std::string::npos) {
+                             if (!parse_u32(part.c_str(), first)) return false;
+                             last = first;
+                         } else if (!parse_u32(part.substr(0, dash).c_str(), first) ||
+                                    !parse_u32(part.substr(dash + 1).c_str(), last) || last < first) {
+                             return false;
+                         }
+                         for (uint32_t c = first; c <= last; ++c) {
+                             if (out.size() >= kMaxWorkers || c >= 4096 ||
+                                 std::find(out.begin(), out.end(), c) != out.end())
+                                 return false;
+                             out.push_back(c);
+                         }
+                         return true;
+                     }) &&
+           !out.empty();
 }
 
 }  // namespace

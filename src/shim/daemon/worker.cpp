@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 
+#include "epoll_set.h"
 #include "guest_fd.h"
 #include "vrdma_common/log.h"
 
@@ -35,16 +36,9 @@ bool Worker::init(std::string& error) {
     return true;
 }
 
-bool Worker::epoll_add(int fd, uint32_t events, uint64_t data) {
-    epoll_event ev{};
-    ev.events = events;
-    ev.data.u64 = data;
-    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) == 0;
-}
+bool Worker::epoll_add(int fd, uint32_t events, uint64_t data) { return epoll_watch(epoll_.get(), fd, events, data); }
 
-void Worker::epoll_del(int fd) {
-    if (fd >= 0) ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
-}
+void Worker::epoll_del(int fd) { epoll_unwatch(epoll_.get(), fd); }
 
 const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_t guid) {
     const GuestIdentity& id =
