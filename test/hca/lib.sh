@@ -120,7 +120,10 @@ wait_for() {
 }
 
 # device_objects KIND: how many device QPs/MRs/CQs (rdma resource show
-# KIND) the shim holds on rxe0.
+# KIND) the shim holds on rxe0. The kernel names the thread that made each
+# (its worker, not the main thread): any thread of the shim counts.
 device_objects() {
-    rdma resource show "$1" 2>/dev/null | grep -cE "pid $shim_pid( |$)" || true
+    local tids
+    tids=$(ls "/proc/$shim_pid/task" 2>/dev/null | paste -sd'|')
+    rdma resource show "$1" 2>/dev/null | grep -cE "pid (${tids:-$shim_pid})( |$)" || true
 }
