@@ -35,7 +35,9 @@ cleanup() {
 }
 trap cleanup EXIT
 reserve_huge_pages 16 >&2
-"$build/src/shim/vrdma-shim" --run-dir "$run_dir" --guest a --guest b >"$run_dir.log" 2>&1 &
+# One worker, whatever the CPUs: the figures are those of two guests of
+# one worker (scripts/bench-scale.sh measures two workers).
+"$build/src/shim/vrdma-shim" --run-dir "$run_dir" --workers 1 --guest a --guest b >"$run_dir.log" 2>&1 &
 shim=$!
 for _ in $(seq 1 100); do [ -e "$run_dir/ready" ] && break; sleep 0.1; done
 in_guest() { local g=$1; shift; "$build/tools/vrdma-run" --run-dir "$run_dir" --guest "$g" -- "$@"; }

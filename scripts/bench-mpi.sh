@@ -26,7 +26,9 @@ MAX_SIZE="${MAX_SIZE:-4194304}"
 BIND="${BIND:-none}"
 
 run_dir="$(mktemp -d /tmp/vrdma-bench-mpi.XXXXXX)"
-"$build/src/shim/vrdma-shim" --run-dir "$run_dir" --guest a --guest b >"$run_dir.log" 2>&1 &
+# One worker, whatever the CPUs: the figures are those of two guests of
+# one worker (scripts/bench-scale.sh measures two workers).
+"$build/src/shim/vrdma-shim" --run-dir "$run_dir" --workers 1 --guest a --guest b >"$run_dir.log" 2>&1 &
 shim=$!
 cleanup() {
     kill -TERM "$shim" 2>/dev/null || true

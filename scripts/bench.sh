@@ -13,16 +13,24 @@
 #                              connected QPs in one context (the cost of
 #                              finding work must not grow with them)
 # and prints a markdown table with the ratios (the table in
-# docs/performance.md comes from here).
+# docs/performance.md comes from here). The latencies and their floors are
+# taken in ROUNDS alternating rounds (default 5: ib_send_lat, the relay,
+# ib_send_lat -e, the two-process ping-pong, in turn) and the table gives
+# each one's median: on two cores shared by three polling processes a
+# single run of either swings by a factor of two with scheduling, in
+# either direction; the rounds are printed below the table.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$src/build}"
 [ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$src/scripts/build.sh"
 ITERS_BW="${ITERS_BW:-5000}"
 ITERS_LAT="${ITERS_LAT:-20000}"
+ROUNDS="${ROUNDS:-5}"
 
 run_dir="$(mktemp -d /tmp/vrdma-bench.XXXXXX)"
-"$build/src/shim/vrdma-shim" --run-dir "$run_dir" --guest a --guest b >"$run_dir.log" 2>&1 &
+# One worker: two guests of one worker, the shape of the relay floor
+# (scripts/bench-scale.sh measures two workers).
+"$build/src/shim/vrdma-shim" --run-dir "$run_dir" --workers 1 --guest a --guest b >"$run_dir.log" 2>&1 &
 shim=$!
 cleanup() { kill -TERM "$shim" 2>/dev/null; wait "$shim" 2>/dev/null; rm -rf "$run_dir" "$run_dir.log"; }
 trap cleanup EXIT
@@ -45,34 +53,50 @@ perftest() {
 
 echo "measuring (this takes about a minute)..." >&2
 bw_line="$(perftest ib_write_bw -s 65536 -n "$ITERS_BW")"
-lat_line="$(perftest ib_send_lat -s 8 -n "$ITERS_LAT")"
-ev_lat_line="$(perftest ib_send_lat -e -s 8 -n "$ITERS_LAT")"
 base="$build/tools/vrdma-baselines"
 memcpy_bw="$("$base" memcpy 65536 | awk '{print $3}')"
-shm_pp="$("$base" shm-pingpong | awk '{print $3}')"
-shm_relay="$("$base" shm-relay | awk '{print $3}')"
 tcp_pp="$("$base" tcp-pingpong | awk '{print $3}')"
+# Alternating rounds: t_typical and t_avg of ib_send_lat and of -e, and the
+# two floors.
+lat_t=() lat_a=() ev_t=() ev_a=() relay=() pp=()
+for r in $(seq 1 "$ROUNDS"); do
+    line="$(perftest ib_send_lat -s 8 -n "$ITERS_LAT")"
+    lat_t+=("$(awk '{print $5}' <<<"$line")") lat_a+=("$(awk '{print $6}' <<<"$line")")
+    relay+=("$("$base" shm-relay | awk '{print $3}')")
+    line="$(perftest ib_send_lat -e -s 8 -n "$ITERS_LAT")"
+    ev_t+=("$(awk '{print $5}' <<<"$line")") ev_a+=("$(awk '{print $6}' <<<"$line")")
+    pp+=("$("$base" shm-pingpong | awk '{print $3}')")
+    echo "round $r/$ROUNDS: ib_send_lat ${lat_t[-1]} us, relay ${relay[-1]} us, -e ${ev_t[-1]} us," \
+        "ping-pong ${pp[-1]} us" >&2
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+send_lat="$(median "${lat_t[@]}")"
+send_lat_avg="$(median "${lat_a[@]}")"
+ev_lat="$(median "${ev_t[@]}")"
+ev_lat_avg="$(median "${ev_a[@]}")"
+shm_relay="$(median "${relay[@]}")"
+shm_pp="$(median "${pp[@]}")"
 idle_lines="$("$build/tools/vrdma-run" --run-dir "$run_dir" --guest a --guest b -- "$build/tools/vrdma-idle-qps" 0 1000 4000)"
 idle() { awk -v n="$1" '$2 == n { print $3 }' <<<"$idle_lines"; }
 
 write_bw="$(echo "$bw_line" | awk '{print $4}')"      # BW average [MB/sec]
-send_lat="$(echo "$lat_line" | awk '{print $5}')"     # t_typical [usec]
-send_lat_avg="$(echo "$lat_line" | awk '{print $6}')" # t_avg [usec]
-ev_lat="$(echo "$ev_lat_line" | awk '{print $5}')"
-ev_lat_avg="$(echo "$ev_lat_line" | awk '{print $6}')"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 cat <<TABLE
 | measurement | value | baseline | baseline value | ratio |
 | --- | --- | --- | --- | --- |
 | ib_write_bw 64 KiB (MB/s, average) | $write_bw | memcpy 64 KiB, one thread (MiB/s) | $memcpy_bw | $(ratio "$write_bw" "$memcpy_bw") of memcpy |
-| ib_send_lat 8 B (us, typical) | $send_lat | shared-memory ping-pong, 2 processes (us) | $shm_pp | $(ratio "$send_lat" "$shm_pp") x |
-| ib_send_lat 8 B (us, typical) | $send_lat | shared-memory relay, 3 processes (us) | $shm_relay | $(ratio "$send_lat" "$shm_relay") x |
-| ib_send_lat 8 B (us, typical) | $send_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$send_lat" "$tcp_pp") x |
-| ib_send_lat -e 8 B, event mode (us, typical) | $ev_lat | ib_send_lat 8 B, polling mode (us) | $send_lat | $(ratio "$ev_lat" "$send_lat") x |
-| ib_send_lat -e 8 B, event mode (us, typical) | $ev_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$ev_lat" "$tcp_pp") x |
+| ib_send_lat 8 B (us, typical, median of $ROUNDS) | $send_lat | shared-memory ping-pong, 2 processes (us, median) | $shm_pp | $(ratio "$send_lat" "$shm_pp") x |
+| ib_send_lat 8 B (us, typical, median of $ROUNDS) | $send_lat | shared-memory relay, 3 processes (us, median) | $shm_relay | $(ratio "$send_lat" "$shm_relay") x |
+| ib_send_lat 8 B (us, typical, median of $ROUNDS) | $send_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$send_lat" "$tcp_pp") x |
+| ib_send_lat -e 8 B, event mode (us, typical, median of $ROUNDS) | $ev_lat | ib_send_lat 8 B, polling mode (us, median) | $send_lat | $(ratio "$ev_lat" "$send_lat") x |
+| ib_send_lat -e 8 B, event mode (us, typical, median of $ROUNDS) | $ev_lat | TCP loopback ping-pong (us) | $tcp_pp | $(ratio "$ev_lat" "$tcp_pp") x |
 
-ib_send_lat 8 B average: $send_lat_avg us (polling), $ev_lat_avg us (event mode). Machine: $(nproc) cores, $(uname -r).
+ib_send_lat 8 B average (median of the rounds): $send_lat_avg us (polling), $ev_lat_avg us (event mode). Machine: $(nproc) cores, $(uname -r).
+
+| round | ib_send_lat (us, typical) | relay (us) | ratio | ib_send_lat -e (us, typical) | against polling |
+| --- | --- | --- | --- | --- | --- |
+$(for i in "${!lat_t[@]}"; do echo "| $((i + 1)) | ${lat_t[$i]} | ${relay[$i]} | $(ratio "${lat_t[$i]}" "${relay[$i]}") x | ${ev_t[$i]} | $(ratio "${ev_t[$i]}" "${lat_t[$i]}") x |"; done)
 
 | RC ping-pong 8 B, one way (us, average; vrdma-idle-qps) | 0 idle QPs | 1000 idle QPs | 4000 idle QPs | 4000 against 0 |
 | --- | --- | --- | --- | --- |

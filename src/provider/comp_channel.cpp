@@ -3,9 +3,13 @@
 // contexts and channels they consult, and the cq_event op.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -38,6 +42,34 @@ Registry& registry() {
 template <typename Fn>
 Fn real(const char* name) {
     return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+}
+
+uint64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// How long ibv_get_cq_event looks for an event before it sleeps in read()
+// (VRDMA_EVENT_SPIN_US, default 20; 0: sleep at once). An event that comes
+// within it costs no wake-up: the shim's write finds the reader awake.
+uint64_t event_spin_ns() {
+    static const uint64_t ns = [] {
+        const char* s = std::getenv("VRDMA_EVENT_SPIN_US");
+        return uint64_t(s ? std::strtoul(s, nullptr, 0) : 20) * 1000;
+    }();
+    return ns;
+}
+
+// Until `fd` is readable or `spin_ns` passed, yielding the CPU between
+// looks (a look is a poll() with no timeout). A channel the application
+// made non-blocking is left alone: its read returns at once anyway.
+void spin_for_event(int fd, uint64_t spin_ns) {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl < 0 || (fl & O_NONBLOCK)) return;
+    const uint64_t until = now_ns() + spin_ns;
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, 0) == 0 && now_ns() < until) sched_yield();
 }
 
 }  // namespace
@@ -203,6 +235,7 @@ extern "C" [[gnu::visibility("default")]] int ibv_get_cq_event(ibv_comp_channel*
         }
         return fn(channel, cq, cq_context);
     }
+    if (const uint64_t spin = event_spin_ns()) spin_for_event(channel->fd, spin);
     for (;;) {
         uint64_t handle;
         ssize_t n = ::read(channel->fd, &handle, sizeof(handle));

@@ -708,6 +708,36 @@ TEST_CASE("the channel fd works with poll, epoll and O_NONBLOCK", "[events][chan
     close(ep);
 }
 
+TEST_CASE("ibv_get_cq_event looks for an event briefly and then sleeps until it comes", "[events][channel]") {
+    // The provider looks for a record for VRDMA_EVENT_SPIN_US (20 us)
+    // before it sleeps in read() (protocol.md "Completion channels"): an
+    // event that comes 300 ms later still wakes the waiter, which spent
+    // that time asleep, not spinning.
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    REQUIRE(post_recv(p.b, 1, {sge(rbuf, 0, 64)}) == 0);
+    REQUIRE(ibv_req_notify_cq(p.b_rcq, 0) == 0);
+    std::atomic<int> rc{-1};
+    ibv_cq* got = nullptr;
+    double cpu_ms = 0;
+    std::thread waiter([&] {
+        void* c = nullptr;
+        rc = ibv_get_cq_event(p.chan_b, &got, &c);
+        timespec ts;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        cpu_ms = double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(rc.load() == -1);  // still waiting
+    REQUIRE(post_send(p.a, send_wr(1), {sge(buf, 1024, 8)}) == 0);
+    waiter.join();
+    REQUIRE(rc.load() == 0);
+    CHECK(got == p.b_rcq);
+    ibv_ack_cq_events(got, 1);
+    CHECK(cpu_ms < 100);  // asleep for most of the 300 ms
+}
+
 TEST_CASE("ibv_destroy_cq waits for unacknowledged events, then returns", "[events][channel]") {
     Device dev, peer(Device::kPeer);
     ibv_comp_channel* ch = ibv_create_comp_channel(peer.ctx);
