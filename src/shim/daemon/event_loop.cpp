@@ -214,10 +214,7 @@ std::string Daemon::counters_report() {
 }
 
 void Daemon::poll_events(int timeout_ms) {
-    epoll_event evs[64];
-    int n = ::epoll_wait(epoll_.get(), evs, 64, timeout_ms);
-    for (int i = 0; i < n; ++i) {
-        uint64_t kind = evs[i].data.u64 >> 56, id = evs[i].data.u64 & ((1ull << 56) - 1);
+    epoll_dispatch(epoll_.get(), timeout_ms, [this](uint64_t kind, uint64_t id, uint32_t) {
         switch (kind) {
         case kSignal: {
             signalfd_siginfo si;
@@ -237,7 +234,7 @@ void Daemon::poll_events(int timeout_ms) {
             on_control(id);
             break;
         }
-    }
+    });
 }
 
 void Daemon::accept_all(size_t guest_index) {

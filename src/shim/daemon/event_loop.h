@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "control_socket.h"
+#include "epoll_set.h"
 #include "hca_device.h"
 #include "hca_transport.h"
 #include "options.h"
@@ -49,7 +50,7 @@ public:
 
 private:
     enum Kind : uint64_t { kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4 };
-    static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
+    static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
     void poll_events(int timeout_ms);

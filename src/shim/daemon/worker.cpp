@@ -240,10 +240,7 @@ void Worker::run() {
 }
 
 void Worker::poll_events(int timeout_ms) {
-    epoll_event evs[64];
-    int n = ::epoll_wait(epoll_.get(), evs, 64, timeout_ms);
-    for (int i = 0; i < n; ++i) {
-        uint64_t kind = evs[i].data.u64 >> 56, id = evs[i].data.u64 & ((1ull << 56) - 1);
+    epoll_dispatch(epoll_.get(), timeout_ms, [this](uint64_t kind, uint64_t id, uint32_t events) {
         switch (kind) {
         case kWake: {
             uint64_t v;
@@ -251,7 +248,7 @@ void Worker::poll_events(int timeout_ms) {
             break;
         }
         case kConn:
-            on_connection(id, evs[i].events);
+            on_connection(id, events);
             break;
         case kFabric:
             fabric_.poll();
@@ -275,7 +272,7 @@ void Worker::poll_events(int timeout_ms) {
             break;
         }
         }
-    }
+    });
 }
 
 void Worker::adopt_connection(size_t guest_index, uint64_t id, UniqueFd fd) {

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "attach.h"
+#include "epoll_set.h"
 #include "engine.h"
 #include "fabric.h"
 #include "hca_device.h"
@@ -90,7 +91,7 @@ public:
 
 private:
     enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kFabric = 4, kHca = 5, kHcaAsync = 6 };
-    static uint64_t tag(Kind k, uint64_t id) { return (uint64_t(k) << 56) | id; }
+    static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
     void run();
