@@ -16,7 +16,8 @@
 #                     pairs at once (a-b, d-e), with one worker
 #   event mode        ib_send_lat -e beside polling mode (target: at most 3 x)
 #   the floor         ib_send_lat beside vrdma-baselines shm-relay, a
-#                     three-process shared-memory relay (target: at most 1.5 x)
+#                     three-process shared-memory relay (target: at most 1.5 x);
+#                     both in ROUNDS (5) alternating rounds, by their medians
 # then, with a second shim of two workers pinned to the two CPUs (a and b
 # on worker 0 and their programs on CPU 0; c, d and e on worker 1 and CPU
 # 1: a busy tenant given a worker and a core of its own):
@@ -77,23 +78,11 @@ in_guest() {
         "$run" --run-dir "$run_dir" --guest "$g" -- "$@"
     fi
 }
-# perftest SERVER_GUEST CLIENT_GUEST TOOL ARGS...: prints the client's
-# result line for the size measured.
-perftest() {
-    local sg="$1" cg="$2" tool="$3"
-    shift 3
-    port=$((port + 1))
-    in_guest "$sg" "$tool" -d vrdma0 -p $port "$@" >/dev/null 2>&1 &
-    local server=$!
-    for _ in $(seq 1 200); do ss -ltnH "sport = :$port" | grep -q . && break; sleep 0.05; done
-    in_guest "$cg" "$tool" -d vrdma0 -p $port "$@" 127.0.0.1 |
-        awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print; exit }'
-    wait "$server"
-}
+# shellcheck source=lib/bench.sh
+source "$src/scripts/lib/bench.sh"
 lat_avg() { awk '{print $6}' <<<"$1"; }     # t_avg [usec]
 lat_typ() { awk '{print $5}' <<<"$1"; }     # t_typical [usec]
 bw_avg() { awk '{print $4}' <<<"$1"; }      # BW average [MB/sec]
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 verdict() {  # VALUE OP LIMIT: "met" or "not met"
     awk -v v="$1" -v l="$3" -v op="$2" 'BEGIN { ok = op == "<=" ? v <= l : v >= l; print ok ? "met" : "not met" }'
 }
@@ -114,7 +103,7 @@ two_pairs() {
     local second_port=$port
     in_guest d ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" >/dev/null 2>&1 &
     local second_server=$!
-    for _ in $(seq 1 200); do ss -ltnH "sport = :$second_port" | grep -q . && break; sleep 0.05; done
+    wait_listen "$second_port"
     local out="$run_dir.pair2"
     in_guest e ib_write_bw -d vrdma0 -p $second_port -s 65536 -n "$ITERS_BW" 127.0.0.1 >"$out" 2>&1 &
     local second_client=$!
@@ -130,9 +119,11 @@ step "two pairs at once"
 bw_two="$(two_pairs)"
 port=$((port + 2))  # two_pairs ran in a subshell: its ports are taken
 
-step "event mode and the relay floor"
-ev_line="$(perftest a b ib_send_lat -e -s 8 -n "$ITERS_LAT")"
-shm_relay="$("$build/tools/vrdma-baselines" shm-relay | awk '{print $3}')"
+step "event mode and the relay floor: ${ROUNDS:-5} alternating rounds"
+latency_rounds "${ROUNDS:-5}" a b
+lat_med="$(median "${lat_t[@]}")"
+ev_med="$(median "${ev_t[@]}")"
+relay_med="$(median "${relay[@]}")"
 
 # beside_greedy: starts the greedy guest in c, measures how long a new
 # guest (d) takes to answer ibv_devinfo, then the honest pair (a-b)'s
@@ -184,8 +175,8 @@ r_lat_h="$(ratio "$(lat_avg "$lat_hostile1")" "$(lat_avg "$lat_alone")")"
 r_bw_h="$(ratio "$(bw_avg "$bw_hostile1")" "$(bw_avg "$bw_alone")")"
 r_lat_h2="$(ratio "$(lat_avg "$lat_hostile")" "$(lat_avg "$lat_w1")")"
 r_bw_h2="$(ratio "$(bw_avg "$bw_hostile")" "$(bw_avg "$bw_w1")")"
-r_ev="$(ratio "$(lat_typ "$ev_line")" "$(lat_typ "$lat_alone")")"
-r_relay="$(ratio "$(lat_typ "$lat_alone")" "$shm_relay")"
+r_ev="$(ratio "$ev_med" "$lat_med")"
+r_relay="$(ratio "$lat_med" "$relay_med")"
 
 cat <<TABLE
 | measurement | value | baseline | baseline value | ratio | target |
@@ -203,10 +194,12 @@ cat <<TABLE
 | ib_write_bw 64 KiB, two pairs at once, 2 workers (MB/s, sum) | $bw_two_w | one pair alone, 2 workers | $(bw_avg "$bw_w1") | $(ratio "$bw_two_w" "$(bw_avg "$bw_w1")") x | |
 | ib_send_lat 8 B across two workers (us, typical) | $(lat_typ "$lat_cross") | both guests on one worker | $(lat_typ "$lat_w1") | $(ratio "$(lat_typ "$lat_cross")" "$(lat_typ "$lat_w1")") x | |
 | ib_write_bw 64 KiB across two workers (MB/s) | $(bw_avg "$bw_cross") | both guests on one worker | $(bw_avg "$bw_w1") | $(ratio "$(bw_avg "$bw_cross")" "$(bw_avg "$bw_w1")") of it | |
-| ib_send_lat -e 8 B, event mode (us, typical) | $(lat_typ "$ev_line") | polling mode | $(lat_typ "$lat_alone") | $r_ev x | at most 3 x: $(verdict "$r_ev" "<=" 3) |
-| ib_send_lat 8 B (us, typical) | $(lat_typ "$lat_alone") | shared-memory relay, 3 processes (us) | $shm_relay | $r_relay x | at most 1.5 x: $(verdict "$r_relay" "<=" 1.5) |
+| ib_send_lat -e 8 B, event mode (us, typical, median of ${ROUNDS:-5} rounds) | $ev_med | polling mode (median) | $lat_med | $r_ev x | at most 3 x: $(verdict "$r_ev" "<=" 3) |
+| ib_send_lat 8 B (us, typical, median of ${ROUNDS:-5} rounds) | $lat_med | shared-memory relay, 3 processes (us, median) | $relay_med | $r_relay x | at most 1.5 x: $(verdict "$r_relay" "<=" 1.5) |
 
 Greedy guest, one worker: $greedy_said1 (still running when the measurements beside it ended: $busy_during1); on the other worker: $greedy_said (still running: $busy_during). Machine: $(nproc) cores, $(uname -r), load average $(cut -d' ' -f1-3 /proc/loadavg).
+
+$(latency_rounds_table)
 
 vrdmactl load after the greedy guest, one worker:
 \`\`\`

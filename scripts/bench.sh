@@ -37,50 +37,25 @@ trap cleanup EXIT
 for _ in $(seq 1 100); do [ -e "$run_dir/ready" ] && break; sleep 0.1; done
 
 port=20515
-# perftest TOOL ARGS...: server in guest a, client in guest b; prints the
-# client's result line for the size measured.
-perftest() {
-    local tool="$1"
-    shift
-    port=$((port + 1))
-    "$build/tools/vrdma-run" --run-dir "$run_dir" --guest a -- "$tool" -d vrdma0 -p $port "$@" >/dev/null 2>&1 &
-    local server=$!
-    for _ in $(seq 1 200); do ss -ltnH "sport = :$port" | grep -q . && break; sleep 0.05; done
-    "$build/tools/vrdma-run" --run-dir "$run_dir" --guest b -- "$tool" -d vrdma0 -p $port "$@" 127.0.0.1 |
-        awk '$1 ~ /^[0-9]+$/ && NF >= 5 { print; exit }'
-    wait "$server"
-}
+# shellcheck source=lib/bench.sh
+source "$src/scripts/lib/bench.sh"
 
 echo "measuring (this takes about a minute)..." >&2
-bw_line="$(perftest ib_write_bw -s 65536 -n "$ITERS_BW")"
+bw_line="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
 base="$build/tools/vrdma-baselines"
 memcpy_bw="$("$base" memcpy 65536 | awk '{print $3}')"
 tcp_pp="$("$base" tcp-pingpong | awk '{print $3}')"
-# Alternating rounds: t_typical and t_avg of ib_send_lat and of -e, and the
-# two floors.
-lat_t=() lat_a=() ev_t=() ev_a=() relay=() pp=()
-for r in $(seq 1 "$ROUNDS"); do
-    line="$(perftest ib_send_lat -s 8 -n "$ITERS_LAT")"
-    lat_t+=("$(awk '{print $5}' <<<"$line")") lat_a+=("$(awk '{print $6}' <<<"$line")")
-    relay+=("$("$base" shm-relay | awk '{print $3}')")
-    line="$(perftest ib_send_lat -e -s 8 -n "$ITERS_LAT")"
-    ev_t+=("$(awk '{print $5}' <<<"$line")") ev_a+=("$(awk '{print $6}' <<<"$line")")
-    pp+=("$("$base" shm-pingpong | awk '{print $3}')")
-    echo "round $r/$ROUNDS: ib_send_lat ${lat_t[-1]} us, relay ${relay[-1]} us, -e ${ev_t[-1]} us," \
-        "ping-pong ${pp[-1]} us" >&2
-done
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+latency_rounds "$ROUNDS" a b
 send_lat="$(median "${lat_t[@]}")"
 send_lat_avg="$(median "${lat_a[@]}")"
 ev_lat="$(median "${ev_t[@]}")"
 ev_lat_avg="$(median "${ev_a[@]}")"
 shm_relay="$(median "${relay[@]}")"
 shm_pp="$(median "${pp[@]}")"
-idle_lines="$("$build/tools/vrdma-run" --run-dir "$run_dir" --guest a --guest b -- "$build/tools/vrdma-idle-qps" 0 1000 4000)"
+idle_lines="$(in_guest a,b "$build/tools/vrdma-idle-qps" 0 1000 4000)"
 idle() { awk -v n="$1" '$2 == n { print $3 }' <<<"$idle_lines"; }
 
 write_bw="$(echo "$bw_line" | awk '{print $4}')"      # BW average [MB/sec]
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
 cat <<TABLE
 | measurement | value | baseline | baseline value | ratio |
@@ -94,9 +69,7 @@ cat <<TABLE
 
 ib_send_lat 8 B average (median of the rounds): $send_lat_avg us (polling), $ev_lat_avg us (event mode). Machine: $(nproc) cores, $(uname -r).
 
-| round | ib_send_lat (us, typical) | relay (us) | ratio | ib_send_lat -e (us, typical) | against polling |
-| --- | --- | --- | --- | --- | --- |
-$(for i in "${!lat_t[@]}"; do echo "| $((i + 1)) | ${lat_t[$i]} | ${relay[$i]} | $(ratio "${lat_t[$i]}" "${relay[$i]}") x | ${ev_t[$i]} | $(ratio "${ev_t[$i]}" "${lat_t[$i]}") x |"; done)
+$(latency_rounds_table)
 
 | RC ping-pong 8 B, one way (us, average; vrdma-idle-qps) | 0 idle QPs | 1000 idle QPs | 4000 idle QPs | 4000 against 0 |
 | --- | --- | --- | --- | --- |
