@@ -186,3 +186,46 @@ TEST_CASE("two workers on their own threads: every opcode between their guests, 
     wa.join();
     wb.join();
 }
+
+TEST_CASE("two workers: an RNR NAK under a full pipeline costs no retries", "[shim][workers]") {
+    // Sends pipelined to a QP without receives: the first gets an RNR NAK,
+    // every one behind it a sequence NAK naming the same PSN, and all of
+    // them come back after the requester went back to that PSN. Those
+    // sequence NAKs are the echo of requests sent before it went back, not
+    // news: with retry_cnt 1 they must not end the QP in RETRY_EXC_ERR
+    // (responder NAKs a PSN once on IB; rxe does the same).
+    constexpr uint32_t kSends = 40;
+    CrossPairs t(1, 64);
+    // retry_cnt 1, rnr_retry 7 (forever), min_rnr_timer 1 (0.01 ms).
+    abi_client::RcPath p;
+    auto reconnect = [&](FakeProvider& g, const FakeProvider::QpView& q, uint16_t dlid, uint32_t dqpn) {
+        REQUIRE(g.modify(q.handle, IBV_QP_STATE, [] {
+                    abi::QpAttr a{};
+                    a.qp_state = IBV_QPS_RESET;
+                    return a;
+                }()) == 0);
+        g.connect_rc(q, dlid, dqpn, kAllAccess, 7, 1, 1);
+    };
+    reconnect(t.a, t.qa[0], 2, t.qb[0].qpn);
+    reconnect(t.b, t.qb[0], 1, t.qa[0].qpn);
+    for (uint32_t i = 0; i < kSends; ++i) t.a.post_send(t.qa[0].sq, send_wqe(i, IBV_WR_SEND), {t.sa(i * 8, 8)});
+    // b's worker answers one request a step (a busy worker), and the RNR
+    // timer runs out while most of the sequence NAKs are still to come.
+    WorkerLink* to_a[2] = {nullptr, t.link_ab.get()};
+    WorkerLink* to_b[2] = {t.link_ba.get(), nullptr};
+    auto step = [&] {
+        t.eng.poll_once();
+        receive_messages(t.inbox_b, to_b, 2, 1);
+        t.eng2.poll_once();
+        t.link_ba->flush();
+        receive_messages(t.inbox_a, to_a, 2, UINT64_MAX);
+        g_fake_now += 20'000;  // 20 us: past the RNR timer (10 us)
+    };
+    for (int i = 0; i < 4 * int(kSends); ++i) step();
+    for (uint32_t i = 0; i < kSends; ++i) t.b.post_recv(t.qb[0].rq, 100 + i, {t.sb(i * 8, 8)});
+    for (int i = 0; i < 8 * int(kSends); ++i) step();
+    auto sc = t.a.poll(t.cq_a);
+    REQUIRE(sc.size() == kSends);
+    for (auto& c : sc) CHECK(c.status == IBV_WC_SUCCESS);
+    CHECK(t.b.poll(t.cq_b).size() == kSends);
+}

@@ -41,6 +41,7 @@ void rewind(Qp& qp) {
     qp.sq_next = qp.sq.cons;
     qp.next_psn = qp.una_psn;
     qp.ack_deadline_ns = 0;
+    qp.rewound = true;
 }
 
 // The engine's pins, emptied, when transport `t` moves the payload after
@@ -94,6 +95,7 @@ void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const Sen
     if (!in_flight) qp.sq_next = qp.sq.cons;
     if (!is_local_op(hdr.opcode)) {  // a local operation sends nothing: it takes no PSN
         qp.una_psn = psn_next(qp.una_psn);
+        qp.rewound = false;
         // UD and UC: what is still in flight (sent later by the fabric,
         // requester_sent) keeps the PSNs it took.
         if (qp.type != IBV_QPT_RC && qp.sq_next == qp.sq.cons) qp.next_psn = qp.una_psn;
@@ -535,6 +537,7 @@ void requester_start(Qp& qp) {
     qp.rnr_left = qp.attr.rnr_retry;
     qp.wait = SqWait::None;
     qp.ack_deadline_ns = 0;
+    qp.rewound = false;
 }
 
 void requester_reset(Qp& qp) {
@@ -545,6 +548,7 @@ void requester_reset(Qp& qp) {
     qp.una_psn = qp.next_psn = 0;
     qp.wait = SqWait::None;
     qp.ack_deadline_ns = 0;
+    qp.rewound = false;
     qp.epsn = 0;
     qp.atomic_replay_valid = false;
 }
@@ -659,6 +663,12 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
     }
     const uint32_t ahead = psn_diff(resp.psn, qp.una_psn);
     if (ahead >= inflight_count(qp)) return;  // stale, or not a PSN in flight
+    // A sequence NAK naming the PSN the requester already went back to is
+    // the echo of a request sent before it went back (a pipeline behind an
+    // RNR NAK or a lost request earns one each, and they may come after
+    // the resend): news only once. IB responders NAK a PSN once; these
+    // transports answer every request, so the requester discards the echo.
+    if (resp.syndrome == Syndrome::NakSeq && ahead == 0 && qp.rewound) return;
     if (resp.syndrome == Syndrome::NakSeq) {
         // Resend from the PSN the responder expects; what comes before it
         // was executed (its ACKs may still be on the way).

@@ -161,6 +161,7 @@ struct Qp {
     uint64_t ack_deadline_ns = 0;    // in flight: when the oldest request times out
     uint64_t ack_since_ns = 0;       // when that timer started (a send, or progress)
     uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
+    bool rewound = false;            // went back to una_psn and has not moved past it since
     uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
     uint32_t drain_end = 0;          // SQD: the WQEs before this index still run
     // The transfer of the WQE at sq_next, while a transport moves it slice
