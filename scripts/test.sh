@@ -9,7 +9,7 @@
 #      shim, the tools and every test program; the provider stays plain)
 #      and runs the same ctest there;
 #   4. builds build-tsan/ with -DVRDMA_TSAN=ON and runs the unit tests and
-#      the two-worker integration entries there (scripts/test-tsan.sh);
+#      the integration suite there but MPI and perftest (scripts/test-tsan.sh);
 #   5. runs scripts/fuzz.sh's bounded smoke (seeds, then 20 s per target);
 #   6. runs scripts/test-hca.sh (below).
 # Arguments go to the ctest of step 2 only. VRDMA_SKIP_ASAN=1,
@@ -75,7 +75,7 @@ if [ "${VRDMA_SKIP_ASAN:-0}" != 1 ]; then
 fi
 
 if [ "${VRDMA_SKIP_TSAN:-0}" != 1 ]; then
-    section "ThreadSanitizer: build-tsan, unit tests and the two-worker entries (scripts/test-tsan.sh)"
+    section "ThreadSanitizer: build-tsan, unit and integration tests (scripts/test-tsan.sh)"
     rc=0
     BUILD_DIR="${TSAN_BUILD_DIR:-$src/build-tsan}" "$src/scripts/test-tsan.sh" || rc=$?
     done_section "ThreadSanitizer" "$rc"
