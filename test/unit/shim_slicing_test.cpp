@@ -212,3 +212,45 @@ TEST_CASE("a guest's contexts share one turn: more contexts do not buy more of t
     CHECK(t.a.poll(t.cq_a).size() == 1);
     CHECK(a2.poll(cq2).size() == 1);
 }
+
+TEST_CASE("a guest's weight is its share of each pass beside the worker's other guests",
+          "[shim][transport][slicing]") {
+    // One worker: a and b each send 2 MiB to the other, a with weight 3.
+    // The fake clock never moves, so turns are charged by bytes and every
+    // pass gives a three budgets and b one (each plus the slice that
+    // crosses its budget).
+    BigPair t(Workers::One);
+    t.eng.set_weight(t.ga, 3);
+    auto a_in = t.a.mr(t.pd_a, kBig, kAllAccess);
+    auto b_out = t.b.mr(t.pd_b, kBig, kAllAccess);
+    std::memset(t.b.at(b_out.addr), 0x3c, kBig);
+    std::memset(t.b.at(t.mb.addr), 0xff, kBig);  // a's pattern has no page starting with 0xff
+    t.a.post_recv(t.qa.rq, 60, {abi::Sge{a_in.addr, kBig, a_in.lkey}});
+    t.send_big();  // a -> b
+    t.b.post_send(t.qb.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{b_out.addr, kBig, b_out.lkey}});
+    auto pages = [](const uint8_t* p, auto landed) {
+        uint64_t n = 0;
+        for (uint64_t i = 0; i < kBig; i += 4096) n += landed(p[i]) ? 4096 : 0;
+        return n;
+    };
+    auto by_a = [&] { return pages(t.b.at(t.mb.addr), [](uint8_t v) { return v != 0xff; }); };
+    auto by_b = [&] { return pages(t.a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }); };
+    t.run(1);
+    CHECK(by_a() >= 3 * Engine::kTurnBudget - Engine::kSliceBytes);
+    CHECK(by_a() <= 3 * Engine::kTurnBudget + Engine::kSliceBytes);
+    CHECK(by_b() >= Engine::kTurnBudget - Engine::kSliceBytes);
+    CHECK(by_b() <= Engine::kTurnBudget + Engine::kSliceBytes);
+    CHECK(t.ga.weight == 3);
+    CHECK(t.gb.weight == 1);
+    // Out-of-range weights are clamped, never 0 (a guest never served).
+    t.eng.set_weight(t.gb, 0);
+    CHECK(t.gb.weight == 1);
+    t.eng.set_weight(t.gb, 1000);
+    CHECK(t.gb.weight == kMaxGuestWeight);
+    t.eng.set_weight(t.gb, 1);
+    t.run(int(2 * kBig / Engine::kTurnBudget) + 8);
+    CHECK(t.a.poll(t.cq_a).size() == 2);  // its send and the receive of b's
+    CHECK(t.b.poll(t.cq_b).size() == 2);
+    CHECK(t.arrived(kBig));
+    CHECK(by_b() == kBig);
+}

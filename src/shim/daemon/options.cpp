@@ -19,7 +19,7 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
-               [:worker=K] [--guest ...] [--workers N] [--worker-cpus LIST]
+               [:worker=K][:weight=W] [--guest ...] [--workers N] [--worker-cpus LIST]
                [--lid-base N] [--lid-count N]
                [--attach-timeout SECONDS]
                [--rkey-guess-limit N]
@@ -55,7 +55,7 @@ OPTIONS
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing. Only one shim may serve a run directory.
 
-    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K]
+    --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K][:weight=W]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given.
@@ -88,6 +88,12 @@ OPTIONS
         :worker=K has worker K (0 to --workers minus 1) serve the guest;
         without it guests are dealt to the workers in turn, in the order
         given (see --workers).
+        :weight=W (1 to 16, default 1) is the guest's share of its worker
+        while other guests of that worker have work too: each pass over
+        the worker's guests gives it W times the work of a guest of weight
+        1 (a turn is about 10 microseconds of the worker's time per unit
+        of weight). A guest alone on its worker gets all of it whatever
+        its weight. vrdmactl load shows each guest's weight and busy_s.
 
     --workers N
         Worker threads that serve the guests (1..64). Each worker serves
@@ -363,6 +369,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
             bool qkeys = false;
             int worker = -1;
+            uint32_t weight = 1;
             std::vector<uint16_t> table;
             std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
             for (size_t start = 0; start < spec.size();) {
@@ -379,6 +386,12 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                         return false;
                     }
                     worker = int(k);
+                } else if (part.rfind("weight=", 0) == 0) {
+                    if (!parse_u32(part.substr(7).c_str(), weight) || weight == 0 || weight > kMaxGuestWeight) {
+                        error = "--guest " + g + ": weight= wants a share of its worker, 1 to " +
+                                std::to_string(kMaxGuestWeight) + " (the others' default is 1)";
+                        return false;
+                    }
                 } else if (part.rfind("pkeys=", 0) == 0) {
                     if (!parse_pkeys(part.substr(6), table)) {
                         error = "--guest " + g + ": pkeys= wants 1-16 P_Keys like 0x8001,0x0002 (partition "
@@ -410,6 +423,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             o.controlled_qkeys.push_back(qkeys);
             o.pkeys.push_back(table);
             o.worker_of.push_back(worker);
+            o.weights.push_back(weight);
         } else if (a == "--worker-cpus") {
             std::string v;
             if (!need_value(v)) return false;

@@ -21,6 +21,7 @@ struct Options {
     std::vector<bool> controlled_qkeys;  // parallel to guests: :controlled-qkeys given
     std::vector<std::vector<uint16_t>> pkeys;  // parallel to guests: :pkeys=..., empty: the default 0xffff
     std::vector<int> worker_of;  // parallel to guests: :worker=K, -1: round-robin
+    std::vector<uint32_t> weights;  // parallel to guests: :weight=W (Engine::set_weight), 1 by default
     // --workers: worker threads (0: the default, default_workers()).
     uint32_t workers = 0;
     // --worker-cpus: the CPU each worker is pinned to, by worker (empty:

@@ -46,6 +46,7 @@ const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_
                           guest_index < opts_.controlled_qkeys.size() && opts_.controlled_qkeys[guest_index]);
     if (guest_index < opts_.pkeys.size() && !opts_.pkeys[guest_index].empty())
         engine_.set_pkeys(id, opts_.pkeys[guest_index]);
+    if (guest_index < opts_.weights.size()) engine_.set_weight(id, opts_.weights[guest_index]);
     guests_[guest_index] = &id;
     return id;
 }

@@ -67,6 +67,10 @@ constexpr uint32_t kMaxPkeys = 16;        // P_Key table entries a guest may be 
 constexpr bool pkeys_match(uint16_t a, uint16_t b) { return (a & 0x7fff) == (b & 0x7fff) && ((a | b) & 0x8000); }
 constexpr uint32_t kMaxMsgSize = 1u << 31;
 
+// The largest weight: a turn of at most 16 budgets (about 160 us of the
+// worker's time) before its other guests are served again.
+inline constexpr uint32_t kMaxGuestWeight = 16;
+
 struct GuestIdentity {
     std::string name;
     uint16_t lid = 0;
@@ -82,6 +86,10 @@ struct GuestIdentity {
     // partitions the guest is in, bit 15 set for full membership. Default:
     // the default partition, full member.
     std::vector<uint16_t> pkeys = {0xffff};
+    // Its share of its worker beside the worker's other guests: a budget of
+    // weight times Engine::kTurnBudget per pass (vrdma-shim --guest
+    // NAME:weight=W, 1 to kMaxGuestWeight; default 1, equal shares).
+    uint32_t weight = 1;
     GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
     mutable GuestLoad load;  // statistics the engine counts as it serves the guest (guest_load.h)
 };

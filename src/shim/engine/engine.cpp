@@ -1,6 +1,7 @@
 #include "engine.h"
 #include "sliced_transfer.h"
 
+#include <algorithm>
 #include <unordered_set>
 
 #include <infiniband/verbs.h>
@@ -54,6 +55,11 @@ GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
 void Engine::set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys) {
     for (auto& g : guests_)
         if (g.get() == &guest && !pkeys.empty()) g->pkeys = std::move(pkeys);
+}
+
+void Engine::set_weight(const GuestIdentity& guest, uint32_t weight) {
+    for (auto& g : guests_)
+        if (g.get() == &guest) g->weight = std::clamp(weight, 1u, kMaxGuestWeight);
 }
 
 GuestSecurity& Engine::security_of(const GuestIdentity& guest) {
@@ -376,6 +382,7 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
     }
     bool progress = false;
     turn_used_ = turn_carried_ = load.pass_used;
+    turn_budget_ = kTurnBudget * ctx.guest().weight;
     turn_start_ns_ = turn_clock.start;
     turn_checks_ = 0;
     // Once the turn is spent, the QPs not looked at yet wait for the next

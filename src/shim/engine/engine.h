@@ -42,6 +42,9 @@ public:
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
     // Sets the P_Key table of a guest (before any context attaches).
     void set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys);
+    // Sets a guest's weight (1..kMaxGuestWeight): its budget per pass is
+    // weight times kTurnBudget (vrdma-shim --guest NAME:weight=W).
+    void set_weight(const GuestIdentity& guest, uint32_t weight);
     // The counters of what isolation stopped for `guest` (guest_security.h).
     GuestSecurity& security_of(const GuestIdentity& guest);
     // Remote access errors per source LID; sources that keep making them
@@ -140,7 +143,8 @@ public:
     void set_clock(uint64_t (*clock)()) { clock_ = clock; }
 
     // Work per turn (protocol.md "Work per turn"): a guest's queues (all its
-    // contexts together) get at most kTurnBudget of work per pass, counted
+    // contexts together) get at most kTurnBudget of work per pass (times
+    // the guest's weight, GuestIdentity::weight), counted
     // in bytes: each WQE started counts kWqeCost, a copy under
     // kTimedCopyBytes its length, a larger copy the time it took at
     // kTurnBudget per kTurnNs (shares are of the shim's time: a copy from
@@ -165,7 +169,7 @@ public:
     // The requester asks before each WQE with turn_spent_timed, which also
     // counts the time the turn took (the clock read every kTurnClockEvery
     // calls); looking at an idle QP costs nothing.
-    bool turn_spent() const { return turn_used_ >= kTurnBudget; }
+    bool turn_spent() const { return turn_used_ >= turn_budget_; }
     bool turn_spent_timed();
     static constexpr uint32_t kTurnClockEvery = 8;
 
@@ -208,6 +212,7 @@ private:
     SendWork scratch_;
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed
+    uint64_t turn_budget_ = kTurnBudget;  // its guest's: kTurnBudget times its weight
     uint64_t turn_carried_ = 0;  // what its guest used before this turn in this pass
     uint64_t turn_start_ns_ = 0;
     uint32_t turn_checks_ = 0;
