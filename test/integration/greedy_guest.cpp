@@ -2,13 +2,15 @@
 // verbs allow, for fairness.sh (docs/protocol.md "Work per turn"). It uses
 // only ordinary verbs, nothing malformed: what it does is legal, just large.
 //
-//   vrdma-greedy-guest [-d DEV] [-S SECONDS]
+//   vrdma-greedy-guest [-d DEV] [-S SECONDS] [-g SGES] [-f DEPTH]
 //
 // Two loopback RC connections inside this one process:
 //   bulk   SENDs of the largest message the port allows (2 GiB: 32 SGEs of
 //          64 MiB, each over the same send buffer) into receives of 32 SGEs
-//          over a second 64 MiB buffer; two in flight at all times.
-//   flood  8-byte RDMA WRITEs, 1024 in flight at all times.
+//          over a second 64 MiB buffer; two in flight at all times. -g SGES
+//          (1 to 32) makes them SGES times 64 MiB.
+//   flood  8-byte RDMA WRITEs, 1024 in flight at all times (-f DEPTH: that
+//          many, 0 to 1024; 0: no flood).
 // Every completion must be IBV_WC_SUCCESS. Between empty polls it sleeps
 // 100 us: its claim on the host's CPUs is the kernel's to limit (cgroups);
 // this program tests the claim on the shim.
@@ -95,13 +97,18 @@ void connect(ibv_qp* qp, uint32_t peer_qpn, uint16_t lid) {
 int main(int argc, char** argv) {
     std::string dev_name = "vrdma0";
     double seconds = 10;
-    for (int c; (c = getopt(argc, argv, "d:S:h")) != -1;) {
+    uint32_t bulk_sges = kBulkSges, flood_depth = kFloodDepth;
+    for (int c; (c = getopt(argc, argv, "d:S:g:f:h")) != -1;) {
         if (c == 'd') {
             dev_name = optarg;
         } else if (c == 'S') {
             seconds = std::atof(optarg);
+        } else if (c == 'g' && std::atoi(optarg) >= 1 && std::atoi(optarg) <= int(kBulkSges)) {
+            bulk_sges = uint32_t(std::atoi(optarg));
+        } else if (c == 'f' && std::atoi(optarg) >= 0 && std::atoi(optarg) <= int(kFloodDepth)) {
+            flood_depth = uint32_t(std::atoi(optarg));
         } else {
-            std::fprintf(stderr, "usage: %s [-d DEVICE] [-S SECONDS]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [-d DEVICE] [-S SECONDS] [-g SGES 1..32] [-f DEPTH 0..1024]\n", argv[0]);
             return c == 'h' ? 0 : 3;
         }
     }
@@ -143,12 +150,12 @@ int main(int argc, char** argv) {
     auto post_bulk = [&] {
         ibv_recv_wr rwr{};
         rwr.sg_list = recv_sges;
-        rwr.num_sge = kBulkSges;
+        rwr.num_sge = int(bulk_sges);
         ibv_recv_wr* rbad;
         if (ibv_post_recv(bulk_rx, &rwr, &rbad)) die("ibv_post_recv (bulk)");
         ibv_send_wr wr{};
         wr.sg_list = send_sges;
-        wr.num_sge = kBulkSges;
+        wr.num_sge = int(bulk_sges);
         wr.opcode = IBV_WR_SEND;
         wr.send_flags = IBV_SEND_SIGNALED;
         ibv_send_wr* bad;
@@ -173,7 +180,7 @@ int main(int argc, char** argv) {
         for (; bulk_posted - std::min(bulk_sent, bulk_done) < kBulkDepth; ++bulk_posted) post_bulk();
     };
     refill_bulk();
-    for (uint32_t i = 0; i < kFloodDepth; ++i) post_flood();
+    for (uint32_t i = 0; i < flood_depth; ++i) post_flood();
 
     const auto start = Clock::now();
     const auto end = start + std::chrono::duration<double>(seconds);
@@ -199,7 +206,7 @@ int main(int argc, char** argv) {
     }
     const double s = std::chrono::duration<double>(Clock::now() - start).count();
     std::printf("greedy: %llu bulk messages (%.1f GiB), %llu small writes in %.1f s\n",
-                static_cast<unsigned long long>(bulk_done), double(bulk_done) * kBulkSges * kBufBytes / (1 << 30),
+                static_cast<unsigned long long>(bulk_done), double(bulk_done) * bulk_sges * kBufBytes / (1 << 30),
                 static_cast<unsigned long long>(flood_done), s);
     // Tear down with work in flight: destroying the QPs makes the shim
     // abandon the transfers they were moving (docs/protocol.md "Work per

@@ -2,13 +2,13 @@
 # Weights (vrdma-shim --guest NAME:weight=W, docs/protocol.md "Work per
 # turn"): two tenants that both keep their worker busy share it as their
 # weights say. vrdma-greedy-guest runs in guest c (weight 3) and in guest d
-# (weight 1), both on worker 0, for 8 s; vrdmactl load must then show that c
-# moved about three times d's bytes (at least 1.8 times: turns are timed and
-# may end a slice late; 2.8 is typical, and equal weights give 1.0), both
-# weights on the guests' lines, and both greedy guests' completions all
-# successful. Bytes, not busy_s: the greedy guests' small writes are
-# limited by the guests themselves in a slow (sanitized) build, where both
-# spend the same shim time on them whatever their weights.
+# (weight 1), both on worker 0, for 8 s, each with two 64 MiB SENDs always
+# in flight (-g 1) and no small writes (-f 0: a stream of small writes is
+# limited by the guest itself in a slow, sanitized build, not by the
+# shim). vrdmactl load must then show that c moved about three times d's
+# bytes (at least 1.8 times: turns are timed and may end a slice late;
+# with equal weights the same script measures 1.0), both weights on the
+# guests' lines, and both greedy guests' completions all successful.
 # A bad weight is refused at start with a message that names it.
 source "$(dirname "$0")/lib.sh"
 
@@ -26,7 +26,7 @@ start_shim a c:weight=3:worker=0 d:worker=0
 note "two greedy guests on one worker, c with weight 3, d with 1"
 pids=()
 for g in c d; do
-    "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$g" -- "$VRDMA_BUILD_DIR/test/integration/vrdma-greedy-guest" -S 8 \
+    "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$g" -- "$VRDMA_BUILD_DIR/test/integration/vrdma-greedy-guest" -S 8 -g 1 -f 0 \
         >"$RUN_DIR.greedy.$g" 2>&1 &
     pids+=($!)
 done
