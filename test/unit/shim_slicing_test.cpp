@@ -254,3 +254,46 @@ TEST_CASE("a guest's weight is its share of each pass beside the worker's other 
     CHECK(t.arrived(kBig));
     CHECK(by_b() == kBig);
 }
+
+namespace {
+uint64_t g_clock_step = 0;
+// A clock that moves g_clock_step at every reading: a copy's time is one
+// step (payload_move.cpp reads the clock before and after).
+uint64_t stepping_clock() { return g_fake_now += g_clock_step; }
+}  // namespace
+
+TEST_CASE("weights hold when a slice costs more than a budget: what a turn overspends comes off the next",
+          "[shim][transport][slicing]") {
+    // A 64 KiB slice "takes" 25 us here, two and a half budgets of 10 us:
+    // the guest of weight 1 overshoots its budget with every slice, the
+    // guest of weight 3 with its second. Without the debt carried to the
+    // next pass they would move 1 and 2 slices a pass (2 x); with it, 3 x.
+    BigPair t(Workers::One);
+    t.eng.set_weight(t.ga, 3);
+    auto a_in = t.a.mr(t.pd_a, kBig, kAllAccess);
+    auto b_out = t.b.mr(t.pd_b, kBig, kAllAccess);
+    std::memset(t.b.at(b_out.addr), 0x3c, kBig);
+    std::memset(t.b.at(t.mb.addr), 0xff, kBig);
+    t.a.post_recv(t.qa.rq, 60, {abi::Sge{a_in.addr, kBig, a_in.lkey}});
+    t.send_big();
+    t.b.post_send(t.qb.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{b_out.addr, kBig, b_out.lkey}});
+    auto pages = [](const uint8_t* p, auto landed) {
+        uint64_t n = 0;
+        for (uint64_t i = 0; i < kBig; i += 4096) n += landed(p[i]) ? 1 : 0;
+        return n;
+    };
+    g_clock_step = 25'000 / 2;  // two readings a copy
+    t.eng.set_clock(stepping_clock);
+    t.run(20);
+    t.eng.set_clock(fake_clock);
+    const double by_a = double(pages(t.b.at(t.mb.addr), [](uint8_t v) { return v != 0xff; }));
+    const double by_b = double(pages(t.a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }));
+    INFO("pages moved in 20 passes: a (weight 3) " << by_a << ", b (weight 1) " << by_b);
+    REQUIRE(by_b > 0);
+    CHECK(by_a / by_b >= 2.5);
+    CHECK(by_a / by_b <= 3.5);
+    t.run(int(2 * kBig / Engine::kSliceBytes) + 8);
+    CHECK(t.a.poll(t.cq_a).size() == 2);
+    CHECK(t.b.poll(t.cq_b).size() == 2);
+    CHECK(t.arrived(kBig));
+}

@@ -367,32 +367,41 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         Engine& eng;
         GuestLoad& load;
         uint64_t start;
+        bool in_debt = false;  // the turn began with its budget spent: its time is not charged again
         ~TurnClock() {
             const uint64_t d = eng.now() - start;
             load.busy_ns += d;
-            load.pass_used = eng.turn_cost(d);
+            load.pass_used = in_debt ? eng.turn_used_ : eng.turn_cost(d);
             eng.worker_load_.busy_ns += d;
         }
     } turn_clock{*this, ctx.guest().load, now()};
     GuestLoad& load = ctx.guest().load;
     ++load.turns;
+    turn_budget_ = kTurnBudget * ctx.guest().weight;
     if (load.pass != worker_load_.passes) {
+        // Deficit round robin: what the guest's last turn took beyond its
+        // budget (the slice or WQE that crossed it, a turn preempted) comes
+        // off the next ones, up to two budgets (a guest in debt skips at
+        // most two passes), so that shares follow the weights however
+        // coarse a slice is against the budget.
+        load.pass_used = load.pass_used > turn_budget_ ? std::min(load.pass_used - turn_budget_, 2 * turn_budget_) : 0;
         load.pass = worker_load_.passes;
-        load.pass_used = 0;
     }
     bool progress = false;
     turn_used_ = turn_carried_ = load.pass_used;
-    turn_budget_ = kTurnBudget * ctx.guest().weight;
+    turn_clock.in_debt = turn_spent();
     turn_start_ns_ = turn_clock.start;
     turn_checks_ = 0;
     // Once the turn is spent, the QPs not looked at yet wait for the next
     // pass, first in line then, so that other contexts are served in
     // between and no QP of this one is passed over twice.
     auto serve = [&](Qp& qp) {
-        if (turn_spent())
+        if (turn_spent()) {
             ctx.mark_skipped(qp);
-        else
+            progress = true;  // work is left: not an idle pass
+        } else {
             progress |= requester_process(*this, ctx, qp, t);
+        }
         ++load.qp_visits;
     };
     if (rung) {
