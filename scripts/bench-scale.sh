@@ -3,6 +3,7 @@
 # Builds if needed, starts one shim with guests a, b, c, d and e, and
 # measures in one run:
 #   idle objects      vrdma-idle-qps: 8-byte RC ping-pong between a and b
+#                     (each figure the median of 5 rounds)
 #                     beside 0, 1000 and 10000 idle connected QPs in the
 #                     pinging context, then beside 0 and 100 idle contexts
 #                     (target: 10000 idle QPs cost at most 1.2 x none)
