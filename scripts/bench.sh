@@ -71,7 +71,7 @@ ib_send_lat 8 B average (median of the rounds): $send_lat_avg us (polling), $ev_
 
 $(latency_rounds_table)
 
-| RC ping-pong 8 B, one way (us, average; vrdma-idle-qps) | 0 idle QPs | 1000 idle QPs | 4000 idle QPs | 4000 against 0 |
+| RC ping-pong 8 B, one way (us, median of 5 rounds; vrdma-idle-qps) | 0 idle QPs | 1000 idle QPs | 4000 idle QPs | 4000 against 0 |
 | --- | --- | --- | --- | --- |
 | one context holds the idle QPs (connected, RTS) | $(idle 0) | $(idle 1000) | $(idle 4000) | $(ratio "$(idle 4000)" "$(idle 0)") x |
 TABLE
