@@ -297,3 +297,28 @@ TEST_CASE("weights hold when a slice costs more than a budget: what a turn overs
     CHECK(t.b.poll(t.cq_b).size() == 2);
     CHECK(t.arrived(kBig));
 }
+
+TEST_CASE("a large message whose transfer outlasts the QP's timeout still arrives once, intact",
+          "[shim][transport][slicing]") {
+    // The requester's local ACK timeout (14: 67 ms) passes while the
+    // message is half moved (a busy responder worker, a preempted shim):
+    // slices that keep arriving are progress, not a lost request.
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
+    t.send_big();
+    t.run(2);
+    CHECK_FALSE(t.arrived(kBig));
+    for (int i = 0; i < 4 && !t.arrived(kBig); ++i) {
+        g_fake_now += 100'000'000;  // 100 ms between passes
+        t.run(4);
+    }
+    t.run(int(kBig / Engine::kSliceBytes) + 8);
+    CHECK(t.arrived(kBig));
+    auto ac = t.a.poll(t.cq_a);
+    auto bc = t.b.poll(t.cq_b);
+    REQUIRE(ac.size() == 1);
+    CHECK(ac[0].status == IBV_WC_SUCCESS);
+    REQUIRE(bc.size() == 1);
+    CHECK(bc[0].status == IBV_WC_SUCCESS);
+    CHECK(bc[0].byte_len == kBig);
+}
