@@ -26,6 +26,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] list\n"
     "    vrdmactl [--run-dir DIR] status\n"
     "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
+    "    vrdmactl [--run-dir DIR] weight GUEST W\n"
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
     "    vrdmactl [--run-dir DIR] load\n"
@@ -43,6 +44,14 @@ constexpr const char* kHelp =
     "            through the shim's control socket DIR/control.sock. Exit\n"
     "            status 0 on success, 1 if the shim refused, 3 if no shim\n"
     "            answers.\n"
+    "    weight GUEST W\n"
+    "            Gives GUEST weight W (1 to 16) from now on: its share of its\n"
+    "            worker while the worker's other guests have work too, W\n"
+    "            times that of a guest of weight 1 (vrdma-shim --guest\n"
+    "            NAME:weight=W sets it at start; a restarted shim starts from\n"
+    "            its command line again). vrdmactl load shows it. Exit status\n"
+    "            0 on success, 1 if the shim refused (no such guest, a weight\n"
+    "            out of range), 3 if no shim answers.\n"
     "    peers   The peer shims of the fabric, one line each:\n"
     "              peer ADDR:PORT state STATE lids FIRST-LAST tx_bytes N rx_bytes N\n"
     "              tx_msgs N rx_msgs N retries N errors N [last_error \"TEXT\"]\n"
@@ -212,7 +221,7 @@ int main(int argc, char** argv) {
             run_dir = argv[++i];
         } else if (cmd.empty() && a[0] != '-') {
             cmd = a;
-        } else if (cmd == "port" && args.size() < 2 && a[0] != '-') {
+        } else if ((cmd == "port" || cmd == "weight") && args.size() < 2 && a[0] != '-') {
             args.push_back(a);
         } else {
             fprintf(stderr, "vrdmactl: unexpected argument '%s' (see vrdmactl --help)\n", a.c_str());
@@ -226,6 +235,13 @@ int main(int argc, char** argv) {
             return 2;
         }
         return control(run_dir, "port " + args[0] + " " + args[1]);
+    }
+    if (cmd == "weight") {
+        if (args.size() != 2) {
+            fprintf(stderr, "vrdmactl: usage: vrdmactl weight GUEST W (1 to 16)\n");
+            return 2;
+        }
+        return control(run_dir, "weight " + args[0] + " " + args[1]);
     }
     if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "counters") return control(run_dir, "counters", true);

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Weights (vrdma-shim --guest NAME:weight=W, docs/protocol.md "Work per
-# turn"): two tenants that both keep their worker busy share it as their
-# weights say. vrdma-greedy-guest runs in guest c (weight 3) and in guest d
-# (weight 1), both on worker 0, for 8 s, each with two 64 MiB SENDs always
-# in flight (-g 1) and no small writes (-f 0: a stream of small writes is
-# limited by the guest itself in a slow, sanitized build, not by the
-# shim). vrdmactl load must then show that c moved about three times d's
-# bytes (at least 1.8 times: measured 3.3 plain and 2.8 under ASan;
-# with equal weights the same script measures 1.0), both weights on the
-# guests' lines, and both greedy guests' completions all successful.
-# A bad weight is refused at start with a message that names it.
+# Weights (vrdma-shim --guest NAME:weight=W, vrdmactl weight NAME W;
+# docs/protocol.md "Work per turn"): two tenants that both keep their
+# worker busy share it as their weights say. vrdma-greedy-guest runs in
+# guest c (weight 3) and in guest d (weight 1), both on worker 0, for 6 s,
+# each with two 64 MiB SENDs always in flight (-g 1) and no small writes
+# (-f 0: a stream of small writes is limited by the guest itself in a slow,
+# sanitized build, not by the shim). vrdmactl load must then show that c
+# moved about three times d's bytes (at least 1.8 times: measured 3.3 plain
+# and 2.8 under ASan; with equal weights the same script measures 1.0),
+# both weights on the guests' lines, and both greedy guests' completions
+# all successful. Then the operator swaps the weights at run time
+# (vrdmactl weight c 1, weight d 3) and the next 6 s go the other way.
+# A bad weight is refused at start and at run time with a message that
+# names it.
 source "$(dirname "$0")/lib.sh"
 
-note "a bad weight is refused"
+note "a bad weight is refused at start"
 for bad in 0 17 x; do
     if out="$("$SHIM" --run-dir "/tmp/vrdma-weights-bad.$$" --guest "c:weight=$bad" 2>&1)"; then
         fail "weight=$bad was accepted"
@@ -23,33 +26,55 @@ echo "  weight=0, 17 and x refused"
 
 start_shim a c:weight=3:worker=0 d:worker=0
 
-note "two greedy guests on one worker, c with weight 3, d with 1"
-pids=()
-for g in c d; do
-    "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$g" -- "$VRDMA_BUILD_DIR/test/integration/vrdma-greedy-guest" -S 8 -g 1 -f 0 \
-        >"$RUN_DIR.greedy.$g" 2>&1 &
-    pids+=($!)
-done
-for p in "${pids[@]}"; do
-    wait "$p" || { cat "$RUN_DIR".greedy.* >&2; fail "a greedy guest failed"; }
-done
-sed 's/^/  c| /' "$RUN_DIR.greedy.c"
-sed 's/^/  d| /' "$RUN_DIR.greedy.d"
-
-load="$("$VRDMACTL" --run-dir "$RUN_DIR" load)" || fail "vrdmactl load failed"
-echo "$load" | sed 's/^/  | /'
-field() {  # GUEST FIELD: the value of FIELD on GUEST's line
+load=""
+field() {  # GUEST FIELD: the value of FIELD on GUEST's line of $load
     awk -v g="$1" -v f="$2" '$1 == "guest" && $2 == g { for (i = 3; i < NF; i += 2) if ($i == f) print $(i + 1) }' <<<"$load"
 }
+# greedy_phase NAME: both greedy guests for 6 s; sets c_bytes and d_bytes
+# to what each moved in the phase.
+greedy_phase() {
+    load="$("$VRDMACTL" --run-dir "$RUN_DIR" load)" || fail "vrdmactl load failed"
+    local c0 d0 pids=() p
+    c0="$(field c bytes)" d0="$(field d bytes)"
+    for g in c d; do
+        "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$g" -- "$VRDMA_BUILD_DIR/test/integration/vrdma-greedy-guest" \
+            -S 6 -g 1 -f 0 >"$RUN_DIR.greedy.$g" 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do
+        wait "$p" || { cat "$RUN_DIR".greedy.* >&2; fail "$1: a greedy guest failed"; }
+    done
+    sed 's/^/  c| /' "$RUN_DIR.greedy.c"
+    sed 's/^/  d| /' "$RUN_DIR.greedy.d"
+    load="$("$VRDMACTL" --run-dir "$RUN_DIR" load)" || fail "vrdmactl load failed"
+    echo "$load" | sed 's/^/  | /'
+    c_bytes=$(($(field c bytes) - c0)) d_bytes=$(($(field d bytes) - d0))
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
+about_three() { awk -v r="$1" 'BEGIN { exit !(r >= 1.8 && r <= 6) }'; }
+
+note "two greedy guests on one worker, c with weight 3, d with 1"
+greedy_phase "weights 3 and 1"
 [ "$(field c weight)" = 3 ] && [ "$(field d weight)" = 1 ] && [ "$(field a weight)" = 1 ] ||
     fail "vrdmactl load does not show the weights (c 3, d 1, a 1)"
 [ "$(field c worker)" = 0 ] && [ "$(field d worker)" = 0 ] || fail "c and d are not both on worker 0"
-ratio() {  # FIELD: c's over d's
-    awk -v c="$(field c "$1")" -v d="$(field d "$1")" 'BEGIN { printf "%.2f", (d > 0 ? c / d : 0) }'
-}
-bytes="$(ratio bytes)"
-busy="$(ratio busy_s)"
-echo "  c over d (weights 3 and 1): bytes $bytes, busy_s $busy"
-awk -v r="$bytes" 'BEGIN { exit !(r >= 1.8 && r <= 6) }' ||
-    fail "c (weight 3) moved $bytes times d's bytes, not about 3"
+r="$(ratio "$c_bytes" "$d_bytes")"
+echo "  c over d (weights 3 and 1): bytes $r"
+about_three "$r" || fail "c (weight 3) moved $r times d's bytes, not about 3"
+
+note "vrdmactl weight: the operator swaps the weights at run time"
+"$VRDMACTL" --run-dir "$RUN_DIR" weight c 1 || fail "vrdmactl weight c 1 failed"
+"$VRDMACTL" --run-dir "$RUN_DIR" weight d 3 || fail "vrdmactl weight d 3 failed"
+for bad in "nosuch 2:no guest named 'nosuch'" "c 0:weight must be 1 to 16" "c 17:weight must be 1 to 16"; do
+    args="${bad%%:*}" want="${bad#*:}"
+    # shellcheck disable=SC2086  # two words: GUEST W
+    if out="$("$VRDMACTL" --run-dir "$RUN_DIR" weight $args 2>&1)"; then fail "vrdmactl weight $args was accepted"; fi
+    grep -qF "$want" <<<"$out" || fail "vrdmactl weight $args: unclear error: $out"
+done
+echo "  vrdmactl weight nosuch 2, c 0 and c 17 refused"
+greedy_phase "weights 1 and 3"
+[ "$(field c weight)" = 1 ] && [ "$(field d weight)" = 3 ] || fail "vrdmactl load does not show the new weights"
+r="$(ratio "$d_bytes" "$c_bytes")"
+echo "  d over c (weights 3 and 1): bytes $r"
+about_three "$r" || fail "d (now weight 3) moved $r times c's bytes, not about 3"
 echo "weights: ok"

@@ -29,11 +29,17 @@ std::string execute(const std::string& request, const ControlActions& actions) {
         if (!actions.set_port || !actions.set_port(words[1], words[2] == "up", error)) return "error: " + error;
         return "ok";
     }
+    if (words.size() == 3 && words[0] == "weight") {
+        std::string error;
+        if (!actions.set_weight || !actions.set_weight(words[1], words[2], error)) return "error: " + error;
+        return "ok";
+    }
     if (words.size() == 1 && words[0] == "peers" && actions.peers) return actions.peers();
     if (words.size() == 1 && words[0] == "counters" && actions.counters) return actions.counters();
     if (words.size() == 1 && words[0] == "load" && actions.load) return actions.load();
     if (words.size() == 1 && words[0] == "transports" && actions.transports) return actions.transports();
-    return "error: unknown request (expected: port NAME up|down, peers, counters or load)";
+    return "error: unknown request (expected: port NAME up|down, weight NAME W, peers, counters, load or "
+           "transports)";
 }
 
 }  // namespace

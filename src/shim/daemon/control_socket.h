@@ -5,6 +5,7 @@
 //
 //   port NAME down   port 1 of guest NAME goes DOWN: PORT_ERR to its contexts
 //   port NAME up     back to ACTIVE: PORT_ACTIVE
+//   weight NAME W    guest NAME's share of its worker from now on (1..16)
 //   peers            one line per peer shim of the fabric (fabric.h)
 //   counters         what isolation stopped, per guest and per QP
 //                    (security_report.h)
@@ -29,6 +30,8 @@ bool open_control_socket(const std::string& path, UniqueFd& out, std::string& er
 struct ControlActions {
     // Sets port 1 of `guest` up or down. False with `error` set on failure.
     std::function<bool(const std::string& guest, bool up, std::string& error)> set_port;
+    // Sets the weight of `guest` (text, checked: 1..kMaxGuestWeight).
+    std::function<bool(const std::string& guest, const std::string& weight, std::string& error)> set_weight;
     // The fabric's peers, one line each.
     std::function<std::string()> peers;
     // The isolation counters, one line per guest and per QP that has any.

@@ -293,6 +293,9 @@ void Daemon::on_control(uint64_t id) {
     if (it == control_conns_.end()) return;
     ControlActions actions;
     actions.set_port = [this](const std::string& g, bool up, std::string& err) { return set_port(g, up, err); };
+    actions.set_weight = [this](const std::string& g, const std::string& w, std::string& err) {
+        return set_weight(g, w, err);
+    };
     actions.peers = [this] {
         return ask_workers([](Worker& w, std::string& text, std::string&) {
             if (w.index() == 0) text = w.fabric().enabled() ? w.fabric().status() : std::string("no fabric\n");
@@ -318,6 +321,35 @@ bool Daemon::set_port(const std::string& guest, bool up, std::string& error) {
             error = "worker " + std::to_string(w.index()) + " did not answer";
             return false;
         }
+        return true;
+    }
+    error = "no guest named '" + guest + "'";
+    return false;
+}
+
+bool Daemon::set_weight(const std::string& guest, const std::string& text, std::string& error) {
+    char* end = nullptr;
+    const unsigned long weight = std::strtoul(text.c_str(), &end, 10);
+    if (text.empty() || *end || weight == 0 || weight > kMaxGuestWeight) {
+        error = "weight must be 1 to " + std::to_string(kMaxGuestWeight) + ", not '" + text + "'";
+        return false;
+    }
+    for (size_t i = 0; i < opts_.guests.size(); ++i) {
+        if (opts_.guests[i] != guest) continue;
+        Worker& w = *workers_[worker_of_[i]];
+        bool answered = false;
+        w.call(
+            [&w, guest, weight] {
+                for (auto& g : w.engine().guests())
+                    if (g->name == guest) w.engine().set_weight(*g, uint32_t(weight));
+                return std::string();
+            },
+            kWorkerAnswerMs, answered);
+        if (!answered) {
+            error = "worker " + std::to_string(w.index()) + " did not answer";
+            return false;
+        }
+        LOG_INFO("guest %s: weight %lu", guest.c_str(), weight);
         return true;
     }
     error = "no guest named '" + guest + "'";

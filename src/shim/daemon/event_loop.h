@@ -58,6 +58,8 @@ private:
     void accept_control();
     void on_control(uint64_t id);
     bool set_port(const std::string& guest, bool up, std::string& error);
+    // vrdmactl weight GUEST W: the guest's share of its worker from now on.
+    bool set_weight(const std::string& guest, const std::string& weight, std::string& error);
     // Asks every worker, in its thread, for its two parts of a report
     // (`first`, `second`); returns every worker's first part, in worker
     // order, then every second part (for reports whose lines go by kind:
