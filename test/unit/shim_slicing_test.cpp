@@ -213,33 +213,57 @@ TEST_CASE("a guest's contexts share one turn: more contexts do not buy more of t
     CHECK(a2.poll(cq2).size() == 1);
 }
 
-TEST_CASE("a guest's weight is its share of each pass beside the worker's other guests",
-          "[shim][transport][slicing]") {
-    // One worker: a and b each send 2 MiB to the other, a with weight 3.
-    // The fake clock never moves, so turns are charged by bytes and every
-    // pass gives a three budgets and b one (each plus the slice that
-    // crosses its budget).
-    BigPair t(Workers::One);
-    t.eng.set_weight(t.ga, 3);
-    auto a_in = t.a.mr(t.pd_a, kBig, kAllAccess);
-    auto b_out = t.b.mr(t.pd_b, kBig, kAllAccess);
-    std::memset(t.b.at(b_out.addr), 0x3c, kBig);
-    std::memset(t.b.at(t.mb.addr), 0xff, kBig);  // a's pattern has no page starting with 0xff
-    t.a.post_recv(t.qa.rq, 60, {abi::Sge{a_in.addr, kBig, a_in.lkey}});
-    t.send_big();  // a -> b
-    t.b.post_send(t.qb.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{b_out.addr, kBig, b_out.lkey}});
-    auto pages = [](const uint8_t* p, auto landed) {
+namespace {
+
+// One worker: a sends 2 MiB to b and b 2 MiB to a at once, a with weight 3.
+struct WeightedPair : BigPair {
+    FakeProvider::MrInfo a_in, b_out;
+    WeightedPair() : BigPair(Workers::One) {
+        eng.set_weight(ga, 3);
+        a_in = a.mr(pd_a, kBig, kAllAccess);
+        b_out = b.mr(pd_b, kBig, kAllAccess);
+        std::memset(b.at(b_out.addr), 0x3c, kBig);
+        std::memset(b.at(mb.addr), 0xff, kBig);  // by_a misses the 2 pages of a's pattern that start with 0xff
+        a.post_recv(qa.rq, 60, {abi::Sge{a_in.addr, kBig, a_in.lkey}});
+        send_big();  // a -> b
+        b.post_send(qb.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{b_out.addr, kBig, b_out.lkey}});
+    }
+    // Bytes (in 4 KiB pages) that landed so far, sent by a and by b.
+    static uint64_t pages(const uint8_t* p, bool (*landed)(uint8_t)) {
         uint64_t n = 0;
         for (uint64_t i = 0; i < kBig; i += 4096) n += landed(p[i]) ? 4096 : 0;
         return n;
-    };
-    auto by_a = [&] { return pages(t.b.at(t.mb.addr), [](uint8_t v) { return v != 0xff; }); };
-    auto by_b = [&] { return pages(t.a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }); };
+    }
+    uint64_t by_a() { return pages(b.at(mb.addr), [](uint8_t v) { return v != 0xff; }); }
+    uint64_t by_b() { return pages(a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }); }
+    // Both messages complete, intact.
+    void finish() {
+        run(int(2 * kBig / Engine::kSliceBytes) + 8);
+        CHECK(a.poll(cq_a).size() == 2);  // its send and the receive of b's
+        CHECK(b.poll(cq_b).size() == 2);
+        CHECK(arrived(kBig));
+        CHECK(by_b() == kBig);
+    }
+};
+
+uint64_t g_clock_step = 0;
+// A clock that moves g_clock_step at every reading: a copy's time is one
+// step (payload_move.cpp reads the clock before and after).
+uint64_t stepping_clock() { return g_fake_now += g_clock_step; }
+
+}  // namespace
+
+TEST_CASE("a guest's weight is its share of each pass beside the worker's other guests",
+          "[shim][transport][slicing]") {
+    // The fake clock never moves, so turns are charged by bytes and every
+    // pass gives a three budgets and b one (each plus the slice that
+    // crosses its budget).
+    WeightedPair t;
     t.run(1);
-    CHECK(by_a() >= 3 * Engine::kTurnBudget - Engine::kSliceBytes);
-    CHECK(by_a() <= 3 * Engine::kTurnBudget + Engine::kSliceBytes);
-    CHECK(by_b() >= Engine::kTurnBudget - Engine::kSliceBytes);
-    CHECK(by_b() <= Engine::kTurnBudget + Engine::kSliceBytes);
+    CHECK(t.by_a() >= 3 * Engine::kTurnBudget - Engine::kSliceBytes);
+    CHECK(t.by_a() <= 3 * Engine::kTurnBudget + Engine::kSliceBytes);
+    CHECK(t.by_b() >= Engine::kTurnBudget - Engine::kSliceBytes);
+    CHECK(t.by_b() <= Engine::kTurnBudget + Engine::kSliceBytes);
     CHECK(t.ga.weight == 3);
     CHECK(t.gb.weight == 1);
     // Out-of-range weights are clamped, never 0 (a guest never served).
@@ -248,19 +272,8 @@ TEST_CASE("a guest's weight is its share of each pass beside the worker's other 
     t.eng.set_weight(t.gb, 1000);
     CHECK(t.gb.weight == kMaxGuestWeight);
     t.eng.set_weight(t.gb, 1);
-    t.run(int(2 * kBig / Engine::kTurnBudget) + 8);
-    CHECK(t.a.poll(t.cq_a).size() == 2);  // its send and the receive of b's
-    CHECK(t.b.poll(t.cq_b).size() == 2);
-    CHECK(t.arrived(kBig));
-    CHECK(by_b() == kBig);
+    t.finish();
 }
-
-namespace {
-uint64_t g_clock_step = 0;
-// A clock that moves g_clock_step at every reading: a copy's time is one
-// step (payload_move.cpp reads the clock before and after).
-uint64_t stepping_clock() { return g_fake_now += g_clock_step; }
-}  // namespace
 
 TEST_CASE("weights hold when a slice costs more than a budget: what a turn overspends comes off the next",
           "[shim][transport][slicing]") {
@@ -268,34 +281,17 @@ TEST_CASE("weights hold when a slice costs more than a budget: what a turn overs
     // the guest of weight 1 overshoots its budget with every slice, the
     // guest of weight 3 with its second. Without the debt carried to the
     // next pass they would move 1 and 2 slices a pass (2 x); with it, 3 x.
-    BigPair t(Workers::One);
-    t.eng.set_weight(t.ga, 3);
-    auto a_in = t.a.mr(t.pd_a, kBig, kAllAccess);
-    auto b_out = t.b.mr(t.pd_b, kBig, kAllAccess);
-    std::memset(t.b.at(b_out.addr), 0x3c, kBig);
-    std::memset(t.b.at(t.mb.addr), 0xff, kBig);
-    t.a.post_recv(t.qa.rq, 60, {abi::Sge{a_in.addr, kBig, a_in.lkey}});
-    t.send_big();
-    t.b.post_send(t.qb.sq, send_wqe(3, IBV_WR_SEND), {abi::Sge{b_out.addr, kBig, b_out.lkey}});
-    auto pages = [](const uint8_t* p, auto landed) {
-        uint64_t n = 0;
-        for (uint64_t i = 0; i < kBig; i += 4096) n += landed(p[i]) ? 1 : 0;
-        return n;
-    };
+    WeightedPair t;
     g_clock_step = 25'000 / 2;  // two readings a copy
     t.eng.set_clock(stepping_clock);
     t.run(20);
     t.eng.set_clock(fake_clock);
-    const double by_a = double(pages(t.b.at(t.mb.addr), [](uint8_t v) { return v != 0xff; }));
-    const double by_b = double(pages(t.a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }));
-    INFO("pages moved in 20 passes: a (weight 3) " << by_a << ", b (weight 1) " << by_b);
+    const double by_a = double(t.by_a()), by_b = double(t.by_b());
+    INFO("bytes moved in 20 passes: a (weight 3) " << by_a << ", b (weight 1) " << by_b);
     REQUIRE(by_b > 0);
     CHECK(by_a / by_b >= 2.5);
     CHECK(by_a / by_b <= 3.5);
-    t.run(int(2 * kBig / Engine::kSliceBytes) + 8);
-    CHECK(t.a.poll(t.cq_a).size() == 2);
-    CHECK(t.b.poll(t.cq_b).size() == 2);
-    CHECK(t.arrived(kBig));
+    t.finish();
 }
 
 TEST_CASE("a large message whose transfer outlasts the QP's timeout still arrives once, intact",
