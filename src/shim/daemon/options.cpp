@@ -93,7 +93,8 @@ OPTIONS
         the worker's guests gives it W times the work of a guest of weight
         1 (a turn is about 10 microseconds of the worker's time per unit
         of weight). A guest alone on its worker gets all of it whatever
-        its weight. vrdmactl load shows each guest's weight and busy_s.
+        its weight. vrdmactl weight NAME W changes it while the shim
+        runs; vrdmactl load shows each guest's weight and busy_s.
 
     --workers N
         Worker threads that serve the guests (1..64). Each worker serves
