@@ -142,12 +142,6 @@ void free_context(ibv_context* ibctx) {
     std::free(shell);
 }
 
-// Empty polls of a CQ before ibv_poll_cq yields (VRDMA_POLL_SPIN overrides).
-// On a host with one CPU online it yields at once: whoever writes the
-// completions (the shim, a device's driver) can only run when the poller
-// gives up the CPU, so spinning only delays them (a VM with one vCPU:
-// docs/performance.md, "Through an RDMA device").
-uint32_t default_poll_spin() { return sysconf(_SC_NPROCESSORS_ONLN) == 1 ? 0 : 64; }
 }  // namespace
 
 Context::~Context() {
@@ -181,7 +175,6 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
         shell->impl = ctx;
         ctx->vctx = vctx;
         ctx->socket_path = sock_path;
-        ctx->poll_spin = default_poll_spin();
         if (const char* s = std::getenv("VRDMA_POLL_SPIN")) ctx->poll_spin = uint32_t(std::strtoul(s, nullptr, 0));
         rc = attach(*ctx);
     }

@@ -47,7 +47,7 @@ struct Context {
 
     abi::DeviceAttr dev_attr{};
     uint32_t lid = 0;
-    uint32_t poll_spin = 64;  // empty polls before ibv_poll_cq yields (default_poll_spin)
+    uint32_t poll_spin = 64;
 
     // Events (events.h). ev_mu is taken last (never held across a command).
     // Objects whose events may be handed to the application; records that
