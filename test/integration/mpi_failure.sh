@@ -18,13 +18,25 @@ start_shim a b
 log="$RUN_DIR.mpi.log"
 
 # expect_mpi_failure LOG PATTERN CMD...: CMD fails within 120 s and its
-# output matches PATTERN (extended regex).
+# output matches PATTERN (extended regex). A run whose every help message
+# Open MPI's aggregation lost ("Data unpack would read past end of
+# buffer" and none of PATTERN: Open MPI 4.1's race between the two ranks'
+# messages, seen once in CI) is run again, up to three times.
 expect_mpi_failure() {
     local log="$1" pattern="$2"
     shift 2
     echo "\$ $*"
-    local rc=0
-    timeout 120 "$@" >"$log" 2>&1 || rc=$?
+    local rc tries=0
+    while :; do
+        rc=0
+        timeout 120 "$@" >"$log" 2>&1 || rc=$?
+        tries=$((tries + 1))
+        if grep -Eq "$pattern" "$log" || ! grep -q "Data unpack would read past end of buffer" "$log" ||
+            [ $tries -ge 3 ]; then
+            break
+        fi
+        echo "  (Open MPI lost its help messages: running it again)"
+    done
     grep -v 'mca: base: \|mca: bml: \|select: ' "$log" | tail -n 25 | sed 's/^/  | /'
     [ "$rc" -ne 0 ] || fail "succeeded, expected a failure"
     [ "$rc" -ne 124 ] || fail "hung instead of failing"
