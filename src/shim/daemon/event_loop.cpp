@@ -309,51 +309,47 @@ void Daemon::on_control(uint64_t id) {
     control_conns_.erase(it);
 }
 
+int Daemon::guest_index(const std::string& name, std::string& error) const {
+    for (size_t i = 0; i < opts_.guests.size(); ++i)
+        if (opts_.guests[i] == name) return int(i);
+    error = "no guest named '" + name + "'";
+    return -1;
+}
+
+bool Daemon::call_worker(Worker& w, std::function<std::string()> task, std::string& error) {
+    bool answered = false;
+    w.call(std::move(task), kWorkerAnswerMs, answered);
+    if (!answered) error = "worker " + std::to_string(w.index()) + " did not answer";
+    return answered;
+}
+
 bool Daemon::set_port(const std::string& guest, bool up, std::string& error) {
-    for (size_t i = 0; i < opts_.guests.size(); ++i) {
-        if (opts_.guests[i] != guest) continue;
-        if (i < published_.size() && !published_[i]->set_port_state(up, error)) return false;
-        Worker& w = *workers_[worker_of_[i]];
-        bool answered = false;
-        w.call([&w, guest, up] { return std::string(w.engine().set_port_active(guest, up) ? "" : "?"); },
-               kWorkerAnswerMs, answered);
-        if (!answered) {
-            error = "worker " + std::to_string(w.index()) + " did not answer";
-            return false;
-        }
-        return true;
-    }
-    error = "no guest named '" + guest + "'";
-    return false;
+    const int i = guest_index(guest, error);
+    if (i < 0) return false;
+    if (size_t(i) < published_.size() && !published_[i]->set_port_state(up, error)) return false;
+    Worker& w = *workers_[worker_of_[i]];
+    return call_worker(
+        w, [&w, guest, up] { return std::string(w.engine().set_port_active(guest, up) ? "" : "?"); }, error);
 }
 
 bool Daemon::set_weight(const std::string& guest, const std::string& text, std::string& error) {
-    char* end = nullptr;
-    const unsigned long weight = std::strtoul(text.c_str(), &end, 10);
-    if (text.empty() || *end || weight == 0 || weight > kMaxGuestWeight) {
+    uint32_t weight;
+    if (!parse_weight(text, weight)) {
         error = "weight must be 1 to " + std::to_string(kMaxGuestWeight) + ", not '" + text + "'";
         return false;
     }
-    for (size_t i = 0; i < opts_.guests.size(); ++i) {
-        if (opts_.guests[i] != guest) continue;
-        Worker& w = *workers_[worker_of_[i]];
-        bool answered = false;
-        w.call(
-            [&w, guest, weight] {
-                for (auto& g : w.engine().guests())
-                    if (g->name == guest) w.engine().set_weight(*g, uint32_t(weight));
-                return std::string();
-            },
-            kWorkerAnswerMs, answered);
-        if (!answered) {
-            error = "worker " + std::to_string(w.index()) + " did not answer";
-            return false;
-        }
-        LOG_INFO("guest %s: weight %lu", guest.c_str(), weight);
-        return true;
-    }
-    error = "no guest named '" + guest + "'";
-    return false;
+    const int i = guest_index(guest, error);
+    if (i < 0) return false;
+    Worker& w = *workers_[worker_of_[i]];
+    const size_t index = size_t(i);
+    // By value: a worker that answers late runs it after this returned.
+    auto task = [&w, index, weight] {
+        w.engine().set_weight(w.guest(index), weight);
+        return std::string();
+    };
+    if (!call_worker(w, task, error)) return false;
+    LOG_INFO("guest %s: weight %u", guest.c_str(), weight);
+    return true;
 }
 
 void Daemon::shutdown() {

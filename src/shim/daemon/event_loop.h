@@ -57,6 +57,11 @@ private:
     void accept_all(size_t guest_index);
     void accept_control();
     void on_control(uint64_t id);
+    // The options' index of guest `name`, or -1 with `error` set.
+    int guest_index(const std::string& name, std::string& error) const;
+    // Runs `task` in worker `w`'s thread and waits for it (kWorkerAnswerMs);
+    // false with `error` set when the worker did not answer.
+    bool call_worker(Worker& w, std::function<std::string()> task, std::string& error);
     bool set_port(const std::string& guest, bool up, std::string& error);
     // vrdmactl weight GUEST W: the guest's share of its worker from now on.
     bool set_weight(const std::string& guest, const std::string& weight, std::string& error);

@@ -262,6 +262,14 @@ bool parse_u32(const char* s, uint32_t& out) {
     return true;
 }
 
+}  // namespace
+
+bool parse_weight(const std::string& text, uint32_t& weight) {
+    return parse_u32(text.c_str(), weight) && weight >= 1 && weight <= kMaxGuestWeight;
+}
+
+namespace {
+
 // Calls `item` with each comma-separated part of `list` (empty ones too);
 // false as soon as it returns false.
 template <typename F>
@@ -388,7 +396,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
                     }
                     worker = int(k);
                 } else if (part.rfind("weight=", 0) == 0) {
-                    if (!parse_u32(part.substr(7).c_str(), weight) || weight == 0 || weight > kMaxGuestWeight) {
+                    if (!parse_weight(part.substr(7), weight)) {
                         error = "--guest " + g + ": weight= wants a share of its worker, 1 to " +
                                 std::to_string(kMaxGuestWeight) + " (the others' default is 1)";
                         return false;

@@ -44,6 +44,9 @@ struct Options {
 
 // Parses argv. On a usage error returns false with one line in `error`.
 bool parse_options(int argc, char** argv, Options& out, std::string& error);
+// A guest's weight, as --guest NAME:weight=W and vrdmactl weight give it:
+// 1 to kMaxGuestWeight.
+bool parse_weight(const std::string& text, uint32_t& weight);
 
 // The --help text.
 const char* help_text();

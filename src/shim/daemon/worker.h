@@ -53,6 +53,8 @@ public:
     // Serves guest `guest_index` (of the options), whose identity its
     // engine holds.
     const GuestIdentity& add_guest(size_t guest_index, uint16_t lid, uint64_t guid);
+    // Guest `guest_index` (of the options), which this worker serves.
+    const GuestIdentity& guest(size_t guest_index) const { return *guests_.at(guest_index); }
     // The link to worker `peer` (`workers` in all), made here; guest `lid`
     // of that worker is then reached through it (route_to).
     WorkerLink& link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_inbox);
