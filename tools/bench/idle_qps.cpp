@@ -131,10 +131,9 @@ void reap(End& e, int n) {
     }
 }
 
-// One side of kIters round trips: `first` sends first. Each side ends
-// with a receive posted; `prime`: post the first one (the first round).
-void bounce(End& e, bool first, bool prime, std::atomic<int>& ready) {
-    if (prime) post_recv(e);
+// One side of kIters round trips: `first` sends first. Each side starts
+// and ends with a receive posted (main posts the first).
+void bounce(End& e, bool first, std::atomic<int>& ready) {
     ready.fetch_add(1);
     while (ready.load() < 2) std::this_thread::yield();
     for (int i = 0; i < kIters; ++i) {
@@ -155,15 +154,12 @@ void bounce(End& e, bool first, bool prime, std::atomic<int>& ready) {
 // kIters round trips (a round that shared its core with the shim's worker
 // or was preempted does not move it).
 double measure(End& a, End& b) {
-    static bool primed = false;  // a and b are the same two ends every time
     double r[kRounds];
     for (double& v : r) {
         std::atomic<int> ready{0};
-        const bool prime = !primed;
-        primed = true;
         auto t0 = std::chrono::steady_clock::now();
-        std::thread tb([&] { bounce(b, false, prime, ready); });
-        bounce(a, true, prime, ready);
+        std::thread tb([&] { bounce(b, false, ready); });
+        bounce(a, true, ready);
         tb.join();
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         v = s * 1e6 / kIters / 2;
@@ -230,6 +226,8 @@ int main(int argc, char** argv) {
     open_end(devs[1], b);
     connect(a.qp, b.lid, b.qp->qp_num);
     connect(b.qp, a.lid, a.qp->qp_num);
+    post_recv(a);  // the receive each side keeps posted between round trips
+    post_recv(b);
 
     // Idle QPs in a's context, connected in pairs to QPs of b (RTS: real
     // jobs keep their QPs connected), never used.
