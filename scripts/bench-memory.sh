@@ -40,10 +40,9 @@ reserve_huge_pages 16 >&2
 "$build/src/shim/vrdma-shim" --run-dir "$run_dir" --workers 1 --guest a --guest b >"$run_dir.log" 2>&1 &
 shim=$!
 for _ in $(seq 1 100); do [ -e "$run_dir/ready" ] && break; sleep 0.1; done
-in_guest() { local g=$1; shift; "$build/tools/vrdma-run" --run-dir "$run_dir" --guest "$g" -- "$@"; }
-
 port=20715
-wait_listen() { for _ in $(seq 1 200); do ss -ltnH "sport = :$1" | grep -q . && return 0; sleep 0.05; done; }
+# shellcheck source=lib/bench.sh
+source "$src/scripts/lib/bench.sh"  # in_guest, wait_listen, ratio
 # pair "SERVER ARGS" "CLIENT ARGS" TOOL: server in guest a, client in guest
 # b; the client's output on stdout.
 pair() {
@@ -64,7 +63,6 @@ write_bw() {  # SERVER-OPTS CLIENT-OPTS: BW average MB/s
 }
 # A file of SIZE bytes at PATH for --mmap, removed at the end.
 mmap_file() { truncate -s "$2" "$1" && files+=("$1"); }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "" || b == "" || b == 0) print "-"; else printf "%.2f", a / b }'; }
 
 echo "measuring (this takes about two minutes)..." >&2
 memcpy_bw="$("$build/tools/vrdma-baselines" memcpy 65536 | awk '{print $3}')"
