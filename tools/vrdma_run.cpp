@@ -19,8 +19,8 @@
 // and trees whose process is gone are also swept at the next start.
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -37,12 +37,13 @@
 #include <string>
 #include <vector>
 
+#include "vrdma_common/fs_at.h"
 #include "vrdma_common/guest_paths.h"
 
 namespace {
 
 constexpr const char* kUsage =
-    "Usage: vrdma-run [--run-dir DIR] --guest NAME [--guest NAME...] [--] PROGRAM [ARGS...]\n"
+    "Usage: vrdma-run [--run-dir DIR] [--shim-user USER] --guest NAME [--guest NAME...] [--] PROGRAM [ARGS...]\n"
     "       vrdma-run [--run-dir DIR] --guest-by-rank NAME,NAME... [--] PROGRAM [ARGS...]\n";
 
 constexpr const char* kHelp =
@@ -88,6 +89,14 @@ constexpr const char* kHelp =
     "        is read from OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or\n"
     "        SLURM_PROCID, the first one set; none set is an error. Write\n"
     "        a,a,b,b for blocks of two. Overrides --guest.\n"
+    "    --shim-user USER\n"
+    "        Also accept a shim run by USER (a name or uid). Before it hands a\n"
+    "        shim anything, vrdma-run (and the provider in PROGRAM) checks that\n"
+    "        the guest's directory and the run directory belong to the shim's\n"
+    "        user, that nobody else can change them or their ancestors (sticky\n"
+    "        ones such as /tmp excepted), and that the process on the socket\n"
+    "        runs as that user. The shim's user must be root or this user,\n"
+    "        unless named here; sets VRDMA_SHIM_UID for PROGRAM.\n"
     "    --print-env\n"
     "        Print the environment as shell assignments instead of running a\n"
     "        program, for use by hand, in container images or with\n"
@@ -103,6 +112,8 @@ constexpr const char* kHelp =
     "    RDMAV_DRIVERS   the provider's path, when it runs from a build tree\n"
     "    VRDMA_RUN_DIR, VRDMA_GUEST  the chosen run directory and guest (several\n"
     "                    guests: NAME,NAME,...)\n"
+    "    VRDMA_SHIM_UID  the shim user accepted besides root and the caller\n"
+    "                    (--shim-user; inherited when already set)\n"
     "\n"
     "ENVIRONMENT READ BY THE PROVIDER (set it for PROGRAM to change it)\n"
     "    VRDMA_POLL_SPIN      empty polls of a CQ before ibv_poll_cq yields the\n"
@@ -115,7 +126,9 @@ constexpr const char* kHelp =
     "    PROGRAM's status; 2 for wrong usage; 3 when the shim does not serve\n"
     "    NAME or is not running; 4 when this user may not use guest NAME (the\n"
     "    shim gives each guest an owner: vrdma-shim --guest NAME:owner=USER);\n"
-    "    127 when PROGRAM cannot be executed.\n"
+    "    5 when the socket is not a trusted shim's (its directory belongs to,\n"
+    "    or can be changed by, another user, or another user listens on it:\n"
+    "    nothing was handed over); 127 when PROGRAM cannot be executed.\n"
     "\n"
     "EXAMPLE\n"
     "    vrdma-shim --run-dir /run/vrdma --guest a --guest b &\n"
@@ -185,6 +198,7 @@ std::vector<EnvVar> guest_environment(const std::string& run_dir, const std::str
     }
     env.push_back({"VRDMA_RUN_DIR", run_dir});
     env.push_back({"VRDMA_GUEST", guest});
+    if (const char* shim = getenv("VRDMA_SHIM_UID"); shim && *shim) env.push_back({"VRDMA_SHIM_UID", shim});
     return env;
 }
 
@@ -201,6 +215,21 @@ long launcher_rank(std::string& from) {
         return r;
     }
     return -1;
+}
+
+// A user name or number.
+bool parse_user(const std::string& v, uid_t& out) {
+    if (!v.empty() && v.find_first_not_of("0123456789") == std::string::npos) {
+        errno = 0;
+        unsigned long n = strtoul(v.c_str(), nullptr, 10);
+        if (errno || n >= 0xffffffffUL) return false;
+        out = uid_t(n);
+        return true;
+    }
+    passwd* p = getpwnam(v.c_str());
+    if (!p) return false;
+    out = p->pw_uid;
+    return true;
 }
 
 std::vector<std::string> split_list(const std::string& list) {
@@ -232,19 +261,14 @@ std::string temp_root() {
     return t && *t == '/' ? t : "/tmp";
 }
 
-// Removes a tree without ever following a symbolic link: the links of a
-// merged tree point into the shims' published trees, which must stay.
+// Removes a tree without ever following a symbolic link (the links of a
+// merged tree point into the shims' published trees, which must stay) or
+// resolving a path twice.
 void remove_tree(const std::string& dir) {
-    nftw(
-        dir.c_str(),
-        [](const char* path, const struct stat*, int type, FTW*) {
-            if (type == FTW_DP)
-                ::rmdir(path);
-            else
-                ::unlink(path);
-            return 0;
-        },
-        16, FTW_DEPTH | FTW_PHYS);
+    const size_t slash = dir.rfind('/');
+    if (slash == std::string::npos) return;
+    vrdma::UniqueFd parent(::open(slash == 0 ? "/" : dir.substr(0, slash).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (parent) vrdma::fs::remove_tree(parent.get(), dir.substr(slash + 1));
 }
 
 // Trees left by runs whose process is gone (the janitor was killed, or the
@@ -428,6 +452,17 @@ int main(int argc, char** argv) {
             run_dir = a.substr(10);
         } else if (a.rfind("--guest=", 0) == 0) {
             add_guests(a.substr(8));
+        } else if (a == "--shim-user" || a.rfind("--shim-user=", 0) == 0) {
+            std::string v;
+            if (a == "--shim-user") {
+                if (i + 1 >= argc) return usage_error(a + " needs a value");
+                v = argv[++i];
+            } else {
+                v = a.substr(12);
+            }
+            uid_t uid;
+            if (!parse_user(v, uid)) return usage_error("--shim-user: no user '" + v + "'");
+            setenv("VRDMA_SHIM_UID", std::to_string(uid).c_str(), 1);
         } else if (a == "--guest-by-rank") {
             if (i + 1 >= argc) return usage_error(a + " needs a value");
             by_rank = argv[++i];
@@ -469,11 +504,11 @@ int main(int argc, char** argv) {
     }
 
     for (auto& g : guests) {
-        bool refused = false;
-        std::string problem = vrdma::probe_guest(run_dir, g, &refused);
+        bool refused = false, untrusted = false;
+        std::string problem = vrdma::probe_guest(run_dir, g, &refused, &untrusted);
         if (!problem.empty()) {
             fprintf(stderr, "vrdma-run: %s\n", problem.c_str());
-            return refused ? 4 : 3;
+            return untrusted ? 5 : refused ? 4 : 3;
         }
     }
     Provider provider = find_provider();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "vrdma_common/guest_paths.h"
+#include "vrdma_common/trusted_dir.h"
 
 namespace {
 
@@ -171,19 +172,19 @@ int list(const std::string& run_dir) {
 // `print_reply`: the reply is the answer (peers), printed as it is.
 int control(const std::string& run_dir, const std::string& request, bool print_reply = false) {
     std::string path = run_dir + "/control.sock";
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(addr.sun_path)) {
-        fprintf(stderr, "vrdmactl: path too long: %s\n", path.c_str());
-        return 2;
-    }
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-        fprintf(stderr, "vrdmactl: no vrdma-shim answers on %s: %s\n", path.c_str(), strerror(errno));
-        if (fd >= 0) close(fd);
+    vrdma::UniqueFd sock;
+    std::string why;
+    switch (vrdma::connect_to_shim(path, sock, why, nullptr, 1)) {
+    case vrdma::ShimConnect::Ok:
+        break;
+    case vrdma::ShimConnect::Untrusted:
+        fprintf(stderr, "vrdmactl: not talking to %s: %s\n", path.c_str(), why.c_str());
+        return 3;
+    case vrdma::ShimConnect::ConnectFailed:
+        fprintf(stderr, "vrdmactl: no vrdma-shim answers on %s: %s\n", path.c_str(), why.c_str());
         return 3;
     }
+    int fd = sock.release();
     static char buf[1 << 16];
     ssize_t n = -1;
     if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size())) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "vrdma_common/trusted_dir.h"
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma {
@@ -33,8 +34,9 @@ bool valid_guest_name(const std::string& name) {
     return true;
 }
 
-std::string probe_guest(const std::string& run_dir, const std::string& guest, bool* refused) {
+std::string probe_guest(const std::string& run_dir, const std::string& guest, bool* refused, bool* untrusted) {
     if (refused) *refused = false;
+    if (untrusted) *untrusted = false;
     GuestPaths p = guest_paths(run_dir, guest);
     struct stat st;
     if (::stat(run_dir.c_str(), &st) != 0)
@@ -42,25 +44,32 @@ std::string probe_guest(const std::string& run_dir, const std::string& guest, bo
                run_dir + " --guest " + guest + ")?";
     if (::stat(p.dir.c_str(), &st) != 0)
         return "no guest '" + guest + "' in " + run_dir + ": the shim there does not serve it";
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (p.socket.size() >= sizeof(addr.sun_path)) return "socket path too long: " + p.socket;
-    std::memcpy(addr.sun_path, p.socket.c_str(), p.socket.size() + 1);
-    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!fd) return std::string("socket: ") + std::strerror(errno);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return "";
-    if (errno == EACCES || errno == EPERM) {
-        // The guest's directory and socket belong to its owner (vrdma-shim
-        // --guest NAME:owner=...): this user is not allowed in.
-        if (refused) *refused = true;
-        char mode[8];
-        std::snprintf(mode, sizeof(mode), "%04o", unsigned(st.st_mode & 07777));
-        return "access to guest '" + guest + "' refused: " + p.dir + " belongs to uid " + std::to_string(st.st_uid) +
-               " gid " + std::to_string(st.st_gid) + " (mode " + mode + ") and this process runs as uid " +
-               std::to_string(::geteuid()) + "; the shim's operator grants a guest with --guest " + guest +
-               ":owner=USER or :group=GROUP";
+    UniqueFd fd;
+    std::string why;
+    int err = 0;
+    switch (connect_to_shim(p.socket, fd, why, &err)) {
+    case ShimConnect::Ok:
+        return "";
+    case ShimConnect::Untrusted:
+        if (untrusted) *untrusted = true;
+        return "not attaching to guest '" + guest + "': " + why;
+    case ShimConnect::ConnectFailed:
+        break;
     }
-    return "the shim for guest '" + guest + "' is not answering on " + p.socket + " (" + std::strerror(errno) +
+    if (err == EACCES || err == EPERM) {
+        // The guest's socket belongs to its owner (vrdma-shim --guest
+        // NAME:owner=...): this user is not allowed in.
+        if (refused) *refused = true;
+        struct stat sst {};
+        ::stat(p.socket.c_str(), &sst);
+        char mode[8];
+        std::snprintf(mode, sizeof(mode), "%04o", unsigned(sst.st_mode & 07777));
+        return "access to guest '" + guest + "' refused: its socket " + p.socket + " belongs to " +
+               describe_uid(sst.st_uid) + " gid " + std::to_string(sst.st_gid) + " (mode " + mode +
+               ") and this process runs as uid " + std::to_string(::geteuid()) +
+               "; the shim's operator grants a guest with --guest " + guest + ":owner=USER or :group=GROUP";
+    }
+    return "the shim for guest '" + guest + "' is not answering on " + p.socket + " (" + why +
            "): is vrdma-shim running?";
 }
 

@@ -18,6 +18,7 @@
 #include "events.h"
 #include "verbs.h"
 #include "vrdma_common/fd_passing.h"
+#include "vrdma_common/trusted_dir.h"
 
 namespace vrdma::prov {
 namespace {
@@ -73,21 +74,21 @@ bool read_socket_attr(const char* ibdev_path, std::string& out) {
 
 int attach(Context& ctx) {
     const char* path = ctx.socket_path.c_str();
-    sockaddr_un sa{};
-    sa.sun_family = AF_UNIX;
-    if (ctx.socket_path.size() >= sizeof(sa.sun_path)) {
-        std::fprintf(stderr, "libvrdma: shim socket path too long: %s\n", path);
-        return ENAMETOOLONG;
-    }
-    std::memcpy(sa.sun_path, path, ctx.socket_path.size() + 1);
-    ctx.sock.reset(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!ctx.sock) return errno;
-    if (::connect(ctx.sock.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-        int e = errno;
-        std::fprintf(stderr,
-                     "libvrdma: cannot connect to the vrdma shim at %s: %s (is vrdma-shim running?)\n",
-                     path, std::strerror(e));
-        return e;
+    // Nothing (the arena, eventfds, memory) goes to a socket before it is
+    // known to be a trusted shim's: its directories belong to root or the
+    // shim's user, nobody else can change them, and the shim's user listens.
+    std::string why;
+    int err = 0;
+    switch (connect_to_shim(ctx.socket_path, ctx.sock, why, &err)) {
+    case ShimConnect::Ok:
+        break;
+    case ShimConnect::Untrusted:
+        std::fprintf(stderr, "libvrdma: not attaching to %s: %s\n", path, why.c_str());
+        return EPERM;
+    case ShimConnect::ConnectFailed:
+        std::fprintf(stderr, "libvrdma: cannot connect to the vrdma shim at %s: %s (is vrdma-shim running?)\n", path,
+                     why.c_str());
+        return err ? err : ECONNREFUSED;
     }
 
     if (int rc = create_shared_memfd("vrdma-arena", kArenaBytes, ctx.arena_fd)) return rc;

@@ -14,6 +14,7 @@
 #include "vrdma/abi.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/log.h"
+#include "listen_socket.h"
 
 namespace vrdma::shim {
 namespace {
@@ -45,30 +46,12 @@ bool is_eventfd(int fd) {
 
 }  // namespace
 
-bool open_guest_socket(const std::string& path, const GuestAccess& access, UniqueFd& out, std::string& error) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(addr.sun_path)) {
-        error = "socket path too long: " + path;
-        return false;
-    }
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd) {
-        error = std::string("socket: ") + strerror(errno);
-        return false;
-    }
-    ::unlink(path.c_str());
-    // Created with mode 0600 at most, then given to the owner: nobody else
-    // can connect in between.
-    const mode_t old_mask = ::umask(0177);
-    const bool bound = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::umask(old_mask);
-    if (!bound || ::listen(fd.get(), 64) != 0) {
-        error = "cannot listen on " + path + ": " + strerror(errno);
-        return false;
-    }
-    if (!access.apply(path, false, error)) return false;
+bool open_guest_socket(int dir_fd, const std::string& path, const GuestAccess& access, UniqueFd& out,
+                       std::string& error) {
+    const std::string name = path.substr(path.rfind('/') + 1);
+    UniqueFd fd;
+    if (!bind_socket_at(dir_fd, path, name, 0177, 64, fd, error)) return false;
+    if (!access.apply_socket(dir_fd, name, path, error)) return false;
     out = std::move(fd);
     return true;
 }

@@ -14,9 +14,11 @@
 
 namespace vrdma::shim {
 
-// Creates the guest's listening SOCK_SEQPACKET socket at `path`, owned and
-// moded as `access` says.
-bool open_guest_socket(const std::string& path, const GuestAccess& access, UniqueFd& out, std::string& error);
+// Creates the guest's listening SOCK_SEQPACKET socket vrdma.sock in the
+// guest's directory `dir_fd` (`path` names it in errors), owned and moded as
+// `access` says: the one file of the tree the guest's owner is given.
+bool open_guest_socket(int dir_fd, const std::string& path, const GuestAccess& access, UniqueFd& out,
+                       std::string& error);
 
 struct Connection {
     uint64_t id = 0;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <vector>
 
+#include "listen_socket.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -44,30 +45,9 @@ std::string execute(const std::string& request, const ControlActions& actions) {
 
 }  // namespace
 
-bool open_control_socket(const std::string& path, UniqueFd& out, std::string& error) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(addr.sun_path)) {
-        error = "control socket path too long: " + path;
-        return false;
-    }
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd) {
-        error = std::string("socket: ") + strerror(errno);
-        return false;
-    }
-    ::unlink(path.c_str());
+bool open_control_socket(int run_fd, const std::string& path, UniqueFd& out, std::string& error) {
     // Created 0600 from the start: no window in which another user connects.
-    mode_t old = ::umask(077);
-    int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    ::umask(old);
-    if (rc != 0 || ::listen(fd.get(), 16) != 0) {
-        error = "cannot listen on " + path + ": " + strerror(errno);
-        return false;
-    }
-    out = std::move(fd);
-    return true;
+    return bind_socket_at(run_fd, path, path.substr(path.rfind('/') + 1), 077, 16, out, error);
 }
 
 bool handle_control_connection(int fd, const ControlActions& actions) {

@@ -24,7 +24,7 @@ namespace vrdma::shim {
 
 constexpr const char* kControlSocketName = "control.sock";
 
-bool open_control_socket(const std::string& path, UniqueFd& out, std::string& error);
+bool open_control_socket(int run_fd, const std::string& path, UniqueFd& out, std::string& error);
 
 // What a request may do, supplied by the daemon.
 struct ControlActions {

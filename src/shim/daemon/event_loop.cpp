@@ -67,14 +67,14 @@ bool Daemon::start(std::string& error) {
         worker_of_.push_back(w);
         const GuestIdentity& id = workers_[w]->add_guest(i, uint16_t(opts_.lid_base + i), derive_guid(host, name));
         auto pub = std::make_unique<GuestPublication>();
-        bool ok = pub->publish(run_dir_.path(), "/dev/infiniband", id, error);
+        bool ok = pub->publish(run_dir_.fd(), run_dir_.path(), "/dev/infiniband", id, error);
         published_.push_back(std::move(pub));
         if (!ok) return false;
         if (opts_.access.size() <= i) opts_.access.resize(i + 1);  // default: the shim's own user
         const GuestAccess& access = opts_.access[i];
         UniqueFd lfd;
-        if (!access.apply(guest_paths(run_dir_.path(), name).dir, true, error) ||
-            !open_guest_socket(guest_paths(run_dir_.path(), name).socket, access, lfd, error))
+        if (!open_guest_socket(published_.back()->guest_dir_fd(), guest_paths(run_dir_.path(), name).socket, access,
+                               lfd, error))
             return false;
         if (!epoll_add(lfd.get(), EPOLLIN, tag(kListen, i))) {
             error = std::string("epoll: ") + strerror(errno);
@@ -94,7 +94,7 @@ bool Daemon::start(std::string& error) {
                 if (a != worker_of_[i]) workers_[a]->route_to(uint16_t(opts_.lid_base + i), worker_of_[i]);
     }
     control_path_ = run_dir_.path() + "/" + kControlSocketName;
-    if (!open_control_socket(control_path_, control_, error)) return false;
+    if (!open_control_socket(run_dir_.fd(), control_path_, control_, error)) return false;
     if (!epoll_add(control_.get(), EPOLLIN, tag(kControl, 0))) {
         error = std::string("epoll: ") + strerror(errno);
         return false;
@@ -367,7 +367,7 @@ void Daemon::shutdown() {
     if (control_) {
         epoll_del(control_.get());
         control_.reset();
-        ::unlink(control_path_.c_str());
+        if (run_dir_.fd() >= 0) ::unlinkat(run_dir_.fd(), kControlSocketName, 0);
     }
     listeners_.clear();
     published_.clear();  // unpublishes each guest

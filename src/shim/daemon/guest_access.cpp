@@ -2,6 +2,7 @@
 
 #include <grp.h>
 #include <pwd.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,11 +96,14 @@ std::string GuestAccess::describe() const {
     return s;
 }
 
-bool GuestAccess::apply(const std::string& path, bool dir, std::string& error) const {
-    const mode_t mode = dir ? (has_group ? 0750 : 0700) : (has_group ? 0660 : 0600);
-    // Mode first: between the two calls nobody else may get in.
-    if (::chmod(path.c_str(), mode) != 0 || ::chown(path.c_str(), owner, has_group ? group : gid_t(-1)) != 0) {
-        error = "cannot give " + path + " to " + describe() + ": " + std::strerror(errno) +
+bool GuestAccess::apply_socket(int dir_fd, const std::string& name, const std::string& shown,
+                               std::string& error) const {
+    const mode_t mode = has_group ? 0660 : 0600;
+    // Owner first, mode second: the socket was bound 0600 for the shim's
+    // user, so nobody else can connect before both are set.
+    if (::fchownat(dir_fd, name.c_str(), owner, has_group ? group : gid_t(-1), AT_SYMLINK_NOFOLLOW) != 0 ||
+        ::fchmodat(dir_fd, name.c_str(), mode, 0) != 0) {
+        error = "cannot give " + shown + " to " + describe() + ": " + std::strerror(errno) +
                 (::geteuid() != 0 ? " (only root can give files to another user)" : "");
         return false;
     }

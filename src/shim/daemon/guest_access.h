@@ -27,9 +27,10 @@ struct GuestAccess {
     bool allows(uid_t uid, gid_t gid) const;
     // "uid 1000 (alice)" or "uid 1000 (alice), group 27 (rdma)".
     std::string describe() const;
-    // Gives `path` (the guest's directory or socket) to the owner and group
-    // with the mode above; `dir` selects the directory modes.
-    bool apply(const std::string& path, bool dir, std::string& error) const;
+    // Gives the guest's socket `name` in the directory `dir_fd` (`shown`:
+    // its path, for errors) to the owner and group: mode 0600, or 0660 with
+    // the group. The directory is the shim's, so the entry cannot be swapped.
+    bool apply_socket(int dir_fd, const std::string& name, const std::string& shown, std::string& error) const;
 };
 
 }  // namespace vrdma::shim

@@ -1,8 +1,8 @@
-// The shim's run directory: exclusive ownership (a locked DIR/shim.pid), the
-// DIR/ready marker, and small filesystem helpers.
+// The shim's run directory: checked (nobody but root and the shim's user
+// can change it or its ancestors), held open as a directory fd that every
+// file operation of the shim starts from, exclusively owned (a locked
+// shim.pid), with the ready marker (docs/reliability.md "The host's files").
 #pragma once
-
-#include <sys/types.h>
 
 #include <string>
 
@@ -10,17 +10,15 @@
 
 namespace vrdma::shim {
 
-bool mkdir_p(const std::string& path, mode_t mode, std::string& error);
-bool write_file(const std::string& path, const std::string& content, std::string& error);
-// rm -rf (does not follow symlinks).
-void remove_tree(const std::string& path);
-
 class RunDir {
 public:
-    // Creates DIR if needed and locks DIR/shim.pid. Fails if another live
-    // shim holds it; a stale file is taken over.
+    // Resolves DIR, refuses it if another user owns or can write it or an
+    // ancestor (a sticky ancestor such as /tmp excepted), creates what is
+    // missing (0755), and locks DIR/shim.pid. Fails if another live shim
+    // holds it; a stale file is taken over.
     bool acquire(const std::string& dir, std::string& error);
-    const std::string& path() const { return dir_; }  // absolute
+    const std::string& path() const { return dir_; }  // absolute, resolved
+    int fd() const { return fd_.get(); }               // O_DIRECTORY, for *at calls
     bool mark_ready(std::string& error);
     // Removes ready and shim.pid and drops the lock.
     void release();
@@ -28,6 +26,7 @@ public:
 
 private:
     std::string dir_;
+    UniqueFd fd_;
     UniqueFd pid_fd_;
 };
 
