@@ -27,8 +27,8 @@ std::string mode_text(mode_t m) {
 // "" when that holds.
 std::string untrusted_because(const std::string& where, const struct stat& st, uid_t trusted, bool sticky_ok) {
     if (st.st_uid != 0 && st.st_uid != trusted)
-        return where + " belongs to " + describe_uid(st.st_uid) + ", not to root or " + describe_uid(trusted) +
-               ": that user can replace what is in it";
+        return where + " belongs to " + describe_uid(st.st_uid) + ", not to root" +
+               (trusted != 0 ? " or " + describe_uid(trusted) : std::string()) + ": that user can replace what is in it";
     const bool writable_by_others = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
     if (writable_by_others && !(sticky_ok && (st.st_mode & S_ISVTX)))
         return where + " has mode " + mode_text(st.st_mode) + (sticky_ok ? " (group or others may write, no sticky bit)"
