@@ -53,7 +53,15 @@ DESCRIPTION
 OPTIONS
     --run-dir DIR
         Directory where the shim publishes its guests (default /run/vrdma).
-        Created if missing. Only one shim may serve a run directory.
+        Created if missing (mode 0755). Only one shim may serve a run
+        directory. It must belong to the shim's user and be writable by
+        nobody else, and so must each directory above it, except that an
+        ancestor others may write is accepted when its sticky bit is set
+        (as /tmp's is); otherwise the shim refuses to start, naming the
+        directory and the owner or mode at fault. A link in DIR is resolved
+        once at start (the log shows the real path); from then on every
+        file the shim writes, reads or removes is reached through directory
+        fds opened without following links.
 
     --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K][:weight=W]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
@@ -61,9 +69,11 @@ OPTIONS
         one is required. Guests get LIDs in the order given.
         Only the guest's owner, members of its group and root may use it.
         The owner defaults to the user the shim runs as, and there is no
-        group unless given: DIR/NAME belongs to the owner with mode 0700
-        and its socket with mode 0600 (0750 and 0660, group GROUP, when a
-        group is given). Every connection's peer credentials (SO_PEERCRED)
+        group unless given: the guest's socket DIR/NAME/vrdma.sock belongs
+        to the owner with mode 0600 (0660, group GROUP, when a group is
+        given); DIR/NAME and the device tree in it stay the shim's (mode
+        0755, readable by all as the kernel's sysfs is), so the owner can
+        change nothing in them. Every connection's peer credentials (SO_PEERCRED)
         are checked when it is accepted, before anything is charged to
         the guest; a refused one gets an EACCES reply, is closed, and is
         logged (at most once a second per guest, with the count). Giving a
