@@ -4,7 +4,7 @@
 // Plain fixed-width structs only; every layout is pinned by static_asserts so
 // that both sides (and future versions) agree byte for byte. Values that the
 // guest writes are untrusted by the shim: it copies a record out of shared
-// memory first and validates the copy (see ARCHITECTURE.md).
+// memory first and validates the copy (see docs/architecture.md, "Trust boundaries").
 //
 // Addresses in this ABI are guest virtual addresses ("gva"). The shim
 // translates them through the segments the guest announced over the socket.

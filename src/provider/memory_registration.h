@@ -1,5 +1,5 @@
-// Guest memory shared with the shim (ARCHITECTURE.md "Guest memory: shared,
-// never bounced", docs/protocol.md "Guest memory"): the table of segments
+// Guest memory shared with the shim, never bounced (docs/protocol.md
+// "Guest memory"): the table of segments
 // announced over the socket, the arena segments rings live in, and
 // share_range, the one entry point of registration (ibv_reg_mr; a future
 // ibv_rereg_mr calls it too): shared objects are passed as they are

@@ -1,4 +1,5 @@
-// The interface every transport implements (ARCHITECTURE.md "Transports").
+// The interface every transport implements (docs/architecture.md "The
+// transport contract").
 // The requester (requester.h) builds a Request from a send WQE, resolves the
 // sender's memory into spans and hands both to the transport bound to the
 // QP (RC: the route of its destination LID; UD: of each datagram's). The
