@@ -2,9 +2,12 @@
 # A hostile guest (adversarial_guest.cpp: malformed messages and fds, bad
 # indices, nasty sizes, guessed handles/keys/QPNs, fd abuse, destroy races)
 # runs in guest c while guests a and b run checked ibv_rc_pingpong and
-# ib_send_bw. Both must pass; afterwards the shim must be alive, answer
-# ibv_devinfo, and hold no more fds (and, unsanitized, about the same
-# memory) than before. ADVERSARY_SECONDS (default 20) sets the timed cases.
+# ib_send_bw. Both must pass; afterwards the shim must be alive and answer
+# ibv_devinfo. Then c guesses the qkey of a UD QP of a for 1 s while a and b
+# run a checked ibv_ud_pingpong: the pair must pass, and vrdmactl counters
+# must show the guesses counted and throttled to 32 a second. At the end the
+# shim must hold no more fds (and, unsanitized, about the same memory) than
+# before. ADVERSARY_SECONDS (default 20) sets the timed cases.
 source "$(dirname "$0")/lib.sh"
 start_shim a b c
 
@@ -48,6 +51,53 @@ rm -f "$RUN_DIR.adv"
 kill -0 "$SHIM_PID" || fail "the shim died"
 note "victims passed $rounds rounds; the shim still answers a new guest"
 in_guest a ibv_devinfo | grep >/dev/null 'PORT_ACTIVE' || fail "ibv_devinfo in guest a failed after the adversary"
+
+# Quiet brute force: c guesses the qkey of a's UD QP, in a running
+# ibv_ud_pingpong of a and b, as fast as it can for 1 s. The shim counts
+# every guess it examines (qkey_violations of a) and examines at most
+# --qkey-guess-limit (32) at once, then 32 a second; the rest are dropped
+# unexamined (throttled_datagrams). b's datagrams to a are not throttled:
+# one lost would stall the checked pingpong until its timeout.
+note "qkey guessing: c against a's UD QP while a and b run ibv_ud_pingpong -c"
+# 200000 round trips: 2.4 to 5.5 s on 2 busy cores (12 to 27 us each), so
+# the pair outlasts the guesser.
+ud="ibv_ud_pingpong -d vrdma0 -g 0 -p $port -n ${QKEY_PINGPONG_ITERS:-200000} -c"
+examined_before="$(guest_counter a qkey_violations)"
+throttled_before="$(guest_counter a throttled_datagrams)"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
+spid=$!
+wait_port "$port"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- stdbuf -oL $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 &
+cpid=$!
+for _ in $(seq 1 200); do grep -q "remote address" "$RUN_DIR.c" && break; sleep 0.05; done
+a_lid="$(cat "$RUN_DIR/a/sys/class/infiniband/vrdma0/ports/1/lid")"
+qpn="$(sed -nE 's/.*local address: +LID 0x[0-9a-f]+, QPN (0x[0-9a-f]+).*/\1/p' "$RUN_DIR.s")"
+[ -n "$qpn" ] || { cat "$RUN_DIR.s" >&2; fail "no address from a's ibv_ud_pingpong"; }
+t0="$(date +%s%N)"
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest c -- "$VRDMA_BUILD_DIR/test/integration/adversarial_guest" \
+    --qkey-guess "$a_lid:$qpn" 1 | tee "$RUN_DIR.g" | sed 's/^/  adversary| /'
+ms=$((($(date +%s%N) - t0) / 1000000))
+running="$(kill -0 "$spid" 2>/dev/null && kill -0 "$cpid" 2>/dev/null && echo yes || echo no)"
+src=0 crc=0
+wait "$spid" || src=$?
+wait "$cpid" || crc=$?
+echo "  the pair: server $src, client $crc; client: $(grep -m1 -iE 'failed|iters' "$RUN_DIR.c" || true)"
+[ "$src" -eq 0 ] && [ "$crc" -eq 0 ] || { cat "$RUN_DIR.s" "$RUN_DIR.c" >&2; fail "the UD pair of a and b failed beside the qkey guesser"; }
+[ "$running" = yes ] || fail "the pair ended before the guesser did: the test proved nothing (set QKEY_PINGPONG_ITERS higher)"
+sent="$(sed -nE 's/^qkey guess: ([0-9]+) datagrams.*/\1/p' "$RUN_DIR.g")"
+examined=$(($(guest_counter a qkey_violations) - examined_before))
+throttled=$(($(guest_counter a throttled_datagrams) - throttled_before))
+most=$((32 + 32 * (ms + 999) / 1000))
+echo "  $sent guesses sent in $ms ms: $examined examined (qkey_violations; at most $most), $throttled dropped unexamined (throttled_datagrams)"
+warnings="$(grep -cE 'guest a: .*(wrong qkey|guessing qkeys)' "$SHIM_LOG" || true)"
+echo "  the shim's warnings about them: $warnings (at most one a second of each kind)"
+[ -n "$sent" ] || fail "the qkey guesser did not report"
+[ $((examined + throttled)) -eq "$sent" ] || fail "of $sent guesses, $((examined + throttled)) were counted"
+[ "$examined" -ge 1 ] || fail "no qkey violation counted for a: the guesses never reached its QP"
+[ "$examined" -le "$most" ] || fail "$examined guesses examined in $ms ms: not throttled to 32 a second"
+[ "$throttled" -ge 1 ] || fail "no guess was dropped unexamined: the guesser was never throttled"
+[ "$warnings" -le $((2 * (ms / 1000 + 2))) ] || fail "$warnings warnings about the guesses in $ms ms: not rate-limited"
+rm -f "$RUN_DIR.s" "$RUN_DIR.c" "$RUN_DIR.g"
 
 # Detaches reach the shim shortly after the processes exit.
 for _ in $(seq 1 50); do

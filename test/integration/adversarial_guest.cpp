@@ -15,6 +15,7 @@
 // bounds throughout), 1 otherwise. It prints one line per case.
 //
 //   adversarial_guest [--seconds N] [--seed S]
+// and the single cases of other scripts (main() lists them).
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <linux/falloc.h>
@@ -25,6 +26,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -781,54 +783,102 @@ int flood_fds(int hold_seconds) {
     return g_failures ? 1 : 0;
 }
 
-// A tenant that learned a victim's UD address (LID, QPN) and qkey, as a
-// peer of an exchange does, sends it datagrams: only a partition (P_Key)
-// stands between them (partitions.sh puts the two guests in different
-// ones). Each is a 64-byte SEND of 0xee bytes; the sender's completions
-// succeed whether or not a datagram arrives, as on a real fabric.
-int ud_inject(uint16_t lid, uint32_t qpn, uint32_t qkey, int count) {
-    Armed a;
-    if (!a.ok) {
-        bad("setup failed");
-        return 1;
+// Datagrams from a UD QP of this guest to one (LID, QPN): 64-byte SENDs of
+// 0xee bytes. The sender's completions succeed whether or not a datagram
+// arrives, as on a real fabric.
+class UdSender {
+public:
+    UdSender(uint16_t lid, uint32_t qpn) : lid_(lid), qpn_(qpn) {
+        if (!a_.ok) {
+            bad("setup failed");
+            return;
+        }
+        if (a_.g.create_ah(a_.pd, lid, ah_) != 0) {
+            bad("create_ah to LID %u refused", unsigned(lid));
+            return;
+        }
+        std::memset(a_.g.at(a_.buf), 0xee, 64);
+        ok = true;
     }
-    uint32_t ah = 0;
-    if (a.g.create_ah(a.pd, lid, ah) != 0) {
-        bad("create_ah to LID %u refused", unsigned(lid));
-        return 1;
-    }
-    std::memset(a.g.at(a.buf), 0xee, 64);
-    int sent = 0;
-    while (sent < count) {
-        int batch = 0;
-        for (int i = 0; i < 8 && sent < count; ++i, ++sent, ++batch) {
+    bool ok = false;
+
+    // Sends `n` (at most 8) datagrams, the i-th with qkey(i), and waits for
+    // their completions: the send queue never overflows, so each datagram
+    // really leaves. False (reported) when a send fails or hangs.
+    bool send(int n, const std::function<uint32_t(int)>& qkey) {
+        for (int i = 0; i < n; ++i) {
             abi::SendWqe w{};
-            w.wr_id = uint64_t(sent);
+            w.wr_id = uint64_t(i);
             w.opcode = IBV_WR_SEND;
             w.send_flags = IBV_SEND_SIGNALED;
             w.num_sge = 1;
-            w.ah_handle = ah;
-            w.remote_qpn = qpn;
-            w.remote_qkey = qkey;
-            abi::Sge s{a.buf, 64, a.mr.lkey};
-            a.g.post_send(a.ud.sq, w, {&s, 1});
+            w.ah_handle = ah_;
+            w.remote_qpn = qpn_;
+            w.remote_qkey = qkey(i);
+            abi::Sge s{a_.buf, 64, a_.mr.lkey};
+            a_.g.post_send(a_.ud.sq, w, {&s, 1});
         }
-        // Every send of the batch completes before the next batch: the send
-        // queue never overflows, so each datagram really leaves.
         std::vector<abi::Cqe> done;
-        for (uint64_t until = now_ms() + 5000; int(done.size()) < batch && now_ms() < until;)
-            if (!a.g.poll_cq(a.cq, uint32_t(batch - int(done.size())), &done)) usleep(200);
-        if (int(done.size()) < batch) {
-            bad("ud inject: %d of %d sends completed within 5 s", int(done.size()), batch);
-            return 1;
+        for (uint64_t until = now_ms() + 5000; int(done.size()) < n && now_ms() < until;)
+            if (!a_.g.poll_cq(a_.cq, uint32_t(n - int(done.size())), &done)) usleep(200);
+        if (int(done.size()) < n) {
+            bad("datagrams to LID %u: %d of %d sends completed within 5 s", unsigned(lid_), int(done.size()), n);
+            return false;
         }
         for (const abi::Cqe& c : done)
             if (c.status != IBV_WC_SUCCESS) {
-                bad("ud inject: a send completed with status %u", c.status);
-                return 1;
+                bad("a datagram's send completed with status %u", c.status);
+                return false;
             }
+        return true;
     }
-    say("ud inject: %d datagrams of 64 bytes to LID %u QPN 0x%06x with qkey 0x%08x", sent, unsigned(lid), qpn, qkey);
+
+private:
+    Armed a_;
+    uint16_t lid_;
+    uint32_t qpn_;
+    uint32_t ah_ = 0;
+};
+
+// A tenant that learned a victim's UD address (LID, QPN) and qkey, as a
+// peer of an exchange does, sends it datagrams: only a partition (P_Key)
+// stands between them (partitions.sh puts the two guests in different
+// ones).
+int ud_inject(uint16_t lid, uint32_t qpn, uint32_t qkey, int count) {
+    UdSender u(lid, qpn);
+    if (!u.ok) return 1;
+    int sent = 0;
+    for (; sent < count; sent += 8)
+        if (!u.send(std::min(8, count - sent), [qkey](int) { return qkey; })) return 1;
+    say("ud inject: %d datagrams of 64 bytes to LID %u QPN 0x%06x with qkey 0x%08x", count, unsigned(lid), qpn, qkey);
+    return g_failures ? 1 : 0;
+}
+
+// A tenant that learned a victim's UD address but not its qkey guesses it,
+// as fast as it can for `seconds` (adversarial.sh): the shim throttles it to
+// vrdma-shim --qkey-guess-limit guesses a second, which the script checks
+// in vrdmactl counters. The guesses never have the high bit (that would
+// mean this QP's own qkey, the perftest default 0x11111111 of Armed) and
+// are never that default, which the victim uses.
+int qkey_guess(uint16_t lid, uint32_t qpn, int seconds) {
+    UdSender u(lid, qpn);
+    if (!u.ok) return 1;
+    auto guess = [](int) {
+        uint32_t q;
+        do q = r32() & 0x7fffffffu;
+        while (q == 0x11111111u);
+        return q;
+    };
+    const uint64_t t0 = now_ms(), end = t0 + uint64_t(seconds) * 1000;
+    uint64_t sent = 0;
+    while (now_ms() < end) {
+        if (!u.send(8, guess)) return 1;
+        sent += 8;
+    }
+    const uint64_t ms = std::max<uint64_t>(1, now_ms() - t0);
+    say("qkey guess: %llu datagrams with guessed qkeys to LID %u QPN 0x%06x in %llu ms (%llu a second)",
+        (unsigned long long)sent, unsigned(lid), qpn, (unsigned long long)ms,
+        (unsigned long long)(sent * 1000 / ms));
     return g_failures ? 1 : 0;
 }
 
@@ -845,7 +895,7 @@ bool parse_ud_target(const char* s, unsigned& lid, unsigned& qpn, unsigned& qkey
 int main(int argc, char** argv) {
     int seconds = 20;
     int flood_seconds = -1;
-    int inject = 0;
+    int inject = 0, guess_seconds = 0;
     unsigned inject_lid = 0, inject_qpn = 0, inject_qkey = 0x11111111;
     uint64_t seed = uint64_t(time(nullptr));
     for (int i = 1; i < argc; ++i) {
@@ -856,10 +906,13 @@ int main(int argc, char** argv) {
         else if (a == "--ud-inject" && i + 2 < argc && parse_ud_target(argv[i + 1], inject_lid, inject_qpn, inject_qkey)) {
             inject = std::atoi(argv[i + 2]);
             i += 2;
+        } else if (a == "--qkey-guess" && i + 2 < argc && parse_ud_target(argv[i + 1], inject_lid, inject_qpn, inject_qkey)) {
+            guess_seconds = std::atoi(argv[i + 2]);
+            i += 2;
         } else {
             std::fprintf(stderr,
                          "usage: adversarial_guest [--seconds N] [--seed S] | --flood-fds SECONDS\n"
-                         "       | --ud-inject LID:QPN[:QKEY] COUNT\n");
+                         "       | --ud-inject LID:QPN[:QKEY] COUNT | --qkey-guess LID:QPN SECONDS\n");
             return 2;
         }
     }
@@ -877,6 +930,7 @@ int main(int argc, char** argv) {
     }
     if (flood_seconds >= 0) return flood_fds(flood_seconds);
     if (inject > 0) return ud_inject(uint16_t(inject_lid), inject_qpn, inject_qkey, inject);
+    if (guess_seconds > 0) return qkey_guess(uint16_t(inject_lid), inject_qpn, guess_seconds);
     say("adversarial guest: seed %llu, %d s of timed cases", (unsigned long long)seed, seconds);
     const int slice = std::max(1, seconds / 4);
     struct Named {

@@ -22,6 +22,7 @@ expect_fail 2 'unknown (argument|option)' "$SHIM" --bogus
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none
 expect_fail 2 'guest' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest 'bad/name'
 expect_fail 2 'rkey-guess-limit must be 0..1000000' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --rkey-guess-limit many
+expect_fail 2 'qkey-guess-limit must be 0..1000000' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --qkey-guess-limit 1000001
 expect_fail 2 'hca-local needs --hca' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --hca-local
 expect_fail 1 '^vrdma-shim: --hca: (no RDMA device named nosuch0|cannot list RDMA devices)' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --hca nosuch0
 # Workers (docs/protocol.md "Workers"): counts, placements and CPUs checked.

@@ -95,6 +95,12 @@ in_guest() {
     "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$g" -- "$@"
 }
 
+# guest_counter GUEST NAME : counter NAME of GUEST's line in vrdmactl counters.
+guest_counter() {
+    "$VRDMACTL" --run-dir "$RUN_DIR" counters | awk -v g="$1" -v c="$2" '$1 == "guest" && $2 == g {
+        for (i = 3; i < NF; i += 2) if ($i == c) print $(i + 1) }'
+}
+
 # wait_port PORT : until something listens on TCP PORT (10 s).
 wait_port() {
     for _ in $(seq 1 200); do

@@ -49,11 +49,7 @@ pair a b 18723 ibv_ud_pingpong && fail "UD between a and b (different partitions
 grep -qE "^guest (a|b) .*pkey_violations [1-9]" "$RUN_DIR.s" || fail "no P_Key violation counted"
 
 note "an adversary in b (0x8002) injects datagrams into a running UD pair of a and c (0x8001)"
-pkey_violations() {
-    "$VRDMACTL" --run-dir "$RUN_DIR" counters | awk -v g="$1" '$1 == "guest" && $2 == g {
-        for (i = 3; i < NF; i += 2) if ($i == "pkey_violations") print $(i + 1) }'
-}
-before="$(pkey_violations a)"
+before="$(guest_counter a pkey_violations)"
 ud="ibv_ud_pingpong -d vrdma0 -g 0 -p 18724 -n 50000 -c"
 timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
 spid=$!
@@ -72,7 +68,7 @@ wait "$cpid" || crc=$?
 echo "  the pair: server $src, client $crc; client: $(grep -m1 -iE 'failed|iters' "$RUN_DIR.c" || true)"
 [ "$src" -eq 0 ] && [ "$crc" -eq 0 ] || { cat "$RUN_DIR.s" "$RUN_DIR.c" >&2; fail "the UD pair of a and c failed beside the adversary"; }
 [ "$running" = yes ] || fail "the pair ended before the adversary did: the test proved nothing (make -n larger)"
-after="$(pkey_violations a)"
+after="$(guest_counter a pkey_violations)"
 echo "  pkey_violations of a: $before before, $after after"
 [ $((after - before)) -ge 200 ] || fail "the adversary's 200 datagrams were not all stopped at the partition"
 rm -f "$RUN_DIR.s" "$RUN_DIR.c"

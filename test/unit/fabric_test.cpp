@@ -429,6 +429,42 @@ struct UdOverFabric : Fabric2 {
     }
 };
 
+// A guest of shim A guesses the qkey of a UD QP on shim B: B counts the
+// guesses and throttles the pair (A's guest's LID, B's guest), as it would a
+// guest of its own; a second later the right qkey passes again.
+TEST_CASE("fabric: a peer's guest that keeps guessing qkeys is counted and throttled", "[shim][fabric][isolation]") {
+    UdOverFabric f;
+    f.B.eng.qkey_throttle().set_limit(4);  // 4 at once, then 4 a second
+    const uint32_t ah = f.ah();
+    const GuestSecurity& s = f.B.eng.security_of(f.B.g);
+    f.B.p.post_recv(f.qb.rq, 1, {abi::Sge{f.mb.addr, 100, f.mb.lkey}});
+    // n datagrams from A's QP with qkeys first_qkey, first_qkey + 1, ...
+    auto send = [&](uint32_t first_qkey, int n) {
+        for (int i = 0; i < n; ++i) {
+            auto w = send_wqe(uint64_t(i), IBV_WR_SEND);
+            w.ah_handle = ah;
+            w.remote_qpn = f.qb.qpn;
+            w.remote_qkey = first_qkey + uint32_t(i);
+            f.A.p.post_send(f.qa.sq, w, {abi::Sge{f.ma.addr, 8, f.ma.lkey}});
+        }
+        f.pump();
+        CHECK(f.A.p.poll(f.ca).size() == size_t(n));
+    };
+    send(0x5000, 10);  // the right one is 0x1234
+    CHECK(s.qkey_violations == 4);
+    CHECK(s.throttled_datagrams == 6);
+    send(0x1234, 1);
+    CHECK(s.throttled_datagrams == 7);
+    CHECK(f.B.p.poll(f.cb).empty());
+    CHECK(f.B.eng.qkey_throttle().throttled(GuessThrottle::pair(1, 2), f.B.eng.now()));
+    g_fake_now += 1'000'000'000;
+    send(0x1234, 1);
+    auto rc = f.B.p.poll(f.cb);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].status == IBV_WC_SUCCESS);
+    CHECK(rc[0].slid == 1);
+}
+
 TEST_CASE("fabric: UD datagram with a GRH", "[shim][fabric]") {
     UdOverFabric f;
     abi::AhAttr grh{};

@@ -338,3 +338,111 @@ TEST_CASE("a source that keeps guessing rkeys is throttled", "[shim][isolation]"
     CHECK(attempt(IBV_WR_RDMA_WRITE, ma.rkey) == IBV_WC_SUCCESS);
     CHECK(std::memcmp(t.a.at(ma.addr), t.b.at(mb.addr), 64) == 0);
 }
+
+namespace {
+
+// A UD QP (qkey kQkey) of one guest, with an MR, a CQ and an AH per
+// destination LID.
+struct UdEnd {
+    static constexpr uint32_t kQkey = 0x11111111;
+    FakeProvider& p;
+    uint32_t pd;
+    FakeProvider::CqView cq;
+    FakeProvider::QpView qp;
+    FakeProvider::MrInfo mr;
+    explicit UdEnd(FakeProvider& provider) : p(provider) {
+        pd = p.pd();
+        cq = p.cq(256);
+        FakeProvider::QpSpec ud;
+        ud.type = IBV_QPT_UD;
+        qp = p.qp(pd, cq, cq, ud);
+        p.ud_ready(qp, kQkey);
+        mr = p.mr(pd, 8192, kAllAccess);
+    }
+    uint32_t ah(uint16_t dlid) {
+        abi::CmdCreateAhReq r{};
+        r.pd_handle = pd;
+        r.attr.dlid = dlid;
+        r.attr.port_num = 1;
+        return p.cmd(CmdOp::CreateAh, r).as<abi::CmdCreateAhResp>().ah_handle;
+    }
+    // Posts one datagram of 8 bytes to (ah, qpn) with `qkey`.
+    void send(uint32_t ah_handle, uint32_t qpn, uint32_t qkey) {
+        auto w = send_wqe(qkey, IBV_WR_SEND);
+        w.ah_handle = ah_handle;
+        w.remote_qpn = qpn;
+        w.remote_qkey = qkey;
+        p.post_send(qp.sq, w, {abi::Sge{mr.addr, 8, mr.lkey}});
+    }
+    void post_recvs(int n) {
+        for (int i = 0; i < n; ++i) p.post_recv(qp.rq, 100 + i, {abi::Sge{mr.addr + 4096, 1024, mr.lkey}});
+    }
+};
+
+}  // namespace
+
+// Guest a sends guest b's UD QP datagrams with qkey after wrong qkey. Past
+// the limit every datagram of a to b is dropped unexamined, even one with
+// the right qkey, while c's datagrams to b and a's to c still arrive; a
+// token later one more guess is examined; a second later a's right qkey
+// gets through again. With two workers a's guesses are served by b's.
+TEST_CASE("a source that keeps guessing qkeys is counted and throttled", "[shim][isolation]") {
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    TwoGuests t(workers);
+    FakeProvider c(t.eng, t.eng.add_guest("c", 3, 0x3333));  // a's worker
+    t.eng.qkey_throttle().set_limit(4);  // 4 at once, then 4 a second
+    UdEnd ea(t.a), eb(t.b), ec(c);
+    const uint32_t a_to_b = ea.ah(2), a_to_c = ea.ah(3), c_to_b = ec.ah(2);
+    const GuestSecurity& sb = t.beng().security_of(t.gb);
+    eb.post_recvs(8);
+    ec.post_recvs(2);
+    // The senders' completions succeed whatever happens to the datagrams.
+    auto sent = [&](UdEnd& e, size_t n) {
+        t.run();
+        auto sc = e.p.poll(e.cq);
+        CHECK(sc.size() == n);
+        for (auto& s : sc) CHECK(s.status == IBV_WC_SUCCESS);
+    };
+    auto guess = [&](int n) {
+        for (int i = 0; i < n; ++i) ea.send(a_to_b, eb.qp.qpn, UdEnd::kQkey ^ uint32_t(0x1000 + i));
+        sent(ea, size_t(n));
+    };
+
+    guess(10);
+    guess(10);
+    CHECK(sb.qkey_violations == 4);       // examined: the bucket's 4
+    CHECK(sb.throttled_datagrams == 16);  // the rest: dropped unexamined
+    ea.send(a_to_b, eb.qp.qpn, UdEnd::kQkey);  // the right qkey does not help
+    sent(ea, 1);
+    CHECK(sb.throttled_datagrams == 17);
+    CHECK(eb.p.poll(eb.cq).empty());
+    CHECK(t.eng.qkey_throttle().throttled(GuessThrottle::pair(1, 2), t.eng.now()));
+
+    // Others are not affected: c to b, and a to c.
+    ec.send(c_to_b, eb.qp.qpn, UdEnd::kQkey);
+    sent(ec, 1);
+    auto rb = eb.p.poll(eb.cq);
+    REQUIRE(rb.size() == 1);
+    CHECK(rb[0].status == IBV_WC_SUCCESS);
+    CHECK(rb[0].slid == 3);
+    ea.send(a_to_c, ec.qp.qpn, UdEnd::kQkey);
+    sent(ea, 1);
+    auto rc = ec.p.poll(ec.cq);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].slid == 1);
+
+    // A quarter of a second brings one token: one more guess is examined.
+    g_fake_now += 250'000'000;
+    guess(10);
+    CHECK(sb.qkey_violations == 5);
+    CHECK(sb.throttled_datagrams == 26);
+    // A second of silence: the right qkey gets through again.
+    g_fake_now += 1'000'000'000;
+    ea.send(a_to_b, eb.qp.qpn, UdEnd::kQkey);
+    sent(ea, 1);
+    rb = eb.p.poll(eb.cq);
+    REQUIRE(rb.size() == 1);
+    CHECK(rb[0].status == IBV_WC_SUCCESS);
+    CHECK(rb[0].slid == 1);
+    CHECK(sb.qkey_violations == 5);
+}

@@ -23,6 +23,7 @@ namespace vrdma::shim {
 
 Daemon::Daemon(Options opts) : opts_(std::move(opts)) {
     shared_.guess_throttle().set_limit(opts_.rkey_guess_limit);
+    shared_.qkey_throttle().set_limit(opts_.qkey_guess_limit);
 }
 
 Daemon::~Daemon() { shutdown(); }

@@ -22,7 +22,7 @@ SYNOPSIS
                [:worker=K][:weight=W] [--guest ...] [--workers N] [--worker-cpus LIST]
                [--lid-base N] [--lid-count N]
                [--attach-timeout SECONDS]
-               [--rkey-guess-limit N]
+               [--rkey-guess-limit N] [--qkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
                [--hca DEVICE[:PORT] [--hca-local]]
@@ -152,6 +152,17 @@ OPTIONS
         not affected. Correct programs make no remote access errors: each
         one puts both QPs in error. Counted as throttled_requests in
         vrdmactl counters and logged.
+
+    --qkey-guess-limit N
+        UD datagrams with a wrong qkey that one source (a guest of this
+        shim or of a peer shim, known by its LID) may send to one guest of
+        this shim: N at once, then N a second (default 32, 0..1000000; 0
+        turns throttling off). Over the limit, all its datagrams to that
+        guest are dropped unexamined, whatever their qkey, until it has
+        kept below the rate; its datagrams to other guests are not
+        affected. Correct programs send no datagram with a wrong qkey.
+        Counted as qkey_violations and throttled_datagrams in vrdmactl
+        counters and logged.
 
     --lid-count N
         How many LIDs this shim owns from --lid-base (default: one per
@@ -477,6 +488,13 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
             if (!need_value(v)) return false;
             if (!parse_u32(v.c_str(), o.rkey_guess_limit) || o.rkey_guess_limit > 1000000) {
                 error = "--rkey-guess-limit must be 0..1000000 errors a second, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--qkey-guess-limit") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (!parse_u32(v.c_str(), o.qkey_guess_limit) || o.qkey_guess_limit > 1000000) {
+                error = "--qkey-guess-limit must be 0..1000000 datagrams a second, not '" + v + "'";
                 return false;
             }
         } else if (a == "--lid-count") {

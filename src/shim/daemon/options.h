@@ -38,6 +38,7 @@ struct Options {
     bool hca_local = false;  // --hca-local
     uint32_t attach_timeout_s = 10;  // an unattached connection is closed after this
     uint32_t rkey_guess_limit = GuessThrottle::kDefaultLimit;  // remote access errors a second per source
+    uint32_t qkey_guess_limit = GuessThrottle::kDefaultLimit;  // wrong-qkey datagrams a second per source and guest
     uint32_t lid_count = 0;  // LIDs this shim owns from lid_base (0: one per guest)
     bool help = false;
 };

@@ -10,10 +10,12 @@ void security_report(Engine& eng, std::string& guests, std::string& qps) {
         const GuestSecurity& s = g->security;
         std::snprintf(line, sizeof(line),
                       "guest %s remote_access_errors %llu stranger_requests %llu pkey_violations %llu "
-                      "refused_connections %llu throttled_requests %llu\n",
+                      "refused_connections %llu throttled_requests %llu qkey_violations %llu "
+                      "throttled_datagrams %llu\n",
                       g->name.c_str(), (unsigned long long)s.remote_access_errors,
                       (unsigned long long)s.stranger_requests, (unsigned long long)s.pkey_violations,
-                      (unsigned long long)s.refused_connections, (unsigned long long)s.throttled_requests);
+                      (unsigned long long)s.refused_connections, (unsigned long long)s.throttled_requests,
+                      (unsigned long long)s.qkey_violations, (unsigned long long)s.throttled_datagrams);
         guests += line;
     }
     eng.for_each_context([&](Context& ctx) {

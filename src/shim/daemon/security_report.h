@@ -1,6 +1,7 @@
 // The text of `vrdmactl counters`: what isolation stopped, one line per
 // guest, then one per QP with a nonzero counter:
 //   guest a remote_access_errors 3 stranger_requests 12 pkey_violations 0 refused_connections 300 throttled_requests 0
+//     qkey_violations 64 throttled_datagrams 90000   (on the same line)
 //   qp a 0x3f2a11 remote_access_errors 3 stranger_requests 12
 #pragma once
 

@@ -50,6 +50,9 @@ public:
     // Remote access errors per source LID; sources that keep making them
     // have their RDMA requests dropped (guess_throttle.h).
     GuessThrottle& guess_throttle() { return shared_->guess_throttle(); }
+    // UD datagrams with a wrong qkey per (source LID, target LID); pairs
+    // that keep sending them have their datagrams dropped (qkey_guard.h).
+    GuessThrottle& qkey_throttle() { return shared_->qkey_throttle(); }
     const Quotas& quotas() const { return quotas_; }
     // What every context of `guest` holds together (quota.h). Null for a
     // guest this engine does not serve.

@@ -1,7 +1,8 @@
 // What one guest suffered or attempted that isolation stopped, for the
 // operator (vrdmactl counters) and a rate-limited log: requests with a bad
 // rkey, range or access that reached its QPs, requests from QPs its QPs are
-// not connected to (strangers), connections of users who do not own it.
+// not connected to (strangers), datagrams with a wrong qkey, connections of
+// users who do not own it.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,8 @@ struct GuestSecurity {
     uint64_t refused_connections = 0;   // SO_PEERCRED: not the owner
     uint64_t pkey_violations = 0;       // dropped: sender in no partition of the target QP's
     uint64_t throttled_requests = 0;    // dropped: RDMA from a source that keeps guessing keys
+    uint64_t qkey_violations = 0;       // dropped: UD datagrams to its QPs with a wrong qkey
+    uint64_t throttled_datagrams = 0;   // dropped unexamined: from a source that keeps guessing its qkeys
     // Rate limit of the warnings: at most one a second per guest and kind,
     // saying how many were not logged.
     struct Limiter {
@@ -25,7 +28,7 @@ struct GuestSecurity {
         // sets it to 0).
         bool due(uint64_t now_ns);
     };
-    Limiter access_log, stranger_log, refusal_log, pkey_log, throttle_log;
+    Limiter access_log, stranger_log, refusal_log, pkey_log, throttle_log, qkey_log, datagram_throttle_log;
 };
 
 }  // namespace vrdma::shim

@@ -12,6 +12,7 @@
 #include "hca_device.h"
 #include "memory_windows.h"
 #include "psn.h"
+#include "qkey_guard.h"
 #include "qp_state.h"
 #include "vrdma_common/log.h"
 
@@ -153,7 +154,7 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
     if (!dst || dst.qp->type != IBV_QPT_UD || !qp_takes_requests(dst.qp->state)) return;
     if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
-    if (dst.qp->attr.qkey != req.qkey) return;
+    if (!qkey_admits(eng, req, *dst.ctx, *dst.qp)) return;
     if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
     if (dst.qp->device_bound) {
         // Its receives are on the device (hca_ud.h): a datagram that came
@@ -323,7 +324,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     if (!ctx.guest().port_active) return;
     if (!from_connected_peer(eng, req, qp)) return note_stranger(eng, ctx, qp, req);
     if (!partition_ok(eng, req, ctx, qp)) return;
-    if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM &&
+    if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM && eng.guess_throttle().anyone_throttled() &&
         eng.guess_throttle().throttled(req.slid, eng.now()))
         return note_throttled(eng, ctx, req);
     d.ctx = &ctx;

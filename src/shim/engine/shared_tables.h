@@ -1,15 +1,15 @@
 // What the workers of one shim share (docs/protocol.md "Workers"): the
 // numbers that must be unique shim-wide (QPNs and their quarantine, QP
 // incarnations, SRQ numbers, context ids), the shim-wide mapping count, and the rkey
-// guess throttle (a source's guesses count wherever its targets are
-// served). Everything else belongs to one worker's engine.
+// and qkey guess throttles (a source's guesses count wherever its targets
+// are served). Everything else belongs to one worker's engine.
 //
 // Thread safety: QPNs are taken and given back by control commands only,
 // under a mutex; incarnations, SRQ numbers and context ids are atomic
 // counters; the
 // mapping count is atomic (global_usage: GuestUsage takes with a
-// compare-exchange); the throttle locks only on its slow path (a source
-// that made a remote access error). No fast path of a worker takes a lock
+// compare-exchange); the throttles lock only on their slow paths (a
+// source that made an error). No fast path of a worker takes a lock
 // here.
 #pragma once
 
@@ -57,6 +57,7 @@ public:
 
     GlobalUsage& global_usage() { return global_; }
     GuessThrottle& guess_throttle() { return guess_throttle_; }
+    GuessThrottle& qkey_throttle() { return qkey_throttle_; }
 
 private:
     mutable std::mutex qpn_mutex_;
@@ -66,7 +67,8 @@ private:
     std::atomic<uint32_t> next_srqn_{1};
     std::atomic<uint64_t> next_context_id_{1};
     GlobalUsage global_;
-    GuessThrottle guess_throttle_;
+    GuessThrottle guess_throttle_;  // rkeys, by source LID
+    GuessThrottle qkey_throttle_;   // qkeys, by (source LID, target LID)
 };
 
 }  // namespace vrdma::shim
