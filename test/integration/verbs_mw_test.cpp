@@ -222,6 +222,40 @@ TEST_CASE("type 1: a bound window grants its access to its range, and only that"
     CHECK(t.dealloc() == 0);
 }
 
+TEST_CASE("a bind that also names local write binds and grants only the remote access; a bind of length 0 unbinds", "[mw]") {
+    // Applications (rdma-core's own test suite among them) pass the MR's
+    // flags, local write included, when they bind: a device ignores it.
+    for (ibv_mw_type type : {IBV_MW_TYPE_1, IBV_MW_TYPE_2}) {
+        INFO("type " << int(type));
+        Windows t(type, 8192);
+        auto& [dev, peer, mem, inbox, local, mw] = t;
+        Pair p(dev, peer);
+        const ibv_mw_bind_info info = bind_info(mem, 0, 4096, IBV_ACCESS_REMOTE_WRITE | kLocal);
+        ibv_wc b = type == IBV_MW_TYPE_1 ? bind_type1(p.b, mw, info) : bind_type2(p.b, mw, info, ibv_inc_rkey(mw->rkey));
+        REQUIRE(b.status == IBV_WC_SUCCESS);
+        const uint32_t rkey = mw->rkey;  // the bind's new rkey, either way
+        fill(local, 7);
+        ibv_wc w = rdma(p.a, IBV_WR_RDMA_WRITE, local, 4096, mem.addr(0), rkey);
+        CHECK(w.status == IBV_WC_SUCCESS);
+        CHECK(std::memcmp(mem.data, local.data, 4096) == 0);
+        // Remote write was granted, remote read was not.
+        Buffer back(dev.pd, 4096, kLocal);
+        Pair q(dev, peer);
+        if (type == IBV_MW_TYPE_1) {
+            ibv_wc r = rdma(q.a, IBV_WR_RDMA_READ, back, 64, mem.addr(0), rkey);
+            CHECK(r.status == IBV_WC_REM_ACCESS_ERR);
+        }
+        if (type == IBV_MW_TYPE_1) {
+            // A bind of length 0 unbinds, even when it names the MR.
+            CHECK(bind_type1(p.b, mw, bind_info(mem, 0, 0, 0)).status == IBV_WC_SUCCESS);
+            expect_no_access(dev, peer, mem.addr(0), mw->rkey);
+        } else {
+            CHECK(local_inv(p.b, rkey).status == IBV_WC_SUCCESS);
+        }
+        CHECK(t.dealloc() == 0);
+    }
+}
+
 TEST_CASE("type 2: bound through one QP, reached only through it, freed by local invalidate", "[mw]") {
     Windows t(IBV_MW_TYPE_2, 8192);
     auto& [dev, peer, mem, inbox, local, mw] = t;

@@ -36,13 +36,16 @@ uint32_t bind_window(Context& ctx, const Qp& qp, const abi::SendWqe& w) {
     Mw* mw = ctx.mws.get(w.mw_handle);
     // The new rkey keeps the window's index; only its tag is the consumer's.
     if (!mw || mw->pd != qp.pd || (w.rkey >> 8) != (mw->key >> 8)) return IBV_WC_MW_BIND_ERR;
-    // Zero-based windows are not offered (nor are zero-based MRs).
-    if (w.mw_access & ~kRemoteAccess) return IBV_WC_MW_BIND_ERR;
-    const bool unbind = w.mr_lkey == 0 && w.compare_add == 0;
+    // A window grants remote access only: local write, which applications
+    // often pass along (rdma-core's own tests do), means nothing for it and
+    // is ignored, as devices do. Zero-based windows are not offered (nor are
+    // zero-based MRs), and bits verbs does not define are refused.
+    if (w.mw_access & ~(kRemoteAccess | IBV_ACCESS_LOCAL_WRITE)) return IBV_WC_MW_BIND_ERR;
+    // A bind of length 0 unbinds, whatever MR it names (ibv_bind_mw(3)).
+    const bool unbind = w.compare_add == 0;
     if (mw->type == IBV_MW_TYPE_2 && (mw->bound || unbind)) return IBV_WC_MW_BIND_ERR;  // o10-37.2.30, .40
     Mr* mr = nullptr;
     if (!unbind) {
-        if (w.compare_add == 0) return IBV_WC_MW_BIND_ERR;
         mr = bind_target(ctx, qp, *mw, w);
         if (!mr) return IBV_WC_MW_BIND_ERR;
     }
@@ -53,7 +56,7 @@ uint32_t bind_window(Context& ctx, const Qp& qp, const abi::SendWqe& w) {
     mw->bound = true;
     mw->mr = ctx.keys.lookup(w.mr_lkey, KeyKind::Mr);
     mw->qp = mw->type == IBV_MW_TYPE_2 ? qp.handle : 0;
-    mw->access = w.mw_access;
+    mw->access = w.mw_access & kRemoteAccess;
     mw->addr = w.remote_addr;
     mw->length = w.compare_add;
     ++mr->bound_windows;
