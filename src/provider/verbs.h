@@ -33,6 +33,10 @@ int resize_cq(ibv_cq*, int);
 struct Cq;
 // After an empty poll past the spin: yields the CPU; false if the shim is gone.
 bool cq_idle(Cq& cq);
+// Drops the completions of QP `qp_num` that wait in `cq` (receive
+// completions too when `receives`), keeping the others in order: a QP
+// moved to RESET leaves nothing behind, as on mlx5.
+void discard_completions(Cq& cq, uint32_t qp_num, bool receives);
 
 // cq_ex_poll.cpp: start_poll/next_poll/end_poll and the read_* functions
 // over the same completion ring. The completion fields offered:

@@ -204,6 +204,30 @@ bool cq_idle(Cq& cq) {
     return true;
 }
 
+void discard_completions(Cq& cq, uint32_t qp_num, bool receives) {
+    std::lock_guard lock(cq.mu);
+    // The shim only ever writes at the producer index and beyond, so the
+    // completions between the consumer and the producer read now stay put
+    // while the kept ones slide towards the producer over the dropped ones.
+    const uint32_t prod = cq.hdr->producer.load(std::memory_order_acquire);
+    if (!ring_valid_producer(prod, cq.cons, cq.entries)) return;
+    const uint32_t n = ring_count(prod, cq.cons, cq.entries);
+    uint32_t dropped = 0;
+    for (uint32_t k = n; k-- > 0;) {
+        const uint32_t idx = ring_advance(cq.cons, k, cq.entries);
+        const abi::Cqe& e = cq.cqes[ring_slot(idx, cq.entries)];
+        const bool receive = (e.opcode & IBV_WC_RECV) != 0;
+        if (e.qp_num == qp_num && (receives || !receive)) {
+            ++dropped;
+        } else if (dropped) {
+            cq.cqes[ring_slot(ring_advance(idx, dropped, cq.entries), cq.entries)] = e;
+        }
+    }
+    if (!dropped) return;
+    cq.cons = ring_advance(cq.cons, dropped, cq.entries);
+    cq.hdr->consumer.store(cq.cons, std::memory_order_release);
+}
+
 int resize_cq(ibv_cq* ibcq, int cqe) {
     Cq* cq = to_cq(ibcq);
     Context& ctx = *cq->ctx;

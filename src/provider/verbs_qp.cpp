@@ -258,7 +258,16 @@ int modify_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) {
     a.sq_draining = attr->sq_draining;
     a.en_sqd_async_notify = attr->en_sqd_async_notify;
     if (attr_mask & IBV_QP_AV) to_abi_ah(attr->ah_attr, a.ah);
-    return command(*qp->ctx, abi::CmdOp::ModifyQp, &req, sizeof(req), nullptr, 0);
+    if (int rc = command(*qp->ctx, abi::CmdOp::ModifyQp, &req, sizeof(req), nullptr, 0)) return rc;
+    if ((attr_mask & IBV_QP_STATE) && attr->qp_state == IBV_QPS_RESET) {
+        // The shim writes nothing more for the QP; what it wrote and was not
+        // polled goes (an SRQ's receive completions stay: their buffers
+        // belong to the SRQ's other consumers too).
+        const bool receives = ibqp->srq == nullptr;
+        if (ibqp->send_cq) discard_completions(*to_cq(ibqp->send_cq), ibqp->qp_num, false);
+        if (ibqp->recv_cq) discard_completions(*to_cq(ibqp->recv_cq), ibqp->qp_num, receives);
+    }
+    return 0;
 }
 
 int query_qp(ibv_qp* ibqp, ibv_qp_attr* attr, int, ibv_qp_init_attr* init_attr) {

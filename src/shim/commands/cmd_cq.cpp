@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "commands.h"
+#include "requester.h"
 #include "vrdma/ring.h"
 
 namespace vrdma::shim {
@@ -45,7 +46,7 @@ int cmd_destroy_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     return 0;
 }
 
-int cmd_resize_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdResizeCqReq>(req);
     Cq* cq = ctx.cqs.get(r.cq_handle);
     if (!cq) return EINVAL;
@@ -53,6 +54,14 @@ int cmd_resize_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
         r.cqe == 0 || r.cqe > r.entries - 1)
         return EINVAL;
     if (cq->error) return EIO;  // overrun: its completions are already lost
+    // The work requests posted before the resize complete into the CQ first,
+    // as a device has executed them by the time its command interface gets
+    // to a resize: a size below what they leave to poll is then refused
+    // however quickly the resize followed them (rdma-core's test_resize_cq).
+    const uint64_t t = eng.now();
+    ctx.qps.for_each([&](uint32_t, Qp& qp) {
+        if (qp.send_cq == r.cq_handle) requester_process(eng, ctx, qp, t);
+    });
     uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
     if (!ring_valid_consumer(cons, cq->prod, cq->entries)) return EINVAL;
     uint32_t outstanding = ring_count(cq->prod, cons, cq->entries);

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# rdma-core's own verbs test suite (tests/ of the rdma-core source at the
+# version Debian ships, installed by python3-pyverbs under
+# /usr/share/doc/rdma-core/tests, partly gzipped), run by its run_tests.py
+# against vrdma0 in guest a: the tests rdma-core runs against rxe and real
+# devices. Fails on any failure or error, on fewer passes than today's
+# (RDMA_CORE_MIN_PASSED), and on a skip whose reason is not one of those
+# docs/rdma-core-tests.md lists (a feature of other hardware, or one vrdma
+# does not offer yet): a test that starts skipping for a new reason is a
+# regression until the list says why.
+source "$(dirname "$0")/lib.sh"
+suite_src=/usr/share/doc/rdma-core/tests
+python=/usr/bin/python3  # Debian's, where pyverbs is installed
+[ -f "$suite_src/run_tests.py" ] || { echo "no $suite_src (apt-get install python3-pyverbs)"; exit 77; }
+"$python" -c 'import pyverbs' 2>/dev/null || { echo "no pyverbs for $python"; exit 77; }
+min_passed="${RDMA_CORE_MIN_PASSED:-89}"
+start_shim a
+suite="$RUN_DIR.suite"
+cp -r "$suite_src" "$suite"
+gunzip -f "$suite"/*.gz
+rc=0
+timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "$python" "$suite/run_tests.py" --dev vrdma0 -v \
+    >"$RUN_DIR.out" 2>&1 || rc=$?
+grep -E '^(ERROR|FAIL):' -A12 "$RUN_DIR.out" || true
+ran="$(sed -nE 's/^Ran ([0-9]+) tests.*/\1/p' "$RUN_DIR.out")"
+skipped="$(grep -cE "\.\.\. skipped '" "$RUN_DIR.out" || true)"
+failed="$(grep -cE '^(ERROR|FAIL):' "$RUN_DIR.out" || true)"
+passed=$((${ran:-0} - skipped - failed))
+echo "rdma-core tests: ran ${ran:-0}, passed $passed, failed or errors $failed, skipped $skipped (exit $rc)"
+echo "skips by reason:"
+grep -oE "\.\.\. skipped '.*'" "$RUN_DIR.out" | sed -E "s/^\.\.\. skipped //" | sort | uniq -c | sort -rn |
+    sed 's/^/  /'
+# Every skip reason must be one the docs explain.
+allowed="$(sed -nE "s/^\| *'([^']*)' *\|.*/\1/p" "$(dirname "$0")/../../docs/rdma-core-tests.md")"
+unexplained=0
+while IFS= read -r reason; do
+    [ -n "$reason" ] || continue
+    if ! grep -qxF -- "$reason" <<<"$allowed"; then
+        echo "  a skip not in docs/rdma-core-tests.md: '$reason'" >&2
+        unexplained=1
+    fi
+done < <(grep -oE "\.\.\. skipped '.*'" "$RUN_DIR.out" | sed -E "s/^\.\.\. skipped '(.*)'$/\1/" | sort -u)
+rm -rf "$suite"
+[ -n "$ran" ] || { tail -30 "$RUN_DIR.out" >&2; fail "the suite did not finish"; }
+[ "$failed" -eq 0 ] && [ "$rc" -eq 0 ] || fail "$failed tests failed or ended in errors"
+[ "$passed" -ge "$min_passed" ] || fail "only $passed tests passed (at least $min_passed did before)"
+[ "$unexplained" -eq 0 ] || fail "tests skipped for reasons docs/rdma-core-tests.md does not give"
+echo "rdma_core_tests: ok"
