@@ -331,6 +331,55 @@ TEST_CASE("a QP moved to ERR flushes its posted receives", "[rc][flush]") {
     }
 }
 
+TEST_CASE("a QP moved to RESET leaves none of its completions in its CQs; another QP's stay", "[rc][flush]") {
+    Device dev, peer(Device::kPeer);
+    ibv_cq* shared = ibv_create_cq(peer.ctx, 64, nullptr, nullptr, 0);
+    REQUIRE(shared);
+    {
+        QpOptions o;
+        o.send_cq = o.recv_cq = shared;
+        Qp a(dev), b(peer, o), other(peer, o);
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+        connect_rc(other.qp, dev.lid, a.qpn());  // never used: it only flushes
+        Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+        for (int i = 0; i < 3; ++i) {
+            REQUIRE(post_recv(b.qp, 60 + i, {sge(rbuf, i * 64, 64)}) == 0);
+            REQUIRE(post_recv(other.qp, 70 + i, {sge(rbuf, 1024 + i * 64, 64)}) == 0);
+        }
+        ibv_qp_attr at{};
+        at.qp_state = IBV_QPS_ERR;
+        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
+        REQUIRE(ibv_modify_qp(other.qp, &at, IBV_QP_STATE) == 0);
+        usleep(100 * 1000);  // the six flushes are in the CQ
+        at.qp_state = IBV_QPS_RESET;
+        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
+        for (int i = 0; i < 3; ++i) {
+            auto r = poll_one(shared);
+            REQUIRE(r);
+            CHECK(r->qp_num == other.qpn());
+            CHECK(r->wr_id == uint64_t(70 + i));
+            CHECK(r->status == IBV_WC_WR_FLUSH_ERR);
+        }
+        CHECK(cq_stays_empty(shared, 100));
+        // Reconnected from RESET, b works, and its CQ holds only what is new.
+        connect_rc(b.qp, dev.lid, a.qpn());
+        REQUIRE(post_recv(b.qp, 80, {sge(rbuf, 2048, 64)}) == 0);
+        ibv_send_wr wr{};
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        REQUIRE(post_send(a.qp, wr, {sge(buf, 0, 32)}) == 0);
+        auto s = poll_one(a.send_cq);
+        REQUIRE(s);
+        CHECK(s->status == IBV_WC_SUCCESS);
+        auto r = poll_one(shared);
+        REQUIRE(r);
+        CHECK(r->wr_id == 80u);
+        CHECK(r->status == IBV_WC_SUCCESS);
+    }
+    CHECK(ibv_destroy_cq(shared) == 0);
+}
+
 TEST_CASE("a peer that is not connected: RETRY_EXC_ERR, not a hang", "[rc]") {
     Device dev, peer(Device::kPeer);
     Qp a(dev), b(peer);
