@@ -28,6 +28,8 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] status\n"
     "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
     "    vrdmactl [--run-dir DIR] weight GUEST W\n"
+    "    vrdmactl [--run-dir DIR] guest add NAME[:OPTION...]\n"
+    "    vrdmactl [--run-dir DIR] guest remove NAME\n"
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
     "    vrdmactl [--run-dir DIR] load\n"
@@ -53,6 +55,24 @@ constexpr const char* kHelp =
     "            its command line again). vrdmactl load shows it. Exit status\n"
     "            0 on success, 1 if the shim refused (no such guest, a weight\n"
     "            out of range), 3 if no shim answers.\n"
+    "    guest add NAME[:OPTION...]\n"
+    "            Serves a new guest from now on, without a restart: NAME and\n"
+    "            its options as vrdma-shim --guest takes them (owner=, group=,\n"
+    "            pkeys=, controlled-qkeys, worker=, weight=). It gets the lowest\n"
+    "            free LID of the shim's range (in a fabric: --lid-base and\n"
+    "            --lid-count, so leave room there), the worker with the fewest\n"
+    "            guests unless worker= says, and its device tree and socket in\n"
+    "            DIR/NAME. Prints \"guest NAME lid L worker W\". A guest added\n"
+    "            here is gone when the shim restarts. Exit status 0 on\n"
+    "            success, 1 if the shim refused (a name in use, a bad option,\n"
+    "            no free LID), 3 if no shim answers.\n"
+    "    guest remove NAME\n"
+    "            Stops serving guest NAME: its processes get\n"
+    "            IBV_EVENT_DEVICE_FATAL and their verbs fail, the QPs connected\n"
+    "            to its QPs get errors as when a guest dies, its memory and\n"
+    "            objects are freed, and DIR/NAME goes. Other guests are not\n"
+    "            disturbed. Its LID and name may be given to a guest added\n"
+    "            later. Exit status as for guest add.\n"
     "    peers   The peer shims of the fabric, one line each:\n"
     "              peer ADDR:PORT state STATE lids FIRST-LAST tx_bytes N rx_bytes N\n"
     "              tx_msgs N rx_msgs N retries N errors N [last_error \"TEXT\"]\n"
@@ -228,7 +248,7 @@ int main(int argc, char** argv) {
             run_dir = argv[++i];
         } else if (cmd.empty() && a[0] != '-') {
             cmd = a;
-        } else if ((cmd == "port" || cmd == "weight") && args.size() < 2 && a[0] != '-') {
+        } else if ((cmd == "port" || cmd == "weight" || cmd == "guest") && args.size() < 2 && a[0] != '-') {
             args.push_back(a);
         } else {
             fprintf(stderr, "vrdmactl: unexpected argument '%s' (see vrdmactl --help)\n", a.c_str());
@@ -249,6 +269,14 @@ int main(int argc, char** argv) {
             return 2;
         }
         return control(run_dir, "weight " + args[0] + " " + args[1]);
+    }
+    if (cmd == "guest") {
+        if (args.size() != 2 || (args[0] != "add" && args[0] != "remove") ||
+            args[1].find_first_of(" \t\n") != std::string::npos) {
+            fprintf(stderr, "vrdmactl: usage: vrdmactl guest add NAME[:OPTION...] | guest remove NAME\n");
+            return 2;
+        }
+        return control(run_dir, "guest " + args[0] + " " + args[1], args[0] == "add");
     }
     if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "counters") return control(run_dir, "counters", true);

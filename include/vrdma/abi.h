@@ -477,7 +477,10 @@ static_assert(sizeof(CmdCreateQpReq) <= kCmdReqBytes);
 static_assert(sizeof(DeviceAttr) <= kCmdRespBytes);
 static_assert(sizeof(CmdQueryQpResp) <= kCmdRespBytes);
 
-enum ShimState : uint32_t { kShimRunning = 0, kShimFatal = 1 };
+// Any state but kShimRunning means the device is gone for good; the value
+// says why: the shim stopped or failed, or the operator removed the guest
+// (vrdmactl guest remove). The shim writes it once, the first reason wins.
+enum ShimState : uint32_t { kShimRunning = 0, kShimFatal = 1, kGuestRemoved = 2 };
 
 // Which QPs have new work, so that the shim finds them without looking at
 // every queue: after moving a QP's producer index the provider sets bit

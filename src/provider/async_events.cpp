@@ -114,7 +114,10 @@ int get_async_event(Context& ctx, ibv_context* ibctx, ibv_async_event* event) {
             ev.event_type = static_cast<ibv_event_type>(rec.event_type);
             set_element(ev, rec.element);
             if (!account(ctx, ev)) continue;
-            if (ev.event_type == IBV_EVENT_DEVICE_FATAL) mark_dead(ctx, "the shim is shutting down");
+            if (ev.event_type == IBV_EVENT_DEVICE_FATAL) {
+                const uint32_t state = ctx.cb->shim_state.load(std::memory_order_acquire);
+                mark_dead(ctx, state == abi::kGuestRemoved ? shim_state_reason(state) : "the shim is shutting down");
+            }
             *event = ev;
             return 0;
         }

@@ -41,10 +41,15 @@ bool shim_gone(Context& ctx, short revents) {
 
 }  // namespace
 
+const char* shim_state_reason(uint32_t state) {
+    return state == abi::kGuestRemoved ? "the operator removed this guest (vrdmactl guest remove)"
+                                       : "the shim reported a fatal error";
+}
+
 bool shim_lost(Context& ctx) {
     if (ctx.dead.load(std::memory_order_relaxed)) return true;
-    if (ctx.cb->shim_state.load(std::memory_order_acquire) == abi::kShimFatal) {
-        mark_dead(ctx, "the shim reported a fatal error");
+    if (uint32_t state = ctx.cb->shim_state.load(std::memory_order_acquire); state != abi::kShimRunning) {
+        mark_dead(ctx, shim_state_reason(state));
         return true;
     }
     // POLLRDHUP alone: data waiting on the socket does not count.
@@ -83,8 +88,8 @@ int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* 
     auto done = [&] { return slot.done_seq.load(std::memory_order_acquire) == seq; };
     for (int i = 0; i < 2000 && !done(); ++i) cpu_relax();
     while (!done()) {
-        if (cb->shim_state.load(std::memory_order_acquire) == abi::kShimFatal) {
-            mark_dead(ctx, "the shim reported a fatal error");
+        if (uint32_t state = cb->shim_state.load(std::memory_order_acquire); state != abi::kShimRunning) {
+            mark_dead(ctx, shim_state_reason(state));
             return EIO;
         }
         pollfd pfd[2] = {{ctx.cmd_done.get(), POLLIN, 0}, {ctx.sock.get(), POLLIN, 0}};

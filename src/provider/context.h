@@ -114,6 +114,8 @@ inline void ring_work_slot(Context& ctx, uint32_t slot) {
 
 // Marks the context unusable (shim gone); later verbs fail with EIO.
 void mark_dead(Context& ctx, const char* why);
+// Why the device is gone, for a shim_state other than kShimRunning.
+const char* shim_state_reason(uint32_t state);
 
 // Ring memory from the arena (zeroed, 64-byte aligned), growing the arena by
 // a new segment when it is full. nullptr with errno set on failure.

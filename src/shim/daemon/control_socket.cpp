@@ -35,12 +35,22 @@ std::string execute(const std::string& request, const ControlActions& actions) {
         if (!actions.set_weight || !actions.set_weight(words[1], words[2], error)) return "error: " + error;
         return "ok";
     }
+    if (words.size() == 3 && words[0] == "guest" && words[1] == "add") {
+        std::string error;
+        std::string line = actions.add_guest ? actions.add_guest(words[2], error) : "";
+        return line.empty() ? "error: " + error : line;
+    }
+    if (words.size() == 3 && words[0] == "guest" && words[1] == "remove") {
+        std::string error;
+        if (!actions.remove_guest || !actions.remove_guest(words[2], error)) return "error: " + error;
+        return "ok";
+    }
     if (words.size() == 1 && words[0] == "peers" && actions.peers) return actions.peers();
     if (words.size() == 1 && words[0] == "counters" && actions.counters) return actions.counters();
     if (words.size() == 1 && words[0] == "load" && actions.load) return actions.load();
     if (words.size() == 1 && words[0] == "transports" && actions.transports) return actions.transports();
-    return "error: unknown request (expected: port NAME up|down, weight NAME W, peers, counters, load or "
-           "transports)";
+    return "error: unknown request (expected: port NAME up|down, weight NAME W, guest add SPEC, guest remove NAME, "
+           "peers, counters, load or transports)";
 }
 
 }  // namespace

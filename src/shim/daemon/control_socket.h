@@ -40,6 +40,11 @@ struct ControlActions {
     std::function<std::string()> load;
     // Payload moved and copied per transport, one line each.
     std::function<std::string()> transports;
+    // Adds a guest from a --guest spec: its line ("guest NAME lid L worker
+    // W"), or "" with `error` set.
+    std::function<std::string(const std::string& spec, std::string& error)> add_guest;
+    // Removes a guest. False with `error` set on failure.
+    std::function<bool(const std::string& guest, std::string& error)> remove_guest;
 };
 
 // Checks the peer, reads one request from the accepted connection `fd`,

@@ -8,9 +8,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "epoll_set.h"
 #include "guest_fd.h"
@@ -62,26 +64,15 @@ bool Daemon::start(std::string& error) {
 
     const uint64_t host = host_id();
     std::string line = "vrdma-shim: ready: guests";
+    if (opts_.access.size() < opts_.guests.size()) opts_.access.resize(opts_.guests.size());  // default: the shim's user
     for (size_t i = 0; i < opts_.guests.size(); ++i) {
         const std::string& name = opts_.guests[i];
         const uint32_t w = worker_of_guest(opts_, i);
         worker_of_.push_back(w);
-        const GuestIdentity& id = workers_[w]->add_guest(i, uint16_t(opts_.lid_base + i), derive_guid(host, name));
-        auto pub = std::make_unique<GuestPublication>();
-        bool ok = pub->publish(run_dir_.fd(), run_dir_.path(), "/dev/infiniband", id, error);
-        published_.push_back(std::move(pub));
-        if (!ok) return false;
-        if (opts_.access.size() <= i) opts_.access.resize(i + 1);  // default: the shim's own user
-        const GuestAccess& access = opts_.access[i];
-        UniqueFd lfd;
-        if (!open_guest_socket(published_.back()->guest_dir_fd(), guest_paths(run_dir_.path(), name).socket, access,
-                               lfd, error))
-            return false;
-        if (!epoll_add(lfd.get(), EPOLLIN, tag(kListen, i))) {
-            error = std::string("epoll: ") + strerror(errno);
-            return false;
-        }
-        listeners_.push_back(std::move(lfd));
+        lids_.push_back(uint16_t(opts_.lid_base + i));
+        const GuestIdentity& id =
+            workers_[w]->add_guest(i, lids_[i], derive_guid(host, name), guest_settings(opts_, i));
+        if (!publish_guest(i, id, error)) return false;
         line += " " + name + "(lid " + std::to_string(id.lid) + ")";
         LOG_INFO("guest %s: lid %u guid %s worker %u", name.c_str(), id.lid, format_guid(id.guid).c_str(), w);
     }
@@ -303,6 +294,8 @@ void Daemon::on_control(uint64_t id) {
         });
     };
     actions.counters = [this] { return counters_report(); };
+    actions.add_guest = [this](const std::string& spec, std::string& err) { return add_guest(spec, err); };
+    actions.remove_guest = [this](const std::string& g, std::string& err) { return remove_guest(g, err); };
     actions.load = [this] { return load_report_all(); };
     actions.transports = [this] { return transports_report(); };
     if (!handle_control_connection(it->second.get(), actions)) return;
@@ -312,9 +305,151 @@ void Daemon::on_control(uint64_t id) {
 
 int Daemon::guest_index(const std::string& name, std::string& error) const {
     for (size_t i = 0; i < opts_.guests.size(); ++i)
-        if (opts_.guests[i] == name) return int(i);
+        if (!name.empty() && opts_.guests[i] == name) return int(i);  // a removed guest's name is ""
     error = "no guest named '" + name + "'";
     return -1;
+}
+
+bool Daemon::publish_guest(size_t i, const GuestIdentity& id, std::string& error) {
+    if (published_.size() <= i) published_.resize(i + 1);
+    if (listeners_.size() <= i) listeners_.resize(i + 1);
+    auto pub = std::make_unique<GuestPublication>();
+    bool ok = pub->publish(run_dir_.fd(), run_dir_.path(), "/dev/infiniband", id, error);
+    published_[i] = std::move(pub);
+    if (!ok) return false;
+    UniqueFd lfd;
+    if (!open_guest_socket(published_[i]->guest_dir_fd(), guest_paths(run_dir_.path(), id.name).socket,
+                           opts_.access[i], lfd, error))
+        return false;
+    if (!epoll_add(lfd.get(), EPOLLIN, tag(kListen, i))) {
+        error = std::string("epoll: ") + strerror(errno);
+        return false;
+    }
+    listeners_[i] = std::move(lfd);
+    return true;
+}
+
+uint16_t Daemon::free_lid() const {
+    // A shim in a fabric owns the LIDs its peers route to it; alone, any
+    // unicast LID from --lid-base on will do.
+    const bool fabric = !opts_.fabric_listen.empty() || !opts_.fabric_peers.empty();
+    const uint32_t last = fabric || opts_.lid_count
+                              ? opts_.lid_base + (opts_.lid_count ? opts_.lid_count : uint32_t(lids_.size())) - 1
+                              : RouteTable::kMaxLid;
+    for (uint32_t lid = opts_.lid_base; lid <= last && lid <= RouteTable::kMaxLid; ++lid)
+        if (std::find(lids_.begin(), lids_.end(), uint16_t(lid)) == lids_.end()) return uint16_t(lid);
+    return 0;
+}
+
+std::string Daemon::add_guest(const std::string& spec, std::string& error) {
+    const std::string name = spec.substr(0, spec.find(':'));
+    std::string unused;
+    if (guest_index(name, unused) >= 0) {
+        error = "guest '" + name + "' exists already";
+        return "";
+    }
+    Options one;  // parsed alone, then appended: the options keep removed guests' places
+    if (!parse_guest_arg(spec, one, error)) return "";
+    if (one.worker_of[0] >= 0 && uint32_t(one.worker_of[0]) >= workers_.size()) {
+        error = "worker=" + std::to_string(one.worker_of[0]) + ": the shim has " + std::to_string(workers_.size()) +
+                " worker(s)";
+        return "";
+    }
+    if (guest_paths(run_dir_.path(), name).socket.size() >= 108) {
+        error = "the run directory is too long for the socket path of guest '" + name + "'";
+        return "";
+    }
+    const uint16_t lid = free_lid();
+    if (!lid) {
+        error = "no free LID in this shim's range " + std::to_string(opts_.lid_base) + "-" +
+                std::to_string(opts_.lid_base + opts_.lid_count - 1) + " (vrdma-shim --lid-count)";
+        return "";
+    }
+    // The worker asked for, else the one with the fewest guests.
+    uint32_t w = 0;
+    if (one.worker_of[0] >= 0) {
+        w = uint32_t(one.worker_of[0]);
+    } else {
+        std::vector<size_t> count(workers_.size(), 0);
+        for (size_t i = 0; i < worker_of_.size(); ++i)
+            if (lids_[i]) ++count[worker_of_[i]];
+        w = uint32_t(std::min_element(count.begin(), count.end()) - count.begin());
+    }
+    const size_t i = opts_.guests.size();
+    opts_.guests.push_back(name);
+    opts_.access.push_back(one.access[0]);
+    opts_.controlled_qkeys.push_back(one.controlled_qkeys[0]);
+    opts_.pkeys.push_back(one.pkeys[0]);
+    opts_.worker_of.push_back(int(w));
+    opts_.weights.push_back(one.weights[0]);
+    worker_of_.push_back(w);
+    lids_.push_back(lid);
+    Worker& worker = *workers_[w];
+    auto added = std::make_shared<const GuestIdentity*>(nullptr);
+    const GuestSettings settings = guest_settings(opts_, i);
+    const uint64_t guid = derive_guid(host_id(), name);
+    if (!call_worker(
+            worker, [&worker, i, lid, guid, settings, added] {
+                *added = &worker.add_guest(i, lid, guid, settings);
+                return std::string();
+            },
+            error) ||
+        !*added) {
+        forget_guest(i);
+        return "";
+    }
+    for (auto& other : workers_)
+        if (other.get() != &worker) {
+            Worker* o = other.get();
+            call_worker(*o, [o, lid, w] { o->route_to(lid, w); return std::string(); }, error);
+        }
+    if (!publish_guest(i, **added, error)) {
+        std::string ignored;
+        remove_guest(name, ignored);
+        return "";
+    }
+    LOG_INFO("guest %s: added at run time: lid %u guid %s worker %u (%s)", name.c_str(), lid,
+             format_guid(guid).c_str(), w, opts_.access[i].describe().c_str());
+    return "guest " + name + " lid " + std::to_string(lid) + " worker " + std::to_string(w) + "\n";
+}
+
+void Daemon::forget_guest(size_t i) {
+    if (i < listeners_.size() && listeners_[i]) {
+        epoll_del(listeners_[i].get());
+        listeners_[i].reset();
+    }
+    opts_.guests[i].clear();
+    lids_[i] = 0;
+}
+
+bool Daemon::remove_guest(const std::string& name, std::string& error) {
+    const int found = guest_index(name, error);
+    if (found < 0) return false;
+    const size_t i = size_t(found);
+    const uint16_t lid = lids_[i];
+    // No new connection first; then the guest's worker ends its processes'
+    // use of the device, and the others stop routing to it.
+    if (listeners_[i]) {
+        epoll_del(listeners_[i].get());
+        listeners_[i].reset();
+    }
+    Worker& worker = *workers_[worker_of_[i]];
+    auto closed = std::make_shared<size_t>(0);
+    if (!call_worker(worker, [&worker, i, closed] {
+            *closed = worker.remove_guest(i);
+            return std::string();
+        }, error))
+        return false;
+    for (auto& other : workers_)
+        if (other.get() != &worker) {
+            Worker* o = other.get();
+            std::string ignored;
+            call_worker(*o, [o, lid] { o->unroute(lid); return std::string(); }, ignored);
+        }
+    if (i < published_.size() && published_[i]) published_[i]->unpublish();
+    forget_guest(i);
+    LOG_INFO("guest %s: removed at run time (lid %u; %zu connection(s) closed)", name.c_str(), lid, *closed);
+    return true;
 }
 
 bool Daemon::call_worker(Worker& w, std::function<std::string()> task, std::string& error) {

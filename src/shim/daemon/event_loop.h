@@ -63,6 +63,20 @@ private:
     // false with `error` set when the worker did not answer.
     bool call_worker(Worker& w, std::function<std::string()> task, std::string& error);
     bool set_port(const std::string& guest, bool up, std::string& error);
+    // Guest `i` (its identity `id`, made by its worker): its device tree,
+    // its socket, and the socket watched by this thread.
+    bool publish_guest(size_t i, const GuestIdentity& id, std::string& error);
+    // The lowest LID of this shim's range that no guest has (0: none).
+    uint16_t free_lid() const;
+    // vrdmactl guest add SPEC (as --guest): a new guest, served from now on.
+    // Its line for the operator, or "" with `error` set.
+    std::string add_guest(const std::string& spec, std::string& error);
+    // vrdmactl guest remove NAME: its processes get IBV_EVENT_DEVICE_FATAL,
+    // its peers' QPs errors, its memory and objects are freed and its
+    // published files go; nothing else is disturbed.
+    bool remove_guest(const std::string& name, std::string& error);
+    // Guest `i`'s place in the options stays; its name and LID are free again.
+    void forget_guest(size_t i);
     // vrdmactl weight GUEST W: the guest's share of its worker from now on.
     bool set_weight(const std::string& guest, const std::string& weight, std::string& error);
     // Asks every worker, in its thread, for its two parts of a report
@@ -83,6 +97,7 @@ private:
     SharedTables shared_;
     std::vector<std::unique_ptr<Worker>> workers_;
     std::vector<uint32_t> worker_of_;  // by guest index
+    std::vector<uint16_t> lids_;       // by guest index; 0: removed
     RunDir run_dir_;
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;

@@ -8,6 +8,12 @@ namespace {
 
 double seconds(uint64_t ns) { return double(ns) / 1e9; }
 
+size_t live_guests(const Engine& eng) {
+    size_t n = 0;
+    for (auto& g : eng.guests()) n += !g->removed;
+    return n;
+}
+
 }  // namespace
 
 void load_report(Engine& eng, uint32_t worker, uint64_t asleep_ns, uint64_t uptime_ns, std::string& workers,
@@ -17,10 +23,11 @@ void load_report(Engine& eng, uint32_t worker, uint64_t asleep_ns, uint64_t upti
     char line[256];
     const WorkerLoad& w = eng.worker_load();
     std::snprintf(line, sizeof(line), "worker %u guests %zu contexts %zu passes %llu busy_s %.3f asleep_s %.3f uptime_s %.3f\n",
-                  worker, eng.guests().size(), eng.context_count(), (unsigned long long)w.passes, seconds(w.busy_ns),
+                  worker, live_guests(eng), eng.context_count(), (unsigned long long)w.passes, seconds(w.busy_ns),
                   seconds(asleep_ns), seconds(uptime_ns));
     workers += line;
     for (auto& g : eng.guests()) {
+        if (g->removed) continue;
         const GuestLoad& l = g->load;
         auto it = contexts.find(g.get());
         std::snprintf(line, sizeof(line),

@@ -352,6 +352,81 @@ uint32_t default_workers(const Options& o) {
     return std::clamp<uint32_t>(uint32_t(cpus / 2), 1, kMaxWorkers);
 }
 
+bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
+    std::string g = arg;
+    GuestAccess acc;
+    const auto colon = g.find(':');
+    std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
+    bool qkeys = false;
+    int worker = -1;
+    uint32_t weight = 1;
+    std::vector<uint16_t> table;
+    std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
+    for (size_t start = 0; start < spec.size();) {
+        size_t end = spec.find(':', start);
+        if (end == std::string::npos) end = spec.size();
+        std::string part = spec.substr(start, end - start);
+        if (part == "controlled-qkeys") {
+            qkeys = true;
+        } else if (part.rfind("worker=", 0) == 0) {
+            uint32_t k;
+            if (!parse_u32(part.substr(7).c_str(), k) || k >= kMaxWorkers) {
+                error = "--guest " + g + ": worker= wants a worker number, 0 to " +
+                        std::to_string(kMaxWorkers - 1);
+                return false;
+            }
+            worker = int(k);
+        } else if (part.rfind("weight=", 0) == 0) {
+            if (!parse_weight(part.substr(7), weight)) {
+                error = "--guest " + g + ": weight= wants a share of its worker, 1 to " +
+                        std::to_string(kMaxGuestWeight) + " (the others' default is 1)";
+                return false;
+            }
+        } else if (part.rfind("pkeys=", 0) == 0) {
+            if (!parse_pkeys(part.substr(6), table)) {
+                error = "--guest " + g + ": pkeys= wants 1-16 P_Keys like 0x8001,0x0002 (partition "
+                        "0x0001-0x7fff, bit 15 for full membership)";
+                return false;
+            }
+        } else
+            rest += (rest.empty() ? "" : ":") + part;
+        start = end + 1;
+    }
+    spec = rest;
+    std::string why;
+    if (!acc.parse(spec, why)) {
+        error = "--guest " + g + ": " + why;
+        return false;
+    }
+    if (colon != std::string::npos) g.resize(colon);
+    if (!valid_guest_name(g)) {
+        error = "invalid guest name '" + g + "' (1-32 characters of A-Z a-z 0-9 _ . -)";
+        return false;
+    }
+    for (auto& e : o.guests)
+        if (e == g) {
+            error = "guest '" + g + "' given twice";
+            return false;
+        }
+    o.guests.push_back(g);
+    o.access.push_back(acc);
+    o.controlled_qkeys.push_back(qkeys);
+    o.pkeys.push_back(table);
+    o.worker_of.push_back(worker);
+    o.weights.push_back(weight);
+    return true;
+}
+
+GuestSettings guest_settings(const Options& o, size_t i) {
+    GuestSettings s;
+    s.name = o.guests[i];
+    if (i < o.access.size()) s.access = o.access[i];
+    s.controlled_qkeys = i < o.controlled_qkeys.size() && o.controlled_qkeys[i];
+    if (i < o.pkeys.size()) s.pkeys = o.pkeys[i];
+    if (i < o.weights.size()) s.weight = o.weights[i];
+    return s;
+}
+
 uint32_t worker_of_guest(const Options& o, size_t i) {
     if (i < o.worker_of.size() && o.worker_of[i] >= 0) return uint32_t(o.worker_of[i]);
     return o.workers ? uint32_t(i % o.workers) : 0;
@@ -394,66 +469,7 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
         } else if (a == "--guest") {
             std::string g;
             if (!need_value(g)) return false;
-            GuestAccess acc;
-            const auto colon = g.find(':');
-            std::string spec = colon == std::string::npos ? "" : g.substr(colon + 1);
-            bool qkeys = false;
-            int worker = -1;
-            uint32_t weight = 1;
-            std::vector<uint16_t> table;
-            std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
-            for (size_t start = 0; start < spec.size();) {
-                size_t end = spec.find(':', start);
-                if (end == std::string::npos) end = spec.size();
-                std::string part = spec.substr(start, end - start);
-                if (part == "controlled-qkeys") {
-                    qkeys = true;
-                } else if (part.rfind("worker=", 0) == 0) {
-                    uint32_t k;
-                    if (!parse_u32(part.substr(7).c_str(), k) || k >= kMaxWorkers) {
-                        error = "--guest " + g + ": worker= wants a worker number, 0 to " +
-                                std::to_string(kMaxWorkers - 1);
-                        return false;
-                    }
-                    worker = int(k);
-                } else if (part.rfind("weight=", 0) == 0) {
-                    if (!parse_weight(part.substr(7), weight)) {
-                        error = "--guest " + g + ": weight= wants a share of its worker, 1 to " +
-                                std::to_string(kMaxGuestWeight) + " (the others' default is 1)";
-                        return false;
-                    }
-                } else if (part.rfind("pkeys=", 0) == 0) {
-                    if (!parse_pkeys(part.substr(6), table)) {
-                        error = "--guest " + g + ": pkeys= wants 1-16 P_Keys like 0x8001,0x0002 (partition "
-                                "0x0001-0x7fff, bit 15 for full membership)";
-                        return false;
-                    }
-                } else
-                    rest += (rest.empty() ? "" : ":") + part;
-                start = end + 1;
-            }
-            spec = rest;
-            std::string why;
-            if (!acc.parse(spec, why)) {
-                error = "--guest " + g + ": " + why;
-                return false;
-            }
-            if (colon != std::string::npos) g.resize(colon);
-            if (!valid_guest_name(g)) {
-                error = "invalid guest name '" + g + "' (1-32 characters of A-Z a-z 0-9 _ . -)";
-                return false;
-            }
-            for (auto& e : o.guests)
-                if (e == g) {
-                    error = "guest '" + g + "' given twice";
-                    return false;
-                }
-            o.guests.push_back(g);
-            o.access.push_back(acc);
-            o.controlled_qkeys.push_back(qkeys);
-            o.pkeys.push_back(table);
-            o.worker_of.push_back(worker);
-            o.weights.push_back(weight);
+            if (!parse_guest_arg(g, o, error)) return false;
         } else if (a == "--worker-cpus") {
             std::string v;
             if (!need_value(v)) return false;

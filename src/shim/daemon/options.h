@@ -56,6 +56,23 @@ const char* help_text();
 // process may run on (sched_getaffinity), at least 1; 1 with a fabric or a
 // device (docs/protocol.md "Workers").
 uint32_t default_workers(const Options& o);
+// What a worker needs to serve guest `i`, copied out of the options (which
+// the daemon's thread extends when guests are added at run time).
+struct GuestSettings {
+    std::string name;
+    GuestAccess access;
+    bool controlled_qkeys = false;
+    std::vector<uint16_t> pkeys;  // empty: the default partition
+    uint32_t weight = 1;
+};
+GuestSettings guest_settings(const Options& o, size_t i);
+
+// Parses one --guest argument, NAME[:owner=...][:group=...][:pkeys=...]
+// [:controlled-qkeys][:worker=K][:weight=W], and appends the guest to `o`'s
+// parallel lists; false with `error` set (the name must not be in
+// `o.guests` already).
+bool parse_guest_arg(const std::string& arg, Options& o, std::string& error);
+
 // The worker that serves guest `i` (after parse_options: workers is set).
 uint32_t worker_of_guest(const Options& o, size_t i);
 

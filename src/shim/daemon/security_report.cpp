@@ -7,6 +7,7 @@ namespace vrdma::shim {
 void security_report(Engine& eng, std::string& guests, std::string& qps) {
     char line[256];
     for (auto& g : eng.guests()) {
+        if (g->removed) continue;
         const GuestSecurity& s = g->security;
         std::snprintf(line, sizeof(line),
                       "guest %s remote_access_errors %llu stranger_requests %llu pkey_violations %llu "

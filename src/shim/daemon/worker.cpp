@@ -40,15 +40,27 @@ bool Worker::epoll_add(int fd, uint32_t events, uint64_t data) { return epoll_wa
 
 void Worker::epoll_del(int fd) { epoll_unwatch(epoll_.get(), fd); }
 
-const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_t guid) {
-    const GuestIdentity& id =
-        engine_.add_guest(opts_.guests[guest_index], lid, guid,
-                          guest_index < opts_.controlled_qkeys.size() && opts_.controlled_qkeys[guest_index]);
-    if (guest_index < opts_.pkeys.size() && !opts_.pkeys[guest_index].empty())
-        engine_.set_pkeys(id, opts_.pkeys[guest_index]);
-    if (guest_index < opts_.weights.size()) engine_.set_weight(id, opts_.weights[guest_index]);
+const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_t guid, const GuestSettings& s) {
+    const GuestIdentity& id = engine_.add_guest(s.name, lid, guid, s.controlled_qkeys);
+    if (!s.pkeys.empty()) engine_.set_pkeys(id, s.pkeys);
+    engine_.set_weight(id, s.weight);
     guests_[guest_index] = &id;
+    access_[guest_index] = s.access;
     return id;
+}
+
+size_t Worker::remove_guest(size_t guest_index) {
+    auto g = guests_.find(guest_index);
+    if (g == guests_.end()) return 0;
+    const GuestIdentity* id = g->second;
+    engine_.remove_guest(*id);
+    std::vector<uint64_t> gone;
+    for (auto& [cid, c] : conns_)
+        if (c.guest == id) gone.push_back(cid);
+    for (uint64_t cid : gone) close_connection(cid);
+    guests_.erase(g);
+    access_.erase(guest_index);
+    return gone.size();
 }
 
 WorkerLink& Worker::link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_inbox) {
@@ -286,8 +298,9 @@ void Worker::adopt_connection(size_t guest_index, uint64_t id, UniqueFd fd) {
     c.guest = g->second;
     c.sock = std::move(fd);
     read_peer_credentials(c);
-    if (!opts_.access[guest_index].allows(c.uid, c.gid)) {  // before anything is charged
-        refuse_connection(c, opts_.access[guest_index], engine_.security_of(*c.guest));
+    const GuestAccess& access = access_[guest_index];
+    if (!access.allows(c.uid, c.gid)) {  // before anything is charged
+        refuse_connection(c, access, engine_.security_of(*c.guest));
         conns_.erase(id);
         return;
     }

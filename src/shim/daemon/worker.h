@@ -51,8 +51,15 @@ public:
     Engine& engine() { return engine_; }
     WorkerInbox& inbox() { return inbox_; }
     // Serves guest `guest_index` (of the options), whose identity its
-    // engine holds.
-    const GuestIdentity& add_guest(size_t guest_index, uint16_t lid, uint64_t guid);
+    // engine holds. Before start, or at run time in the worker's thread.
+    const GuestIdentity& add_guest(size_t guest_index, uint16_t lid, uint64_t guid, const GuestSettings& settings);
+    // In the worker's thread (vrdmactl guest remove): its processes get
+    // IBV_EVENT_DEVICE_FATAL and their connections close, which frees what
+    // they held and errs their QPs' peers as when a guest dies; the guest's
+    // LID is no longer routed. Returns how many connections were closed.
+    size_t remove_guest(size_t guest_index);
+    // In the worker's thread: `lid` (a guest of another worker) is gone.
+    void unroute(uint16_t lid) { engine_.routes().remove_lid(lid); }
     // Guest `guest_index` (of the options), which this worker serves.
     const GuestIdentity& guest(size_t guest_index) const { return *guests_.at(guest_index); }
     // The link to worker `peer` (`workers` in all), made here; guest `lid`
@@ -116,6 +123,7 @@ private:
     std::vector<std::unique_ptr<WorkerLink>> links_;  // by peer worker
     std::vector<WorkerLink*> link_ptrs_;             // the same, for receive_messages
     std::map<size_t, const GuestIdentity*> guests_;  // by index in the options
+    std::map<size_t, GuestAccess> access_;           // who may use each of them
     std::map<uint64_t, Connection> conns_;
     UniqueFd epoll_;
     WorkerInbox inbox_;

@@ -90,6 +90,10 @@ struct GuestIdentity {
     // weight times Engine::kTurnBudget per pass (vrdma-shim --guest
     // NAME:weight=W, 1 to kMaxGuestWeight; default 1, equal shares).
     uint32_t weight = 1;
+    // Removed at run time (vrdmactl guest remove): it has no contexts and
+    // no route, and its LID may serve another guest. The identity stays, as
+    // objects of the guest's last moments may still name it.
+    bool removed = false;
     GuestSecurity security;  // counted by the engine (responder) and the daemon (accept)
     mutable GuestLoad load;  // statistics the engine counts as it serves the guest (guest_load.h)
 };

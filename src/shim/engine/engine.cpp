@@ -26,6 +26,16 @@
 namespace vrdma::shim {
 namespace {
 
+// The device is gone for the context; the first reason written stays.
+void set_shim_state(Context& ctx, uint32_t state) {
+    uint32_t running = abi::kShimRunning;
+    ctx.control()->shim_state.compare_exchange_strong(running, state, std::memory_order_seq_cst);
+}
+
+}  // namespace
+
+namespace {
+
 // The states in which an RC QP is connected to a peer.
 bool connected_state(uint32_t state) {
     return state == IBV_QPS_RTR || state == IBV_QPS_RTS || state == IBV_QPS_SQD || state == IBV_QPS_SQE;
@@ -153,7 +163,7 @@ void Engine::detach(uint64_t ctx_id) {
     auto it = contexts_.find(ctx_id);
     if (it == contexts_.end()) return;
     Context& ctx = *it->second;
-    ctx.control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);
+    set_shim_state(ctx, abi::kShimFatal);
     destroy_resources(ctx);
     LOG_INFO("guest %s: context %llu detached (%u QPs, %u MRs freed)", ctx.guest().name.c_str(),
              (unsigned long long)ctx_id, ctx.qps.size(), ctx.mrs.size());
@@ -263,9 +273,24 @@ void Engine::rescan_all() {
     for (auto& [id, c] : contexts_) c->request_rescan();
 }
 
+void Engine::remove_guest(const GuestIdentity& guest) {
+    GuestIdentity* g = nullptr;
+    for (auto& p : guests_)
+        if (p.get() == &guest) g = p.get();
+    if (!g || g->removed) return;
+    for (auto& [id, c] : contexts_)
+        if (&c->guest() == g) {
+            set_shim_state(*c, abi::kGuestRemoved);
+            post_device_fatal(*c);
+        }
+    g->removed = true;
+    g->port_active = false;
+    routes_.remove_lid(g->lid);
+}
+
 void Engine::mark_all_fatal() {
     for (auto& [id, c] : contexts_) {
-        c->control()->shim_state.store(abi::kShimFatal, std::memory_order_seq_cst);
+        set_shim_state(*c, abi::kShimFatal);
         post_device_fatal(*c);
     }
 }
@@ -273,7 +298,7 @@ void Engine::mark_all_fatal() {
 bool Engine::set_port_active(const std::string& guest, bool active) {
     GuestIdentity* g = nullptr;
     for (auto& p : guests_)
-        if (p->name == guest) g = p.get();
+        if (p->name == guest && !p->removed) g = p.get();
     if (!g) return false;
     if (g->port_active == active) return true;
     g->port_active = active;

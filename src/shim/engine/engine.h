@@ -40,6 +40,11 @@ public:
     const GuestIdentity& add_guest(const std::string& name, uint16_t lid, uint64_t guid,
                                    bool controlled_qkeys = false);
     const std::vector<std::unique_ptr<GuestIdentity>>& guests() const { return guests_; }
+    // Guest `guest` leaves (vrdmactl guest remove): each of its contexts
+    // sees the device fatal (IBV_EVENT_DEVICE_FATAL; the caller then closes
+    // their connections, which frees everything and tells their QPs' peers),
+    // its port goes down and its LID is no longer routed here.
+    void remove_guest(const GuestIdentity& guest);
     // Sets the P_Key table of a guest (before any context attaches).
     void set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys);
     // Sets a guest's weight (1..kMaxGuestWeight): its budget per pass is

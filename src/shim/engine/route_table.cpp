@@ -11,6 +11,12 @@ bool RouteTable::add(uint16_t first, uint16_t last, Transport* t) {
     return true;
 }
 
+void RouteTable::remove_lid(uint16_t lid) {
+    if (lid > kMaxLid || !routes_[lid]) return;
+    routes_[lid] = nullptr;
+    ++generation_;
+}
+
 void RouteTable::remove(Transport* t) {
     for (auto& r : routes_)
         if (r == t) r = nullptr;

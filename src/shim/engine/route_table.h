@@ -21,6 +21,8 @@ public:
     bool add(uint16_t first, uint16_t last, Transport* t);
     // Removes every LID routed to `t`.
     void remove(Transport* t);
+    // Removes the route of `lid`, whatever it goes to.
+    void remove_lid(uint16_t lid);
     Transport* lookup(uint16_t lid) const { return lid <= kMaxLid ? routes_[lid] : nullptr; }
     // Changes whenever a route is added or removed: QPs bound to a route at
     // an older generation look it up again.
