@@ -66,7 +66,9 @@ OPTIONS
     --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K][:weight=W]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
-        one is required. Guests get LIDs in the order given.
+        one is required. Guests get LIDs in the order given. More can be
+        added, and any removed, while the shim runs: vrdmactl guest add
+        NAME[:...] and vrdmactl guest remove NAME.
         Only the guest's owner, members of its group and root may use it.
         The owner defaults to the user the shim runs as, and there is no
         group unless given: the guest's socket DIR/NAME/vrdma.sock belongs
@@ -167,6 +169,9 @@ OPTIONS
     --lid-count N
         How many LIDs this shim owns from --lid-base (default: one per
         guest). The fabric refuses a peer whose range overlaps this one.
+        Guests added at run time (vrdmactl guest add) take free LIDs of
+        this range; a shim outside a fabric without --lid-count takes any
+        free LID from --lid-base on.
 
     --fabric-listen ADDR:PORT
         Accept connections from peer shims on this IPv4 address and TCP
