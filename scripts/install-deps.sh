@@ -11,7 +11,7 @@ packages=(
     build-essential cmake pkg-config git
     libibverbs-dev ibverbs-utils rdma-core perftest python3-pyverbs
     openmpi-bin libopenmpi-dev ucx-utils
-    libfmt-dev catch2 libssl-dev
+    libfmt-dev catch2 libssl-dev libtoml11-dev python3-prometheus-client
     iproute2 procps iptables iperf3
     clang libclang-rt-14-dev
 )

@@ -30,6 +30,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] weight GUEST W\n"
     "    vrdmactl [--run-dir DIR] guest add NAME[:OPTION...]\n"
     "    vrdmactl [--run-dir DIR] guest remove NAME\n"
+    "    vrdmactl [--run-dir DIR] reload\n"
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
     "    vrdmactl [--run-dir DIR] load\n"
@@ -73,6 +74,16 @@ constexpr const char* kHelp =
     "            objects are freed, and DIR/NAME goes. Other guests are not\n"
     "            disturbed. Its LID and name may be given to a guest added\n"
     "            later. Exit status as for guest add.\n"
+    "    reload  Reads the shim's --config file again (as SIGHUP does) and\n"
+    "            applies what can change while it runs: guests the file adds\n"
+    "            are added, guests it no longer names are removed (guests\n"
+    "            added with vrdmactl guest add are left alone), weights\n"
+    "            follow. Anything else that changed needs a restart and is\n"
+    "            refused, as is a change of a running guest's owner, group,\n"
+    "            partitions or worker. Prints one line per change (added,\n"
+    "            removed, weight) and per refusal. Exit status 0 if all was\n"
+    "            applied, 1 if anything was refused or the file is wrong\n"
+    "            (then nothing changed), 3 if no shim answers.\n"
     "    peers   The peer shims of the fabric, one line each:\n"
     "              peer ADDR:PORT state STATE lids FIRST-LAST tx_bytes N rx_bytes N\n"
     "              tx_msgs N rx_msgs N retries N errors N [last_error \"TEXT\"]\n"
@@ -278,6 +289,7 @@ int main(int argc, char** argv) {
         }
         return control(run_dir, "guest " + args[0] + " " + args[1], args[0] == "add");
     }
+    if (cmd == "reload") return control(run_dir, "reload", true);
     if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "counters") return control(run_dir, "counters", true);
     if (cmd == "load") return control(run_dir, "load", true);

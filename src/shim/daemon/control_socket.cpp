@@ -45,12 +45,17 @@ std::string execute(const std::string& request, const ControlActions& actions) {
         if (!actions.remove_guest || !actions.remove_guest(words[2], error)) return "error: " + error;
         return "ok";
     }
+    if (words.size() == 1 && words[0] == "reload" && actions.reload) {
+        bool ok = false;
+        std::string text = actions.reload(ok);
+        return ok ? text : "error: not everything was applied:\n" + text;
+    }
     if (words.size() == 1 && words[0] == "peers" && actions.peers) return actions.peers();
     if (words.size() == 1 && words[0] == "counters" && actions.counters) return actions.counters();
     if (words.size() == 1 && words[0] == "load" && actions.load) return actions.load();
     if (words.size() == 1 && words[0] == "transports" && actions.transports) return actions.transports();
     return "error: unknown request (expected: port NAME up|down, weight NAME W, guest add SPEC, guest remove NAME, "
-           "peers, counters, load or transports)";
+           "reload, peers, counters, load or transports)";
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ struct ControlActions {
     std::function<std::string(const std::string& spec, std::string& error)> add_guest;
     // Removes a guest. False with `error` set on failure.
     std::function<bool(const std::string& guest, std::string& error)> remove_guest;
+    // Reads the --config file again: what was applied and refused; `ok`
+    // false if anything was refused.
+    std::function<std::string(bool& ok)> reload;
 };
 
 // Checks the peer, reads one request from the accepted connection `fd`,

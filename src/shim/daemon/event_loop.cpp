@@ -39,6 +39,7 @@ bool Daemon::start(std::string& error) {
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);
     signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!signal_fd_ || !epoll_ || !epoll_add(signal_fd_.get(), EPOLLIN, tag(kSignal, 0))) {
@@ -73,6 +74,7 @@ bool Daemon::start(std::string& error) {
         const GuestIdentity& id =
             workers_[w]->add_guest(i, lids_[i], derive_guid(host, name), guest_settings(opts_, i));
         if (!publish_guest(i, id, error)) return false;
+        from_config_.insert(name);
         line += " " + name + "(lid " + std::to_string(id.lid) + ")";
         LOG_INFO("guest %s: lid %u guid %s worker %u", name.c_str(), id.lid, format_guid(id.guid).c_str(), w);
     }
@@ -211,6 +213,14 @@ void Daemon::poll_events(int timeout_ms) {
         case kSignal: {
             signalfd_siginfo si;
             while (::read(signal_fd_.get(), &si, sizeof(si)) == ssize_t(sizeof(si))) {
+                if (si.ssi_signo == SIGHUP) {
+                    LOG_INFO("SIGHUP: reloading %s", opts_.config_file.empty() ? "(no --config)"
+                                                                              : opts_.config_file.c_str());
+                    bool ok;
+                    std::string text = reload(ok);  // reload() logs what it did
+                    if (opts_.config_file.empty()) LOG_WARN("SIGHUP: %s", text.c_str());
+                    continue;
+                }
                 LOG_INFO("signal %u: shutting down", si.ssi_signo);
                 stop_ = true;
             }
@@ -296,6 +306,7 @@ void Daemon::on_control(uint64_t id) {
     actions.counters = [this] { return counters_report(); };
     actions.add_guest = [this](const std::string& spec, std::string& err) { return add_guest(spec, err); };
     actions.remove_guest = [this](const std::string& g, std::string& err) { return remove_guest(g, err); };
+    actions.reload = [this](bool& ok) { return reload(ok); };
     actions.load = [this] { return load_report_all(); };
     actions.transports = [this] { return transports_report(); };
     if (!handle_control_connection(it->second.get(), actions)) return;

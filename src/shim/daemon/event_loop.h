@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ private:
     bool remove_guest(const std::string& name, std::string& error);
     // Guest `i`'s place in the options stays; its name and LID are free again.
     void forget_guest(size_t i);
+    // vrdmactl reload and SIGHUP (reload.cpp): the --config file read again;
+    // what was applied and what was refused, one line each, `ok` false if
+    // anything was refused.
+    std::string reload(bool& ok);
     // vrdmactl weight GUEST W: the guest's share of its worker from now on.
     bool set_weight(const std::string& guest, const std::string& weight, std::string& error);
     // Asks every worker, in its thread, for its two parts of a report
@@ -98,6 +103,7 @@ private:
     std::vector<std::unique_ptr<Worker>> workers_;
     std::vector<uint32_t> worker_of_;  // by guest index
     std::vector<uint16_t> lids_;       // by guest index; 0: removed
+    std::set<std::string> from_config_;  // guests of the command line and --config file (reload removes them)
     RunDir run_dir_;
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;

@@ -24,11 +24,12 @@ int main(int argc, char** argv) {
     set_log_prefix("vrdma-shim");
     set_log_level(opts.log_level);
 
-    // SIGTERM/SIGINT arrive through a signalfd in the event loop.
+    // SIGTERM/SIGINT/SIGHUP arrive through a signalfd in the event loop.
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGHUP);  // reload (--config)
     sigprocmask(SIG_BLOCK, &set, nullptr);
     signal(SIGPIPE, SIG_IGN);
 

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "config_file.h"
 #include "quota.h"
 #include "vrdma_common/guest_paths.h"
 
@@ -18,7 +19,7 @@ const char* help_text() {
     vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
 
 SYNOPSIS
-    vrdma-shim [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
+    vrdma-shim [--config FILE] [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
                [:worker=K][:weight=W] [--guest ...] [--workers N] [--worker-cpus LIST]
                [--lid-base N] [--lid-count N]
                [--attach-timeout SECONDS]
@@ -51,6 +52,24 @@ DESCRIPTION
                    --fabric-peer 10.0.0.1:7400 --fabric-key /etc/vrdma/fabric.key
 
 OPTIONS
+    --config FILE
+        Read options from FILE, a TOML file whose keys are the long options
+        without "--" (run-dir = "/run/vrdma", workers = 2, hca-local = true;
+        [fabric] listen/peer/key/... for --fabric-*, [quota] KEY = N for
+        --quota, one [[guest]] table per guest with name, owner, group,
+        pkeys, controlled-qkeys, worker, weight). It can say everything
+        the command line can; the command line overrides it (a --guest
+        there replaces the file's guest of that name, --fabric-peer there
+        replaces the file's peers). An error names the file and line.
+        vrdmactl reload or SIGHUP reads it again and applies what can
+        change while the shim runs (guests added and removed, weights);
+        anything else is refused with the reason. Example:
+            run-dir = "/run/vrdma"
+            [[guest]]
+            name = "a"
+            owner = "alice"
+            weight = 2
+
     --run-dir DIR
         Directory where the shim publishes its guests (default /run/vrdma).
         Created if missing (mode 0755). Only one shim may serve a run
@@ -437,7 +456,10 @@ uint32_t worker_of_guest(const Options& o, size_t i) {
     return o.workers ? uint32_t(i % o.workers) : 0;
 }
 
-bool parse_options(int argc, char** argv, Options& o, std::string& error) {
+namespace {
+
+// The options in argv[1..argc), the config file's merged in already.
+bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         std::string val;
@@ -626,6 +648,65 @@ bool parse_options(int argc, char** argv, Options& o, std::string& error) {
         }
     }
     return true;
+}
+
+}  // namespace
+
+bool parse_args(const std::vector<std::string>& args, Options& o, std::string& error) {
+    std::vector<char*> argv;
+    std::string prog = "vrdma-shim";
+    argv.push_back(prog.data());
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (!parse_arg_list(int(copy.size() + 1), argv.data(), o, error)) return false;
+    o.args = args;
+    return true;
+}
+
+bool effective_args(const std::string& config, const std::vector<std::string>& cli, std::vector<std::string>& args,
+                    std::string& error) {
+    args = cli;
+    if (config.empty()) return true;
+    std::vector<std::string> file;
+    if (!config_to_args(config, file, error)) return false;
+    // The file's options alone first, so that an error names the file.
+    Options alone;
+    std::vector<std::string> with_guest = file;
+    if (std::find(file.begin(), file.end(), "--guest") == file.end()) {
+        with_guest.push_back("--guest");
+        with_guest.push_back("config-check");  // the file may leave the guests to the command line
+    }
+    if (!parse_args(with_guest, alone, error)) {
+        error = "config " + config + ": " + error;
+        return false;
+    }
+    args = merge_args(file, cli);
+    return true;
+}
+
+bool parse_options(int argc, char** argv, Options& o, std::string& error) {
+    std::vector<std::string> cli;
+    for (int i = 1; i < argc; ++i) {
+        std::string a = argv[i];
+        if (a == "--config" || a.rfind("--config=", 0) == 0) {
+            if (a == "--config" && i + 1 >= argc) {
+                error = "option --config needs a value";
+                return false;
+            }
+            o.config_file = a == "--config" ? argv[++i] : a.substr(9);
+            if (o.config_file.empty()) {
+                error = "--config must not be empty";
+                return false;
+            }
+            continue;
+        }
+        cli.push_back(a);
+    }
+    o.cli_args = cli;
+    std::vector<std::string> args;
+    if (!effective_args(o.config_file, cli, args, error)) return false;
+    return parse_args(args, o, error);
 }
 
 }  // namespace vrdma::shim

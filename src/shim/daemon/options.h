@@ -41,10 +41,24 @@ struct Options {
     uint32_t qkey_guess_limit = GuessThrottle::kDefaultLimit;  // wrong-qkey datagrams a second per source and guest
     uint32_t lid_count = 0;  // LIDs this shim owns from lid_base (0: one per guest)
     bool help = false;
+    // --config FILE (empty: none) and the command line without it: what a
+    // reload reads again (Daemon::reload).
+    std::string config_file;
+    std::vector<std::string> cli_args;
+    std::vector<std::string> args;  // the effective command line, file merged in
 };
 
-// Parses argv. On a usage error returns false with one line in `error`.
+// Parses argv, and the --config file it names. On a usage error returns
+// false with one line in `error`.
 bool parse_options(int argc, char** argv, Options& out, std::string& error);
+// Parses an effective command line (no program name, no --config).
+bool parse_args(const std::vector<std::string>& args, Options& out, std::string& error);
+// The command line that `config` (may be empty) and `cli` say together
+// (config_file.h: the command line overrides the file). False with `error`
+// when the file cannot be read or says something the command line would
+// refuse.
+bool effective_args(const std::string& config, const std::vector<std::string>& cli, std::vector<std::string>& args,
+                    std::string& error);
 // A guest's weight, as --guest NAME:weight=W and vrdmactl weight give it:
 // 1 to kMaxGuestWeight.
 bool parse_weight(const std::string& text, uint32_t& weight);
