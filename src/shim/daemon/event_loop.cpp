@@ -1,6 +1,8 @@
 #include "event_loop.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -17,6 +19,7 @@
 #include "epoll_set.h"
 #include "guest_fd.h"
 #include "load_report.h"
+#include "metrics.h"
 #include "security_report.h"
 #include "vrdma_common/guest_paths.h"
 #include "vrdma_common/log.h"
@@ -87,6 +90,7 @@ bool Daemon::start(std::string& error) {
             for (uint32_t a = 0; a < nworkers; ++a)
                 if (a != worker_of_[i]) workers_[a]->route_to(uint16_t(opts_.lid_base + i), worker_of_[i]);
     }
+    if (!opts_.metrics_listen.empty() && !open_metrics(error)) return false;
     control_path_ = run_dir_.path() + "/" + kControlSocketName;
     if (!open_control_socket(run_dir_.fd(), control_path_, control_, error)) return false;
     if (!epoll_add(control_.get(), EPOLLIN, tag(kControl, 0))) {
@@ -202,6 +206,89 @@ std::string Daemon::load_report_all() {
     });
 }
 
+std::string Daemon::metrics_text() {
+    std::string samples = ask_workers([](Worker& w, std::string& text, std::string&) {
+        metrics_samples(w.engine(), w.index(), w.asleep_ns(), text);
+    });
+    return metrics_exposition(samples, monotonic_ns() - started_ns_);
+}
+
+bool Daemon::open_metrics(std::string& error) {
+    sockaddr_in addr{};
+    if (!fabric::parse_endpoint(opts_.metrics_listen, addr, error)) return false;
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    const int one = 1;
+    if (!fd || ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd.get(), 16) != 0 ||
+        !epoll_add(fd.get(), EPOLLIN, tag(kMetrics, 0))) {
+        error = "--metrics-listen " + opts_.metrics_listen + ": " + strerror(errno);
+        return false;
+    }
+    metrics_ = std::move(fd);
+    LOG_INFO("metrics: http://%s/metrics", opts_.metrics_listen.c_str());
+    return true;
+}
+
+void Daemon::accept_metrics() {
+    for (;;) {
+        int fd = ::accept4(metrics_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (metrics): %s", strerror(errno));
+            return;
+        }
+        if (metrics_conns_.size() >= 16) {  // a scraper asks once in a while
+            ::close(fd);
+            continue;
+        }
+        const uint64_t id = next_conn_id_++;
+        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kMetricsConn, id))) {
+            ::close(fd);
+            continue;
+        }
+        metrics_conns_[id].fd.reset(fd);
+    }
+}
+
+void Daemon::on_metrics(uint64_t id) {
+    auto it = metrics_conns_.find(id);
+    if (it == metrics_conns_.end()) return;
+    MetricsConn& c = it->second;
+    char buf[2048];
+    bool done = false;
+    for (;;) {
+        ssize_t n = ::recv(c.fd.get(), buf, sizeof(buf), 0);
+        if (n > 0) {
+            c.head.append(buf, size_t(n));
+            if (c.head.size() > 8192) done = true;  // no request head is that long: answered 400 below
+            if (c.head.find("\r\n\r\n") != std::string::npos || c.head.find("\n\n") != std::string::npos) done = true;
+            if (!done) continue;
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            return;  // the rest of the request later
+        }
+        break;  // EOF, error, or a whole head
+    }
+    if (done) {
+        const std::string response = metrics_http_response(c.head, [this] { return metrics_text(); });
+        // Small, and the socket's buffer takes it; a reader that stalls for
+        // a second loses the rest rather than stalling the control thread.
+        size_t sent = 0;
+        const uint64_t deadline = monotonic_ns() + 1'000'000'000ull;
+        while (sent < response.size() && monotonic_ns() < deadline) {
+            ssize_t n = ::send(c.fd.get(), response.data() + sent, response.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                sent += size_t(n);
+            } else if (n < 0 && errno == EAGAIN) {
+                pollfd p{c.fd.get(), POLLOUT, 0};
+                ::poll(&p, 1, 100);
+            } else {
+                break;
+            }
+        }
+    }
+    epoll_del(c.fd.get());
+    metrics_conns_.erase(it);
+}
+
 std::string Daemon::counters_report() {
     return ask_workers(
         [](Worker& w, std::string& guests, std::string& qps) { security_report(w.engine(), guests, qps); });
@@ -234,6 +321,12 @@ void Daemon::poll_events(int timeout_ms) {
             break;
         case kControlConn:
             on_control(id);
+            break;
+        case kMetrics:
+            accept_metrics();
+            break;
+        case kMetricsConn:
+            on_metrics(id);
             break;
         }
     });
@@ -509,6 +602,10 @@ void Daemon::shutdown() {
     for (auto& w : workers_) w->join();
     for (auto& w : workers_) w->drop_links();
     workers_.clear();
+    for (auto& [id, c] : metrics_conns_) epoll_del(c.fd.get());
+    metrics_conns_.clear();
+    if (metrics_) epoll_del(metrics_.get());
+    metrics_.reset();
     for (auto& [id, fd] : control_conns_) epoll_del(fd.get());
     control_conns_.clear();
     if (control_) {

@@ -50,7 +50,7 @@ public:
     static constexpr int kWorkerAnswerMs = 5000;
 
 private:
-    enum Kind : uint64_t { kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4 };
+    enum Kind : uint64_t { kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4, kMetrics = 5, kMetricsConn = 6 };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
@@ -93,6 +93,11 @@ private:
     std::string transports_report();
     std::string load_report_all();
     std::string counters_report();
+    // --metrics-listen: the listener, its connections, and the exposition.
+    bool open_metrics(std::string& error);
+    void accept_metrics();
+    void on_metrics(uint64_t id);
+    std::string metrics_text();
 
     Options opts_;
     // The RDMA device (--hca), before the workers: it outlives the guests'
@@ -110,6 +115,12 @@ private:
     UniqueFd control_;                           // RUN_DIR/control.sock
     std::string control_path_;
     std::map<uint64_t, UniqueFd> control_conns_;  // operator connections awaiting their request
+    UniqueFd metrics_;                            // --metrics-listen
+    struct MetricsConn {
+        UniqueFd fd;
+        std::string head;  // the request as read so far
+    };
+    std::map<uint64_t, MetricsConn> metrics_conns_;
     uint64_t next_conn_id_ = 1;
     UniqueFd epoll_, signal_fd_;
     bool stop_ = false;

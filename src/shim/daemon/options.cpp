@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "config_file.h"
+#include "fabric.h"
 #include "quota.h"
 #include "vrdma_common/guest_paths.h"
 
@@ -25,6 +26,7 @@ SYNOPSIS
                [--attach-timeout SECONDS]
                [--rkey-guess-limit N] [--qkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
+               [--metrics-listen ADDR:PORT]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
                [--hca DEVICE[:PORT] [--hca-local]]
     vrdma-shim --help
@@ -191,6 +193,15 @@ OPTIONS
         Guests added at run time (vrdmactl guest add) take free LIDs of
         this range; a shim outside a fabric without --lid-count takes any
         free LID from --lid-base on.
+
+    --metrics-listen ADDR:PORT
+        Serve the shim's counters to Prometheus at http://ADDR:PORT/metrics
+        (text format 0.0.4): per worker its guests, contexts, passes, busy
+        and asleep seconds; per guest its contexts, weight, turns, messages,
+        bytes and busy seconds, and what tenant isolation stopped (the
+        counters of vrdmactl counters, as vrdma_guest_*_total). Guest
+        names are visible to whoever reaches the port: listen on
+        127.0.0.1, or on an address only the monitoring network reaches.
 
     --fabric-listen ADDR:PORT
         Accept connections from peer shims on this IPv4 address and TCP
@@ -545,6 +556,13 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
             if (!need_value(v)) return false;
             if (!parse_u32(v.c_str(), o.lid_count) || o.lid_count == 0 || o.lid_count >= 0xc000) {
                 error = "--lid-count must be 1..0xbfff, not '" + v + "'";
+                return false;
+            }
+        } else if (a == "--metrics-listen") {
+            if (!need_value(o.metrics_listen)) return false;
+            sockaddr_in unused;
+            if (!fabric::parse_endpoint(o.metrics_listen, unused, error)) {
+                error = "--metrics-listen: " + error;
                 return false;
             }
         } else if (a == "--fabric-listen") {

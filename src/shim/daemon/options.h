@@ -40,6 +40,7 @@ struct Options {
     uint32_t rkey_guess_limit = GuessThrottle::kDefaultLimit;  // remote access errors a second per source
     uint32_t qkey_guess_limit = GuessThrottle::kDefaultLimit;  // wrong-qkey datagrams a second per source and guest
     uint32_t lid_count = 0;  // LIDs this shim owns from lid_base (0: one per guest)
+    std::string metrics_listen;  // --metrics-listen ADDR:PORT: Prometheus exposition (empty: none)
     bool help = false;
     // --config FILE (empty: none) and the command line without it: what a
     // reload reads again (Daemon::reload).
