@@ -20,6 +20,7 @@
 #include "guest_fd.h"
 #include "load_report.h"
 #include "metrics.h"
+#include "sd_notify.h"
 #include "security_report.h"
 #include "vrdma_common/guest_paths.h"
 #include "vrdma_common/log.h"
@@ -119,6 +120,9 @@ bool Daemon::start(std::string& error) {
         LOG_INFO("worker %zu: pinned to CPU %u", w, opts_.worker_cpus[w]);
     std::printf("%s\n", line.c_str());
     std::fflush(stdout);
+    if (!sd_notify("READY=1\nSTATUS=serving " + std::to_string(opts_.guests.size()) + " guest(s) in " +
+                   run_dir_.path() + "\nMAINPID=" + std::to_string(::getpid())))
+        LOG_WARN("cannot tell the service manager that the shim is ready ($NOTIFY_SOCKET)");
     return true;
 }
 
@@ -304,7 +308,9 @@ void Daemon::poll_events(int timeout_ms) {
                     LOG_INFO("SIGHUP: reloading %s", opts_.config_file.empty() ? "(no --config)"
                                                                               : opts_.config_file.c_str());
                     bool ok;
+                    sd_notify("RELOADING=1\nSTATUS=reloading " + opts_.config_file);
                     std::string text = reload(ok);  // reload() logs what it did
+                    sd_notify(std::string("READY=1\nSTATUS=") + (ok ? "reloaded" : "reloaded, some changes refused"));
                     if (opts_.config_file.empty()) LOG_WARN("SIGHUP: %s", text.c_str());
                     continue;
                 }
@@ -595,6 +601,7 @@ bool Daemon::set_weight(const std::string& guest, const std::string& text, std::
 void Daemon::shutdown() {
     if (shut_down_) return;
     shut_down_ = true;
+    if (started_) sd_notify("STOPPING=1\nSTATUS=stopping");
     // Each worker marks its guests' contexts fatal and closes their
     // connections in its own thread; then, with every thread stopped, the
     // links go (they hold other workers' pins), then the workers.
