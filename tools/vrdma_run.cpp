@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "cdi_spec.h"
 #include "vrdma_common/fs_at.h"
 #include "vrdma_common/guest_paths.h"
 
@@ -55,6 +56,7 @@ constexpr const char* kHelp =
     "    vrdma-run [--run-dir DIR] --guest NAME --guest NAME... [--] PROGRAM [ARGS...]\n"
     "    vrdma-run [--run-dir DIR] --guest-by-rank NAME,NAME... [--] PROGRAM [ARGS...]\n"
     "    vrdma-run --print-env [--run-dir DIR] --guest NAME\n"
+    "    vrdma-run --cdi [--run-dir DIR] --guest NAME [--guest NAME...]\n"
     "\n"
     "DESCRIPTION\n"
     "    Runs PROGRAM so that libibverbs lists exactly one RDMA device, vrdma0,\n"
@@ -89,6 +91,19 @@ constexpr const char* kHelp =
     "        is read from OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK or\n"
     "        SLURM_PROCID, the first one set; none set is an error. Write\n"
     "        a,a,b,b for blocks of two. Overrides --guest.\n"
+    "    --cdi\n"
+    "        Print a Container Device Interface spec (JSON, CDI 0.6.0) with\n"
+    "        one device per guest given, kind vrdma.dev/guest, named as the\n"
+    "        guest, instead of running a program: saved in /etc/cdi (for\n"
+    "        example /etc/cdi/vrdma.json), it lets podman, containerd or\n"
+    "        CRI-O hand a container a guest's vrdma0 with\n"
+    "        --device vrdma.dev/guest=NAME. Each device sets the environment\n"
+    "        above (with RDMAV_DRIVERS, as the image has no vrdma.driver),\n"
+    "        mounts the guest's directory and the provider library read-only\n"
+    "        at the same paths, and makes the uverbs node libibverbs opens.\n"
+    "        The image needs rdma-core's libibverbs with provider ABI 34\n"
+    "        (Debian 12's libibverbs1). Make the spec again after the guest\n"
+    "        was added anew (its node's name depends on the run directory).\n"
     "    --shim-user USER\n"
     "        Also accept a shim run by USER (a name or uid). Before it hands a\n"
     "        shim anything, vrdma-run (and the provider in PROGRAM) checks that\n"
@@ -200,6 +215,42 @@ std::vector<EnvVar> guest_environment(const std::string& run_dir, const std::str
     env.push_back({"VRDMA_GUEST", guest});
     if (const char* shim = getenv("VRDMA_SHIM_UID"); shim && *shim) env.push_back({"VRDMA_SHIM_UID", shim});
     return env;
+}
+
+// --cdi: the CDI spec of `guests` (cdi_spec.h) on stdout; 0, or 3 with the
+// reason when a guest's tree is not as the shim publishes it.
+int print_cdi_spec(const std::string& run_dir, const std::vector<std::string>& guests, const Provider& provider) {
+    char real[PATH_MAX];
+    if (!realpath(run_dir.c_str(), real)) {
+        fprintf(stderr, "vrdma-run: cannot resolve %s: %s\n", run_dir.c_str(), strerror(errno));
+        return 3;
+    }
+    const std::string dir(real);
+    std::string lib = provider.library;
+    lib.resize(lib.size() - std::strlen("-rdmav34.so"));  // RDMAV_DRIVERS takes the path without the suffix
+    std::vector<vrdma::tools::CdiGuest> out;
+    for (const std::string& g : guests) {
+        const vrdma::GuestPaths p = vrdma::guest_paths(dir, g);
+        // The one uverbs entry the shim published for the guest names its node.
+        std::string node;
+        if (DIR* d = opendir((p.sysfs + "/class/infiniband_verbs").c_str())) {
+            while (dirent* e = readdir(d))
+                if (std::strncmp(e->d_name, "uverbs_vrdma_", 13) == 0) node = std::string("/dev/infiniband/") + e->d_name;
+            closedir(d);
+        }
+        if (node.empty()) {
+            fprintf(stderr, "vrdma-run: guest '%s' has no uverbs entry in %s/class/infiniband_verbs\n", g.c_str(),
+                    p.sysfs.c_str());
+            return 3;
+        }
+        vrdma::tools::CdiGuest c{g, p.dir, node, {}};
+        c.env = {{"SYSFS_PATH", p.sysfs}, {"LD_PRELOAD", provider.library}, {"RDMAV_DRIVERS", lib},
+                 {"VRDMA_RUN_DIR", dir}, {"VRDMA_GUEST", g}};
+        if (const char* shim = getenv("VRDMA_SHIM_UID"); shim && *shim) c.env.push_back({"VRDMA_SHIM_UID", shim});
+        out.push_back(std::move(c));
+    }
+    fputs(vrdma::tools::cdi_spec(out, provider.library).c_str(), stdout);
+    return 0;
 }
 
 // The MPI rank of this process as its launcher tells it, or -1.
@@ -428,6 +479,7 @@ int main(int argc, char** argv) {
         for (auto& n : split_list(v)) guests.push_back(n);
     };
     bool print_env = false;
+    bool cdi = false;
     std::string by_rank;  // --guest-by-rank list
     int i = 1;
     for (; i < argc; ++i) {
@@ -442,6 +494,8 @@ int main(int argc, char** argv) {
         }
         if (a == "--print-env") {
             print_env = true;
+        } else if (a == "--cdi") {
+            cdi = true;
         } else if (a == "--run-dir") {
             if (i + 1 >= argc) return usage_error(a + " needs a value");
             run_dir = argv[++i];
@@ -496,7 +550,7 @@ int main(int argc, char** argv) {
     }
     if (print_env && guests.size() > 1)
         return usage_error("--print-env takes one guest (a tree for several lives only as long as the program)");
-    if (!print_env && i >= argc) return usage_error("no program given");
+    if (!print_env && !cdi && i >= argc) return usage_error("no program given");
     if (run_dir.empty() || run_dir[0] != '/') {
         char cwd[PATH_MAX];
         if (!getcwd(cwd, sizeof(cwd))) return usage_error("cannot resolve --run-dir");
@@ -518,6 +572,7 @@ int main(int argc, char** argv) {
         return 3;
     }
 
+    if (cdi) return print_cdi_spec(run_dir, guests, provider);
     std::string sysfs = vrdma::guest_paths(run_dir, guests[0]).sysfs;
     if (guests.size() > 1) {
         sweep_stale_trees();

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Containers through CDI (vrdma-run --cdi): the spec made for guests a and
+# b is applied to "containers" by a stand-in runtime that does what a CDI
+# runtime does with it and no more: a mount namespace in which the run
+# directory and /dev/infiniband start empty, the spec's mounts, its device
+# nodes, and a process that gets only the spec's environment (env -i). Each
+# container sees vrdma0 (its guest's, and only that), none of the other
+# guest's files, and a checked ibv_rc_pingpong between a container of a and
+# one of b passes. A spec without the device node does not give a device.
+# Needs root (unshare, mount, mknod).
+source "$(dirname "$0")/lib.sh"
+[ "$(id -u)" -eq 0 ] || { echo "needs root"; exit 77; }
+command -v unshare >/dev/null || { echo "no unshare"; exit 77; }
+start_shim a b
+chmod 755 "$RUN_DIR"
+spec="$RUN_DIR.cdi.json"
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest b --cdi >"$spec" || fail "vrdma-run --cdi failed"
+
+# in_container SPEC DEVICE CMD...: CMD as a CDI runtime would run it with
+# device vrdma.dev/guest=DEVICE.
+in_container() {
+    local spec="$1" device="$2"
+    shift 2
+    local script
+    script="$(/usr/bin/python3 - "$spec" "$device" <<'PY'
+import json, re, shlex, sys
+spec, name = json.load(open(sys.argv[1])), sys.argv[2]
+assert spec['cdiVersion'] == '0.6.0' and re.fullmatch(r'[a-z0-9.-]+/[a-z0-9._-]+', spec['kind']), spec['kind']
+dev = next(d for d in spec['devices'] if d['name'] == name)
+edits = dev['containerEdits']
+env = dict(e.split('=', 1) for e in edits['env'])
+q = shlex.quote
+lines = ['set -e', 'stage=$(mktemp -d)']
+for k, m in enumerate(edits['mounts']):
+    lines.append('if [ -d %s ]; then mkdir $stage/%d; else touch $stage/%d; fi' % (q(m['hostPath']), k, k))
+    lines.append('mount --bind %s $stage/%d' % (q(m['hostPath']), k))
+# The container's view: nothing of the run directory or of /dev/infiniband
+# but what the spec puts there.
+lines.append('mount -t tmpfs -o mode=755 tmpfs %s' % q(env['VRDMA_RUN_DIR']))
+lines.append('mount -t tmpfs -o mode=755 tmpfs /dev/infiniband')
+for k, m in enumerate(edits['mounts']):
+    p = q(m['containerPath'])
+    lines.append('if [ -d $stage/%d ]; then mkdir -p %s; else mkdir -p $(dirname %s); touch %s; fi' % (k, p, p, p))
+    lines.append('mount --bind $stage/%d %s' % (k, p))
+    if 'ro' in m['options']:
+        lines.append('mount -o remount,bind,ro %s' % p)
+for n in edits.get('deviceNodes', []):
+    lines.append('mkdir -p $(dirname %s); mknod -m 666 %s %s %d %d' % (q(n['path']), q(n['path']), n['type'], n['major'], n['minor']))
+lines.append('exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin ' + ' '.join(q(k + '=' + v) for k, v in env.items()) + ' "$@"')
+print('\n'.join(lines))
+PY
+)" || fail "the CDI spec is not as a runtime expects (above)"
+    unshare --mount --propagation private -- bash -c "$script" container "$@"
+}
+
+note "the spec"
+/usr/bin/python3 -c "
+import json, sys
+s = json.load(open('$spec'))
+for d in s['devices']:
+    e = d['containerEdits']
+    print('  %s=%s: %d env, %d mounts, node %s' % (s['kind'], d['name'], len(e['env']), len(e['mounts']), e['deviceNodes'][0]['path']))
+"
+
+note "a container of guest a sees vrdma0, and none of guest b's files"
+in_container "$spec" a ibv_devinfo >"$RUN_DIR.c.info" 2>&1 || { cat "$RUN_DIR.c.info"; fail "ibv_devinfo in a container of a"; }
+grep -q 'hca_id:.*vrdma0' "$RUN_DIR.c.info" && grep -q PORT_ACTIVE "$RUN_DIR.c.info" ||
+    { cat "$RUN_DIR.c.info"; fail "the container of a has no active vrdma0"; }
+[ "$(grep -c 'hca_id:' "$RUN_DIR.c.info")" -eq 1 ] || fail "the container of a sees more than one device"
+seen="$(in_container "$spec" a ls "$RUN_DIR" | tr '\n' ' ')"
+echo "  the run directory in the container: $seen"
+[ "$seen" = "a " ] || fail "the container of a sees '$seen' in the run directory, not only a"
+
+note "a checked ping-pong between a container of a and one of b"
+in_container "$spec" a ibv_rc_pingpong -d vrdma0 -g 0 -c -p 29615 -n 500 >"$RUN_DIR.c.server" 2>&1 &
+server=$!
+wait_port 29615
+in_container "$spec" b ibv_rc_pingpong -d vrdma0 -g 0 -c -p 29615 -n 500 127.0.0.1 >"$RUN_DIR.c.client" 2>&1 ||
+    { cat "$RUN_DIR.c.client"; fail "the ping-pong client in the container of b failed"; }
+wait "$server" || { cat "$RUN_DIR.c.server"; fail "the ping-pong server in the container of a failed"; }
+grep -m1 'bytes in' "$RUN_DIR.c.client" | sed 's/^/  /'
+
+note "without the spec's device node there is no device"
+/usr/bin/python3 -c "
+import json
+s = json.load(open('$spec'))
+for d in s['devices']: d['containerEdits']['deviceNodes'] = []
+json.dump(s, open('$spec.nonode', 'w'))
+"
+in_container "$spec.nonode" a ibv_devinfo >"$RUN_DIR.c.info" 2>&1 || true
+grep -q PORT_ACTIVE "$RUN_DIR.c.info" && fail "a container without the device node still has vrdma0"
+rm -f "$spec" "$spec.nonode" "$RUN_DIR".c.*
+echo "cdi: ok"
