@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +31,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] port GUEST down|up\n"
     "    vrdmactl [--run-dir DIR] weight GUEST W\n"
     "    vrdmactl [--run-dir DIR] guest add NAME[:OPTION...]\n"
-    "    vrdmactl [--run-dir DIR] guest remove NAME\n"
+    "    vrdmactl [--run-dir DIR] guest remove NAME [--grace SECONDS]\n"
     "    vrdmactl [--run-dir DIR] reload\n"
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
@@ -73,7 +75,11 @@ constexpr const char* kHelp =
     "            to its QPs get errors as when a guest dies, its memory and\n"
     "            objects are freed, and DIR/NAME goes. Other guests are not\n"
     "            disturbed. Its LID and name may be given to a guest added\n"
-    "            later. Exit status as for guest add.\n"
+    "            later. With --grace SECONDS, the guest's port goes down first\n"
+    "            (its processes get IBV_EVENT_PORT_ERR and can close their\n"
+    "            devices), and the guest is removed as soon as none of its\n"
+    "            processes has the device open, or when SECONDS are over.\n"
+    "            Exit status as for guest add.\n"
     "    reload  Reads the shim's --config file again (as SIGHUP does) and\n"
     "            applies what can change while it runs: guests the file adds\n"
     "            are added, guests it no longer names are removed (guests\n"
@@ -205,9 +211,9 @@ int list(const std::string& run_dir) {
     return 0;
 }
 
-// One request to the shim's control socket (src/shim/daemon/control_socket.h).
-// `print_reply`: the reply is the answer (peers), printed as it is.
-int control(const std::string& run_dir, const std::string& request, bool print_reply = false) {
+// One request to the shim's control socket (src/shim/daemon/control_socket.h):
+// 0 with the shim's reply, or 3 (said on stderr) when no shim answers.
+int ask(const std::string& run_dir, const std::string& request, std::string& reply) {
     std::string path = run_dir + "/control.sock";
     vrdma::UniqueFd sock;
     std::string why;
@@ -233,7 +239,15 @@ int control(const std::string& run_dir, const std::string& request, bool print_r
         fprintf(stderr, "vrdmactl: no reply from the vrdma-shim on %s\n", path.c_str());
         return 3;
     }
-    std::string reply(buf, size_t(n));
+    reply.assign(buf, size_t(n));
+    return 0;
+}
+
+// A request whose reply is "ok", an answer (`print_reply`: printed as it
+// is), or "error: ..." (exit status 1).
+int control(const std::string& run_dir, const std::string& request, bool print_reply = false) {
+    std::string reply;
+    if (int rc = ask(run_dir, request, reply)) return rc;
     if (reply == "ok") return 0;
     if (print_reply && reply.rfind("error: ", 0) != 0) {
         fputs(reply.c_str(), stdout);
@@ -243,6 +257,33 @@ int control(const std::string& run_dir, const std::string& request, bool print_r
     return 1;
 }
 
+// The contexts guest `name` has attached now (vrdmactl load), -1 if unknown.
+long guest_contexts(const std::string& run_dir, const std::string& name) {
+    std::string reply;
+    if (ask(run_dir, "load", reply)) return -1;
+    const std::string head = "guest " + name + " contexts ";
+    for (size_t pos = 0; (pos = reply.find(head, pos)) != std::string::npos; pos += head.size())
+        if (pos == 0 || reply[pos - 1] == '\n') return std::strtol(reply.c_str() + pos + head.size(), nullptr, 10);
+    return -1;
+}
+
+// guest remove NAME --grace SECONDS: the port goes down first (its
+// processes get IBV_EVENT_PORT_ERR and may close their devices); the guest
+// is removed once it has no context left, or when the grace is over.
+int remove_with_grace(const std::string& run_dir, const std::string& name, double grace_s) {
+    if (int rc = control(run_dir, "port " + name + " down")) return rc;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(grace_s);
+    long left = guest_contexts(run_dir, name);
+    while (left > 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        left = guest_contexts(run_dir, name);
+    }
+    if (left > 0)
+        fprintf(stderr, "vrdmactl: guest %s still has %ld context(s) after %g s: removing it now\n", name.c_str(), left,
+                grace_s);
+    return control(run_dir, "guest remove " + name);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -250,6 +291,7 @@ int main(int argc, char** argv) {
     std::string run_dir = env_dir && *env_dir ? env_dir : VRDMA_DEFAULT_RUN_DIR;
     std::string cmd;
     std::vector<std::string> args;
+    double grace = -1;  // guest remove --grace SECONDS
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         if (a == "-h" || a == "--help") {
@@ -261,6 +303,14 @@ int main(int argc, char** argv) {
             cmd = a;
         } else if ((cmd == "port" || cmd == "weight" || cmd == "guest") && args.size() < 2 && a[0] != '-') {
             args.push_back(a);
+        } else if (cmd == "guest" && (a == "--grace" || a.rfind("--grace=", 0) == 0)) {
+            std::string v = a == "--grace" ? (i + 1 < argc ? argv[++i] : "") : a.substr(8);
+            char* end = nullptr;
+            grace = std::strtod(v.c_str(), &end);
+            if (v.empty() || !end || *end || grace < 0 || grace > 3600) {
+                fprintf(stderr, "vrdmactl: --grace wants 0 to 3600 seconds, not '%s'\n", v.c_str());
+                return 2;
+            }
         } else {
             fprintf(stderr, "vrdmactl: unexpected argument '%s' (see vrdmactl --help)\n", a.c_str());
             return 2;
@@ -287,6 +337,11 @@ int main(int argc, char** argv) {
             fprintf(stderr, "vrdmactl: usage: vrdmactl guest add NAME[:OPTION...] | guest remove NAME\n");
             return 2;
         }
+        if (grace >= 0 && args[0] != "remove") {
+            fprintf(stderr, "vrdmactl: --grace is for guest remove\n");
+            return 2;
+        }
+        if (grace > 0) return remove_with_grace(run_dir, args[1], grace);
         return control(run_dir, "guest " + args[0] + " " + args[1], args[0] == "add");
     }
     if (cmd == "reload") return control(run_dir, "reload", true);

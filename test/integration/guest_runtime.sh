@@ -11,6 +11,9 @@
 #   3. c is added again (same LID, fresh state) and works; wrong requests
 #      (a name in use, a bad option, an unknown guest) are refused with the
 #      reason, and the shim's shutdown leaves nothing behind.
+#   4. remove --grace: a process that closes its device on PORT_ERR lets
+#      the removal go at once; one that keeps it gets DEVICE_FATAL when the
+#      grace is over.
 # The a-b ping-pong must pass at the end: nothing else was disturbed.
 source "$(dirname "$0")/lib.sh"
 start_shim a b
@@ -66,6 +69,8 @@ wait_port 26517
 rm_client=$!
 sleep 1
 for p in $waiter $rm_server $rm_client; do kill -0 "$p" 2>/dev/null || fail "a client of c ended before the removal"; done
+node="$(ls "$RUN_DIR/c/sys/class/infiniband_verbs" | grep '^uverbs_vrdma_c_')"
+[ -L "/dev/infiniband/$node" ] || fail "guest c has no /dev/infiniband/$node"
 ctl guest remove c || fail "vrdmactl guest remove c failed"
 t0=$(date +%s%N)
 for p in $waiter $rm_server $rm_client; do
@@ -80,7 +85,7 @@ sed 's/^/  waiter| /' "$RUN_DIR.c.waiter"
 [ "$(grep -c '^event DEVICE_FATAL' "$RUN_DIR.c.waiter")" -eq 1 ] || fail "the waiter in c did not get DEVICE_FATAL once"
 tail -n 2 "$RUN_DIR.rm.client" | sed 's/^/  a (peer of c)| /'
 [ -e "$RUN_DIR/c" ] && fail "$RUN_DIR/c is still there"
-ls /dev/infiniband 2>/dev/null | grep -q "^uverbs_vrdma_c_" && fail "guest c's /dev/infiniband link is still there"
+[ -e "/dev/infiniband/$node" ] || [ -L "/dev/infiniband/$node" ] && fail "guest c's /dev/infiniband/$node is still there"
 ctl list | grep -q '^c ' && fail "vrdmactl list still shows c"
 ctl counters | grep -q '^guest c ' && fail "vrdmactl counters still shows c"
 rc=0
@@ -99,6 +104,29 @@ for bad in "add a" "add d:weight=0" "add d:owner=nosuchuser" "add ../x" "remove 
     echo "  guest $bad -> exit $rc: $msg"
     [ "$rc" -eq 1 ] || fail "vrdmactl guest $bad exited $rc, not 1"
 done
+
+note "4. remove --grace: the port goes down first; a process that closes its device lets the removal go at once"
+ctl guest add f >/dev/null || fail "vrdmactl guest add f"
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest f -- "$WAITER" --count 1 >"$RUN_DIR.f.waiter" 2>&1 &
+waiter=$!
+wait_line "$RUN_DIR.f.waiter" '^ready$'
+t0=$(date +%s%N)
+ctl guest remove f --grace 20 || fail "vrdmactl guest remove f --grace 20 failed"
+ms=$((($(date +%s%N) - t0) / 1000000))
+wait "$waiter" || fail "the waiter in f exited $? (it closes its device after one event)"
+grep -q '^event PORT_ERR' "$RUN_DIR.f.waiter" || { cat "$RUN_DIR.f.waiter"; fail "f's process did not get PORT_ERR first"; }
+[ "$ms" -lt 10000 ] || fail "the removal waited $ms ms though f's process had closed its device"
+[ -e "$RUN_DIR/f" ] && fail "guest f is still there"
+echo "  f's process got PORT_ERR and closed its device; f removed after $ms ms (grace 20 s)"
+ctl guest add f >/dev/null || fail "vrdmactl guest add f (again)"
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest f -- "$WAITER" >"$RUN_DIR.f.waiter" 2>&1 &
+waiter=$!
+wait_line "$RUN_DIR.f.waiter" '^ready$'
+msg="$(ctl guest remove f --grace 1 2>&1)" || fail "vrdmactl guest remove f --grace 1 failed: $msg"
+echo "  $msg"
+grep -q 'still has 1 context(s) after 1 s: removing it now' <<<"$msg" || fail "the grace's end was not said"
+wait "$waiter" && fail "the waiter that kept f's device open exited 0"
+grep -q '^event DEVICE_FATAL' "$RUN_DIR.f.waiter" || fail "the lingering process did not get DEVICE_FATAL"
 
 note "the a-b ping-pong passed throughout"
 wait "$ab_client" || { cat "$RUN_DIR.ab.client"; fail "the a-b ping-pong failed while guests came and went"; }
