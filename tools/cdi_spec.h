@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "provider_path.h"
+
 namespace vrdma::tools {
 
 struct CdiGuest {
@@ -21,5 +23,11 @@ struct CdiGuest {
 // path, the provider library mounted read-only at the same path, and the
 // uverbs node libibverbs opens (a character device 1:3, as on the host).
 std::string cdi_spec(const std::vector<CdiGuest>& guests, const std::string& provider);
+
+// The spec of `guests` of the shim in `run_dir` on stdout: 0, or 3 with the
+// reason (prefixed with `tool`) when a guest's tree is not as a shim
+// publishes it.
+int print_cdi_spec(const std::string& run_dir, const std::vector<std::string>& guests, const Provider& provider,
+                   const char* tool);
 
 }  // namespace vrdma::tools

@@ -159,34 +159,13 @@ int usage_error(const std::string& msg) {
     return 2;
 }
 
-std::string self_dir() {
-    char buf[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-    if (n <= 0) return "";
-    buf[n] = 0;
-    std::string p(buf);
-    return p.substr(0, p.rfind('/'));
-}
-
 bool exists(const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0;
 }
 
-struct Provider {
-    std::string library;  // the .so to preload
-    bool from_build_tree = false;
-};
-
-// Run from the build tree: use the provider built beside us. Installed: use
-// the one installed for libibverbs.
-Provider find_provider() {
-    if (self_dir() == VRDMA_BUILD_TOOLS_DIR && exists(VRDMA_BUILD_PROVIDER))
-        return {VRDMA_BUILD_PROVIDER, true};
-    if (exists(VRDMA_INSTALLED_PROVIDER)) return {VRDMA_INSTALLED_PROVIDER, false};
-    if (exists(VRDMA_BUILD_PROVIDER)) return {VRDMA_BUILD_PROVIDER, true};
-    return {};
-}
+using vrdma::tools::Provider;
+using vrdma::tools::find_provider;
 
 struct EnvVar {
     std::string name, value;
@@ -215,42 +194,6 @@ std::vector<EnvVar> guest_environment(const std::string& run_dir, const std::str
     env.push_back({"VRDMA_GUEST", guest});
     if (const char* shim = getenv("VRDMA_SHIM_UID"); shim && *shim) env.push_back({"VRDMA_SHIM_UID", shim});
     return env;
-}
-
-// --cdi: the CDI spec of `guests` (cdi_spec.h) on stdout; 0, or 3 with the
-// reason when a guest's tree is not as the shim publishes it.
-int print_cdi_spec(const std::string& run_dir, const std::vector<std::string>& guests, const Provider& provider) {
-    char real[PATH_MAX];
-    if (!realpath(run_dir.c_str(), real)) {
-        fprintf(stderr, "vrdma-run: cannot resolve %s: %s\n", run_dir.c_str(), strerror(errno));
-        return 3;
-    }
-    const std::string dir(real);
-    std::string lib = provider.library;
-    lib.resize(lib.size() - std::strlen("-rdmav34.so"));  // RDMAV_DRIVERS takes the path without the suffix
-    std::vector<vrdma::tools::CdiGuest> out;
-    for (const std::string& g : guests) {
-        const vrdma::GuestPaths p = vrdma::guest_paths(dir, g);
-        // The one uverbs entry the shim published for the guest names its node.
-        std::string node;
-        if (DIR* d = opendir((p.sysfs + "/class/infiniband_verbs").c_str())) {
-            while (dirent* e = readdir(d))
-                if (std::strncmp(e->d_name, "uverbs_vrdma_", 13) == 0) node = std::string("/dev/infiniband/") + e->d_name;
-            closedir(d);
-        }
-        if (node.empty()) {
-            fprintf(stderr, "vrdma-run: guest '%s' has no uverbs entry in %s/class/infiniband_verbs\n", g.c_str(),
-                    p.sysfs.c_str());
-            return 3;
-        }
-        vrdma::tools::CdiGuest c{g, p.dir, node, {}};
-        c.env = {{"SYSFS_PATH", p.sysfs}, {"LD_PRELOAD", provider.library}, {"RDMAV_DRIVERS", lib},
-                 {"VRDMA_RUN_DIR", dir}, {"VRDMA_GUEST", g}};
-        if (const char* shim = getenv("VRDMA_SHIM_UID"); shim && *shim) c.env.push_back({"VRDMA_SHIM_UID", shim});
-        out.push_back(std::move(c));
-    }
-    fputs(vrdma::tools::cdi_spec(out, provider.library).c_str(), stdout);
-    return 0;
 }
 
 // The MPI rank of this process as its launcher tells it, or -1.
@@ -572,7 +515,7 @@ int main(int argc, char** argv) {
         return 3;
     }
 
-    if (cdi) return print_cdi_spec(run_dir, guests, provider);
+    if (cdi) return vrdma::tools::print_cdi_spec(run_dir, guests, provider, "vrdma-run");
     std::string sysfs = vrdma::guest_paths(run_dir, guests[0]).sysfs;
     if (guests.size() > 1) {
         sweep_stale_trees();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "vrdma_common/guest_paths.h"
+#include "cdi_spec.h"
 #include "vrdma_common/trusted_dir.h"
 
 namespace {
@@ -33,6 +34,7 @@ constexpr const char* kHelp =
     "    vrdmactl [--run-dir DIR] guest add NAME[:OPTION...]\n"
     "    vrdmactl [--run-dir DIR] guest remove NAME [--grace SECONDS]\n"
     "    vrdmactl [--run-dir DIR] reload\n"
+    "    vrdmactl [--run-dir DIR] cdi [GUEST...]\n"
     "    vrdmactl [--run-dir DIR] peers\n"
     "    vrdmactl [--run-dir DIR] counters\n"
     "    vrdmactl [--run-dir DIR] load\n"
@@ -90,6 +92,17 @@ constexpr const char* kHelp =
     "            removed, weight) and per refusal. Exit status 0 if all was\n"
     "            applied, 1 if anything was refused or the file is wrong\n"
     "            (then nothing changed), 3 if no shim answers.\n"
+    "    cdi [GUEST...]\n"
+    "            Prints a Container Device Interface spec (JSON, CDI 0.6.0,\n"
+    "            kind vrdma.dev/guest) with one device per guest named, or per\n"
+    "            guest published in DIR: saved as /etc/cdi/vrdma.json, a\n"
+    "            container gets guest NAME's vrdma0 with --device\n"
+    "            vrdma.dev/guest=NAME (podman, containerd, CRI-O). Each device\n"
+    "            sets the environment vrdma-run sets, mounts the guest's\n"
+    "            directory and the provider read-only at the same paths and\n"
+    "            makes the uverbs node. The image needs rdma-core's libibverbs\n"
+    "            with provider ABI 34 (Debian 12's libibverbs1). Exit status 3\n"
+    "            when there is no such guest.\n"
     "    peers   The peer shims of the fabric, one line each:\n"
     "              peer ADDR:PORT state STATE lids FIRST-LAST tx_bytes N rx_bytes N\n"
     "              tx_msgs N rx_msgs N retries N errors N [last_error \"TEXT\"]\n"
@@ -211,6 +224,22 @@ int list(const std::string& run_dir) {
     return 0;
 }
 
+// vrdmactl cdi [GUEST...]: the CDI spec of the guests named, else of every
+// guest published in the run directory.
+int cdi(const std::string& run_dir, std::vector<std::string> guests) {
+    if (guests.empty()) guests = guests_in(run_dir);
+    if (guests.empty()) {
+        fprintf(stderr, "vrdmactl: no guests published in %s\n", run_dir.c_str());
+        return 3;
+    }
+    const vrdma::tools::Provider provider = vrdma::tools::find_provider();
+    if (provider.library.empty()) {
+        fprintf(stderr, "vrdmactl: the vrdma provider library is neither built nor installed\n");
+        return 3;
+    }
+    return vrdma::tools::print_cdi_spec(run_dir, guests, provider, "vrdmactl");
+}
+
 // One request to the shim's control socket (src/shim/daemon/control_socket.h):
 // 0 with the shim's reply, or 3 (said on stderr) when no shim answers.
 int ask(const std::string& run_dir, const std::string& request, std::string& reply) {
@@ -303,6 +332,12 @@ int main(int argc, char** argv) {
             cmd = a;
         } else if ((cmd == "port" || cmd == "weight" || cmd == "guest") && args.size() < 2 && a[0] != '-') {
             args.push_back(a);
+        } else if (cmd == "cdi" && a[0] != '-') {
+            if (!vrdma::valid_guest_name(a)) {
+                fprintf(stderr, "vrdmactl: invalid guest name '%s'\n", a.c_str());
+                return 2;
+            }
+            args.push_back(a);
         } else if (cmd == "guest" && (a == "--grace" || a.rfind("--grace=", 0) == 0)) {
             std::string v = a == "--grace" ? (i + 1 < argc ? argv[++i] : "") : a.substr(8);
             char* end = nullptr;
@@ -345,6 +380,7 @@ int main(int argc, char** argv) {
         return control(run_dir, "guest " + args[0] + " " + args[1], args[0] == "add");
     }
     if (cmd == "reload") return control(run_dir, "reload", true);
+    if (cmd == "cdi") return cdi(run_dir, args);
     if (cmd == "peers") return control(run_dir, "peers", true);
     if (cmd == "counters") return control(run_dir, "counters", true);
     if (cmd == "load") return control(run_dir, "load", true);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Containers through CDI (vrdma-run --cdi): the spec made for guests a and
-# b is applied to "containers" by a stand-in runtime that does what a CDI
+# Containers through CDI (vrdmactl cdi, the same as vrdma-run --cdi): the
+# spec made for guests a and b is applied to "containers" by a stand-in runtime that does what a CDI
 # runtime does with it and no more: a mount namespace in which the run
 # directory and /dev/infiniband start empty, the spec's mounts, its device
 # nodes, and a process that gets only the spec's environment (env -i). Each
@@ -14,7 +14,9 @@ command -v unshare >/dev/null || { echo "no unshare"; exit 77; }
 start_shim a b
 chmod 755 "$RUN_DIR"
 spec="$RUN_DIR.cdi.json"
-"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest b --cdi >"$spec" || fail "vrdma-run --cdi failed"
+"$VRDMACTL" --run-dir "$RUN_DIR" cdi >"$spec" || fail "vrdmactl cdi failed"
+"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --guest b --cdi | cmp -s - "$spec" ||
+    fail "vrdma-run --cdi and vrdmactl cdi disagree"
 
 # in_container SPEC DEVICE CMD...: CMD as a CDI runtime would run it with
 # device vrdma.dev/guest=DEVICE.
