@@ -2,7 +2,7 @@
 # Prometheus metrics (vrdma-shim --metrics-listen): after a checked
 # ping-pong of 1000 messages of 4 KiB each way between guests a and b,
 # GET /metrics parses with the Prometheus client library's own parser
-# (python3-prometheus-client), counts at least those messages and bytes for
+# (python3-prometheus-client) and passes promtool check metrics, counts at least those messages and bytes for
 # each guest, agrees with vrdmactl load, and carries every counter of
 # vrdmactl counters; other paths get 404, other methods 405, what is not
 # HTTP 400 (asked with Python: no curl or nc needed).
@@ -63,4 +63,16 @@ for raw, want in ((b'GET /other HTTP/1.0\r\n\r\n', '404'), (b'GET / HTTP/1.1\r\n
     assert line.split()[1] == want, (raw, line)
 PY
 echo "  404, 405 and 400 where due"
+# Prometheus' own checker, on a scrape taken after the traffic above.
+promtool="$(command -v promtool || echo /var/cache/vrdma/bin/promtool)"
+if [ -x "$promtool" ]; then
+    /usr/bin/python3 -c "import urllib.request; print(urllib.request.urlopen('$url').read().decode(), end='')" \
+        >"$RUN_DIR.scrape"
+    "$promtool" check metrics <"$RUN_DIR.scrape" >"$RUN_DIR.promtool" 2>&1 ||
+        { cat "$RUN_DIR.promtool"; fail "promtool check metrics refused the exposition"; }
+    echo "  promtool check metrics: $(cat "$RUN_DIR.promtool" | head -3 | tr '\n' ' ')ok"
+    rm -f "$RUN_DIR.scrape" "$RUN_DIR.promtool"
+else
+    echo "  (no promtool: scripts/install-deps.sh unpacks it from Debian's prometheus package)"
+fi
 echo "metrics: ok"
