@@ -41,6 +41,8 @@ for g in ('a', 'b'):
     assert msgs >= 1000 and nbytes >= 1000 * 4096, 'guest %s sent more than that' % g
     words = next(l for l in load.splitlines() if l.startswith('guest %s ' % g)).split()
     assert int(words[words.index('messages') + 1]) == msgs, 'vrdmactl load says otherwise: ' + load
+    assert value('vrdma_guest_quota_refusals_total', g) == 0
+    assert any(s.labels.get('kind') == 'qp' for s in fams['vrdma_guest_resources'].samples)
     words = next(l for l in counters.splitlines() if l.startswith('guest %s ' % g)).split()
     for k in range(2, len(words), 2):  # every counter of vrdmactl counters, with the same value
         assert value('vrdma_guest_%s_total' % words[k], g) == int(words[k + 1]), words[k]

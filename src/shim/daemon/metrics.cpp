@@ -5,6 +5,8 @@
 #include <sstream>
 #include <vector>
 
+#include "quota.h"
+
 namespace vrdma::shim {
 namespace {
 
@@ -24,6 +26,9 @@ const std::map<std::string, Family>& families() {
         {"vrdma_worker_busy_seconds_total", {"counter", "Time the worker spent in turns that found work."}},
         {"vrdma_worker_asleep_seconds_total", {"counter", "Time the worker slept with nothing to do."}},
         {"vrdma_guest_contexts", {"gauge", "Attached contexts of the guest."}},
+        {"vrdma_guest_resources", {"gauge", "What the guest's contexts hold, by kind (the --quota keys)."}},
+        {"vrdma_guest_resource_limit", {"gauge", "The guest's quota, by kind (--quota)."}},
+        {"vrdma_guest_quota_refusals_total", {"counter", "Requests refused because they would pass a quota."}},
         {"vrdma_guest_weight", {"gauge", "The guest's share of its worker (vrdma-shim --guest NAME:weight=W)."}},
         {"vrdma_guest_turns_total", {"counter", "Turns of the guest's contexts that found work."}},
         {"vrdma_guest_messages_total", {"counter", "Messages the guest's QPs sent, resends not counted."}},
@@ -98,6 +103,14 @@ void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::stri
         const GuestLoad& l = g->load;
         auto it = contexts.find(g.get());
         add(out, "vrdma_guest_contexts", gwl, it == contexts.end() ? uint64_t(0) : it->second);
+        if (const GuestUsage* u = eng.usage_of(*g)) {
+            for (unsigned r = 0; r < kResCount; ++r) {
+                const std::string kl = gl + ",kind=\"" + res_key(Res(r)) + "\"";
+                add(out, "vrdma_guest_resources", kl, u->used(Res(r)));
+                add(out, "vrdma_guest_resource_limit", kl, u->limit(Res(r)));
+            }
+            add(out, "vrdma_guest_quota_refusals_total", gl, u->refusals());
+        }
         add(out, "vrdma_guest_weight", gwl, uint64_t(g->weight));
         add(out, "vrdma_guest_turns_total", gwl, l.turns);
         add(out, "vrdma_guest_messages_total", gwl, l.messages);
