@@ -59,15 +59,27 @@ in_guest a ibv_devinfo | grep >/dev/null 'PORT_ACTIVE' || fail "ibv_devinfo in g
 # unexamined (throttled_datagrams). b's datagrams to a are not throttled:
 # one lost would stall the checked pingpong until its timeout.
 note "qkey guessing: c against a's UD QP while a and b run ibv_ud_pingpong -c"
-# 200000 round trips: 2.4 to 5.5 s on 2 busy cores (12 to 27 us each), so
-# the pair outlasts the guesser.
-ud="ibv_ud_pingpong -d vrdma0 -g 0 -p $port -n ${QKEY_PINGPONG_ITERS:-200000} -c"
+# The pair must outlast the 1 s guesser whatever the build's speed: a run
+# of 20000 round trips measures one (about 10 us plain, several times that
+# sanitized; the first thousands are slower) and the pair gets enough of
+# them for about 8 s at that speed (in practice 2 to 8 s).
+ud="ibv_ud_pingpong -d vrdma0 -g 0 -p $((port + 1)) -n 20000 -c"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- $ud >"$RUN_DIR.s" 2>&1 &
+spid=$!
+wait_port $((port + 1))
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 ||
+    { cat "$RUN_DIR.c" >&2; fail "the calibrating UD ping-pong of a and b failed"; }
+wait "$spid" || fail "the calibrating UD ping-pong server failed"
+usec="$(sed -nE 's/.* = ([0-9.]+) usec\/iter.*/\1/p' "$RUN_DIR.c" | head -n1)"
+iters="${QKEY_PINGPONG_ITERS:-$(awk -v u="$usec" 'BEGIN { n = int(8e6 / (u > 0 ? u : 1)); print (n < 4000 ? 4000 : n > 1000000 ? 1000000 : n) }')}"
+echo "  a round trip took ${usec} us: the pair gets $iters"
+ud="ibv_ud_pingpong -d vrdma0 -g 0 -p $port -n $iters -c"
 examined_before="$(guest_counter a qkey_violations)"
 throttled_before="$(guest_counter a throttled_datagrams)"
-timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
+timeout 120 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
 spid=$!
 wait_port "$port"
-timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- stdbuf -oL $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 &
+timeout 120 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- stdbuf -oL $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 &
 cpid=$!
 for _ in $(seq 1 200); do grep -q "remote address" "$RUN_DIR.c" && break; sleep 0.05; done
 a_lid="$(cat "$RUN_DIR/a/sys/class/infiniband/vrdma0/ports/1/lid")"

@@ -52,13 +52,7 @@ start_with_conf
 grep -m1 'ready:' "$SHIM_LOG" | sed 's/^/  /'
 ctl load | grep -E '^guest ' | sed 's/^/  load| /'
 ctl load | grep -q '^guest b .*weight 2' || fail "the command line's --guest b:weight=2 did not override the file"
-"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- ibv_rc_pingpong -d vrdma0 -g 0 -c -p 27515 -s 4096 -n 60000 \
-    >"$RUN_DIR.ab.server" 2>&1 &
-ab_server=$!
-wait_port 27515
-"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- ibv_rc_pingpong -d vrdma0 -g 0 -c -p 27515 -s 4096 -n 60000 \
-    127.0.0.1 >"$RUN_DIR.ab.client" 2>&1 &
-ab_client=$!
+pingpong_start ab 27515 -c -s 4096 -n 10000
 
 note "2. reload: c added to the file, a's weight changed; e (vrdmactl guest add) stays"
 ctl guest add e >/dev/null || fail "vrdmactl guest add e"
@@ -99,9 +93,7 @@ echo "$out" | head -n 2 | sed 's/^/  reload| /'
 [ -S "$RUN_DIR/d/vrdma.sock" ] || fail "the broken file's reload removed d"
 
 note "the a-b ping-pong passed throughout"
-wait "$ab_client" || { cat "$RUN_DIR.ab.client"; fail "the a-b ping-pong failed during the reloads"; }
-wait "$ab_server" || { cat "$RUN_DIR.ab.server"; fail "the a-b ping-pong server failed"; }
-grep -m1 'bytes in' "$RUN_DIR.ab.client" | sed 's/^/  a <-> b: /'
+pingpong_wait ab
 
 note "5. a restart serves the file's guests again"
 kill -TERM "$SHIM_PID"
@@ -111,5 +103,5 @@ start_with_conf
 line="$(grep 'ready:' "$SHIM_LOG" | tail -n 1)"
 echo "  $line"
 for g in a b d; do grep -q " $g(lid " <<<"$line" || fail "the restarted shim does not serve $g"; done
-rm -f "$conf" "$RUN_DIR.bad" "$RUN_DIR".ab.*
+rm -f "$conf" "$RUN_DIR.bad"
 echo "config_reload: ok"

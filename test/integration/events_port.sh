@@ -10,17 +10,6 @@ start_shim a b
 CTL="$VRDMA_BUILD_DIR/tools/vrdmactl"
 WAITER="$VRDMA_BUILD_DIR/test/integration/vrdma-event-waiter"
 
-# wait_line FILE PATTERN : until FILE has a line matching PATTERN (5 s).
-wait_line() {
-    for _ in $(seq 1 100); do
-        grep -Eq "$2" "$1" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "--- $1:" >&2
-    cat "$1" >&2
-    fail "no line /$2/ in $(basename "$1")"
-}
-
 out_a="$RUN_DIR.waiter.a" out_b="$RUN_DIR.waiter.b"
 timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "$WAITER" --count 2 >"$out_a" 2>&1 &
 wa=$!

@@ -12,14 +12,6 @@ source "$(dirname "$0")/lib.sh"
 start_shim a b
 WAITER="$VRDMA_BUILD_DIR/test/integration/vrdma-event-waiter"
 
-wait_line() {  # wait_line FILE PATTERN : 5 s
-    for _ in $(seq 1 100); do
-        grep -Eq "$2" "$1" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    cat "$1" >&2
-    fail "no line /$2/ in $(basename "$1")"
-}
 
 restart_shim() {  # a new shim on the same run directory
     "$SHIM" --run-dir "$RUN_DIR" --guest a --guest b >>"$SHIM_LOG" 2>&1 &

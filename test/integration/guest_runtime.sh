@@ -20,23 +20,9 @@ start_shim a b
 WAITER="$VRDMA_BUILD_DIR/test/integration/vrdma-event-waiter"
 ctl() { "$VRDMACTL" --run-dir "$RUN_DIR" "$@"; }
 
-wait_line() {  # wait_line FILE PATTERN : 5 s
-    for _ in $(seq 1 100); do
-        grep -Eq "$2" "$1" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    cat "$1" >&2
-    fail "no line /$2/ in $(basename "$1")"
-}
 
 note "a checked ping-pong between a and b runs throughout"
-"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- ibv_rc_pingpong -d vrdma0 -g 0 -c -p 26515 -s 4096 -n 60000 \
-    >"$RUN_DIR.ab.server" 2>&1 &
-ab_server=$!
-wait_port 26515
-"$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- ibv_rc_pingpong -d vrdma0 -g 0 -c -p 26515 -s 4096 -n 60000 \
-    127.0.0.1 >"$RUN_DIR.ab.client" 2>&1 &
-ab_client=$!
+pingpong_start ab 26515 -c -s 4096 -n 10000
 
 note "1. add guest c"
 out="$(ctl guest add c:weight=2)"
@@ -129,7 +115,5 @@ wait "$waiter" && fail "the waiter that kept f's device open exited 0"
 grep -q '^event DEVICE_FATAL' "$RUN_DIR.f.waiter" || fail "the lingering process did not get DEVICE_FATAL"
 
 note "the a-b ping-pong passed throughout"
-wait "$ab_client" || { cat "$RUN_DIR.ab.client"; fail "the a-b ping-pong failed while guests came and went"; }
-wait "$ab_server" || { cat "$RUN_DIR.ab.server"; fail "the a-b ping-pong server failed"; }
-grep -m1 'bytes in' "$RUN_DIR.ab.client" | sed 's/^/  a <-> b: /'
+pingpong_wait ab
 echo "guest_runtime: ok"

@@ -501,3 +501,39 @@ wait_line() {
 
 # now_ms: wall clock in milliseconds.
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+# pingpong_start NAME PORT ARGS...: ibv_rc_pingpong -p PORT ARGS in the
+# background, the server in guest a and the client in guest b (outputs
+# $RUN_DIR.NAME.server and .client). pingpong_wait NAME: both must exit 0.
+declare -A PINGPONG_SPID=() PINGPONG_CPID=()
+pingpong_start() {
+    local name="$1" port="$2"
+    shift 2
+    "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- ibv_rc_pingpong -d vrdma0 -g 0 -p "$port" "$@" \
+        >"$RUN_DIR.$name.server" 2>&1 &
+    PINGPONG_SPID[$name]=$!
+    wait_port "$port"
+    "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- ibv_rc_pingpong -d vrdma0 -g 0 -p "$port" "$@" 127.0.0.1 \
+        >"$RUN_DIR.$name.client" 2>&1 &
+    PINGPONG_CPID[$name]=$!
+}
+pingpong_wait() {
+    local name="$1"
+    wait "${PINGPONG_CPID[$name]}" || { cat "$RUN_DIR.$name.client" >&2; fail "ping-pong $name: the client failed"; }
+    wait "${PINGPONG_SPID[$name]}" || { cat "$RUN_DIR.$name.server" >&2; fail "ping-pong $name: the server failed"; }
+    grep -m1 'bytes in' "$RUN_DIR.$name.client" | sed "s/^/  $name: /"
+    rm -f "$RUN_DIR.$name.server" "$RUN_DIR.$name.client"
+}
+
+# pair_outlasted SPID CPID WHAT HINT: right after WHAT ended, the pair of
+# background clients SPID and CPID (outputs $RUN_DIR.s and $RUN_DIR.c) must
+# still have been running then, and must both exit 0.
+pair_outlasted() {
+    local spid="$1" cpid="$2" what="$3" hint="$4" running src=0 crc=0
+    running="$(kill -0 "$spid" 2>/dev/null && kill -0 "$cpid" 2>/dev/null && echo yes || echo no)"
+    wait "$spid" || src=$?
+    wait "$cpid" || crc=$?
+    echo "  the pair: server $src, client $crc; client: $(grep -m1 -iE 'failed|iters' "$RUN_DIR.c" || true)"
+    [ "$src" -eq 0 ] && [ "$crc" -eq 0 ] || { cat "$RUN_DIR.s" "$RUN_DIR.c" >&2; fail "the pair failed beside $what"; }
+    [ "$running" = yes ] || fail "the pair ended before $what did: the test proved nothing ($hint)"
+}

@@ -61,13 +61,7 @@ qpn="$(sed -nE 's/.*local address: +LID 0x0*1, QPN (0x[0-9a-f]+).*/\1/p' "$RUN_D
 [ -n "$qpn" ] || { cat "$RUN_DIR.s" >&2; fail "no address from a's ibv_ud_pingpong"; }
 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "$VRDMA_BUILD_DIR/test/integration/adversarial_guest" \
     --ud-inject "1:$qpn:0x11111111" 200 | sed 's/^/  adversary| /'
-running="$(kill -0 "$spid" 2>/dev/null && kill -0 "$cpid" 2>/dev/null && echo yes || echo no)"
-src=0 crc=0
-wait "$spid" || src=$?
-wait "$cpid" || crc=$?
-echo "  the pair: server $src, client $crc; client: $(grep -m1 -iE 'failed|iters' "$RUN_DIR.c" || true)"
-[ "$src" -eq 0 ] && [ "$crc" -eq 0 ] || { cat "$RUN_DIR.s" "$RUN_DIR.c" >&2; fail "the UD pair of a and c failed beside the adversary"; }
-[ "$running" = yes ] || fail "the pair ended before the adversary did: the test proved nothing (make -n larger)"
+pair_outlasted "$spid" "$cpid" "the adversary" "make -n larger"
 after="$(guest_counter a pkey_violations)"
 echo "  pkey_violations of a: $before before, $after after"
 [ $((after - before)) -ge 200 ] || fail "the adversary's 200 datagrams were not all stopped at the partition"
