@@ -537,3 +537,45 @@ pair_outlasted() {
     [ "$src" -eq 0 ] && [ "$crc" -eq 0 ] || { cat "$RUN_DIR.s" "$RUN_DIR.c" >&2; fail "the pair failed beside $what"; }
     [ "$running" = yes ] || fail "the pair ended before $what did: the test proved nothing ($hint)"
 }
+
+# ud_pair_start SERVER_GUEST CLIENT_GUEST PORT SECONDS: a checked
+# ibv_ud_pingpong between the two guests in the background (outputs
+# $RUN_DIR.s and $RUN_DIR.c, pids UD_SPID and UD_CPID, client connected on
+# return) that lasts about SECONDS whatever the build's speed: a first run
+# of 20000 round trips (on PORT+1) measures one (about 10 us plain, several
+# times that sanitized or loaded) and the pair gets as many as SECONDS take
+# at that speed (UD_PAIR_ITERS overrides, and skips the measuring run; the
+# count is left in UD_ITERS). A loaded machine can measure a round trip
+# several times slower than the pair then runs: a caller whose pair must
+# outlast something checks that it did (pair_outlasted) and may try again
+# with more.
+ud_pair_start() {
+    local sg="$1" cg="$2" port="$3" secs="$4" usec=measured iters spid
+    local cal="ibv_ud_pingpong -d vrdma0 -g 0 -p $((port + 1)) -n 20000 -c"
+    if [ -n "${UD_PAIR_ITERS:-}" ]; then
+        UD_ITERS="$UD_PAIR_ITERS"
+        ud_pair_launch "$sg" "$cg" "$port"
+        return
+    fi
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$sg" -- $cal >"$RUN_DIR.s" 2>&1 &
+    spid=$!
+    wait_port $((port + 1))
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$cg" -- $cal 127.0.0.1 >"$RUN_DIR.c" 2>&1 ||
+        { cat "$RUN_DIR.c" >&2; fail "the measuring UD ping-pong of $sg and $cg failed"; }
+    wait "$spid" || fail "the measuring UD ping-pong server in $sg failed"
+    usec="$(sed -nE 's/.* = ([0-9.]+) usec\/iter.*/\1/p' "$RUN_DIR.c" | head -n1)"
+    UD_ITERS="$(awk -v u="$usec" -v s="$secs" \
+        'BEGIN { n = int(s * 1e6 / (u > 0 ? u : 1)); print (n < 4000 ? 4000 : n > 2000000 ? 2000000 : n) }')"
+    echo "  a UD round trip takes ${usec} us: the pair gets $UD_ITERS of them"
+    ud_pair_launch "$sg" "$cg" "$port"
+}
+ud_pair_launch() {
+    local sg="$1" cg="$2" port="$3"
+    local ud="ibv_ud_pingpong -d vrdma0 -g 0 -p $port -n $UD_ITERS -c"
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$sg" -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
+    UD_SPID=$!
+    wait_port "$port"
+    timeout 300 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest "$cg" -- stdbuf -oL $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 &
+    UD_CPID=$!
+    wait_line "$RUN_DIR.c" 'remote address'
+}

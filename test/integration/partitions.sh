@@ -50,18 +50,12 @@ grep -qE "^guest (a|b) .*pkey_violations [1-9]" "$RUN_DIR.s" || fail "no P_Key v
 
 note "an adversary in b (0x8002) injects datagrams into a running UD pair of a and c (0x8001)"
 before="$(guest_counter a pkey_violations)"
-ud="ibv_ud_pingpong -d vrdma0 -g 0 -p 18724 -n 50000 -c"
-timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- stdbuf -oL $ud >"$RUN_DIR.s" 2>&1 &
-spid=$!
-wait_port 18724
-timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest c -- stdbuf -oL $ud 127.0.0.1 >"$RUN_DIR.c" 2>&1 &
-cpid=$!
-for _ in $(seq 1 200); do grep -q "remote address" "$RUN_DIR.c" && break; sleep 0.05; done
+ud_pair_start a c 18724 4
 qpn="$(sed -nE 's/.*local address: +LID 0x0*1, QPN (0x[0-9a-f]+).*/\1/p' "$RUN_DIR.s")"
 [ -n "$qpn" ] || { cat "$RUN_DIR.s" >&2; fail "no address from a's ibv_ud_pingpong"; }
 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "$VRDMA_BUILD_DIR/test/integration/adversarial_guest" \
     --ud-inject "1:$qpn:0x11111111" 200 | sed 's/^/  adversary| /'
-pair_outlasted "$spid" "$cpid" "the adversary" "make -n larger"
+pair_outlasted "$UD_SPID" "$UD_CPID" "the adversary" "set UD_PAIR_ITERS higher"
 after="$(guest_counter a pkey_violations)"
 echo "  pkey_violations of a: $before before, $after after"
 [ $((after - before)) -ge 200 ] || fail "the adversary's 200 datagrams were not all stopped at the partition"
