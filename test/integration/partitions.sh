@@ -50,7 +50,7 @@ grep -qE "^guest (a|b) .*pkey_violations [1-9]" "$RUN_DIR.s" || fail "no P_Key v
 
 note "an adversary in b (0x8002) injects datagrams into a running UD pair of a and c (0x8001)"
 before="$(guest_counter a pkey_violations)"
-ud_pair_start a c 18724 4
+ud_pair_start a c 18724 2
 qpn="$(sed -nE 's/.*local address: +LID 0x0*1, QPN (0x[0-9a-f]+).*/\1/p' "$RUN_DIR.s")"
 [ -n "$qpn" ] || { cat "$RUN_DIR.s" >&2; fail "no address from a's ibv_ud_pingpong"; }
 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "$VRDMA_BUILD_DIR/test/integration/adversarial_guest" \
