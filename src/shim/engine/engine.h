@@ -179,6 +179,16 @@ public:
     // calls); looking at an idle QP costs nothing.
     bool turn_spent() const { return turn_used_ >= turn_budget_; }
     bool turn_spent_timed();
+    // Runs `f` with no turn budget (what it uses is still charged to the
+    // turn afterwards): for a command that must see every work request
+    // posted before it (ResizeCq), whose queues bound the work.
+    template <typename F>
+    void outside_budget(F&& f) {
+        const uint64_t budget = turn_budget_;
+        turn_budget_ = UINT64_MAX;
+        f();
+        turn_budget_ = budget;
+    }
     static constexpr uint32_t kTurnClockEvery = 8;
 
 private:
