@@ -250,9 +250,9 @@ TEST_CASE("fabric: the handshake needs the same key on both sides", "[shim][fabr
         CHECK_FALSE(f.la->peer_owns(1));
         CHECK_FALSE(f.la->auth_failed());
         CHECK_FALSE(f.lb->auth_failed());
-        // The Hello each way through the channel, nothing else.
-        CHECK(f.la->stats.tx_bytes == sizeof(fabric::Hello));
-        CHECK(f.lb->stats.rx_bytes == sizeof(fabric::Hello));
+        // The Hello and the guest's partitions each way through the channel, nothing else.
+        CHECK(f.la->stats.tx_bytes == sizeof(fabric::Hello) + sizeof(fabric::SegHeader) + 2);
+        CHECK(f.lb->stats.rx_bytes == sizeof(fabric::Hello) + sizeof(fabric::SegHeader) + 2);
     }
     SECTION("another key: both sides refuse (auth_failed), nothing is routed") {
         Fabric2 f("another fabric key, not the same");
@@ -740,7 +740,7 @@ TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working
     }
 }
 
-TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shim][fabric]") {
+TEST_CASE("fabric: a request from a LID the peer does not own is dropped, other segments refused", "[shim][fabric]") {
     RcOverFabric t;
     std::memset(t.pb(0), 0x11, 4096);
     Request r;
@@ -754,11 +754,13 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
     r.remote_addr = t.mb.addr;
     r.length = 16;
     const std::vector<uint8_t> payload(16, 0xab);
-    SECTION("the segment header names a LID of another shim") {
+    SECTION("the segment header names a LID of another shim: dropped, counted, the link stays") {
         r.slid = 5;
         inject(t, request_segment(r, payload, 5));
         t.pump();
-        CHECK(t.lb->close_reason() == "protocol violation: a segment from a LID the peer does not own");
+        CHECK(t.lb->state() == LinkState::Up);
+        CHECK(t.lb->stats.foreign_lid == 1);
+        t.lb->close("test over");
     }
     SECTION("the request inside names another LID than its header") {
         r.slid = 5;
@@ -995,11 +997,54 @@ TEST_CASE("fabric: a UD send completes once its payload left the sender's memory
     }
 }
 
+TEST_CASE("fabric: a request whose P_Key its source guest is not a member of is dropped and counted",
+          "[shim][fabric][isolation]") {
+    // A announces guest a (LID 1) in partition 0x8001 only; a request from
+    // LID 1 that claims partition 2 (B's guest is in it) is dropped at B.
+    Fabric2 f;
+    f.A.eng.set_pkeys(f.A.g, {0x8001});
+    f.B.eng.set_pkeys(f.B.g, {0x8001, 0x8002});
+    f.connect();
+    REQUIRE(f.up());
+    CHECK(f.lb->peer_member(1, 0x8001));
+    CHECK(f.lb->peer_member(1, 0x0001));
+    CHECK_FALSE(f.lb->peer_member(1, 0x8002));
+    CHECK_FALSE(f.lb->peer_member(1, 0xffff));
+    CHECK(f.la->peer_member(2, 0x8002));
+    const uint32_t pb = f.B.p.pd();
+    auto cb = f.B.p.cq(64);
+    auto mb = f.B.p.mr(pb, 8192, kAllAccess);
+    std::memset(f.B.p.at(mb.addr), 0xee, 8192);
+    FakeProvider::QpSpec ud;
+    ud.type = IBV_QPT_UD;
+    auto qb = f.B.p.qp(pb, cb, cb, ud);
+    f.B.p.ud_ready(qb, 0x1234);
+    f.B.p.post_recv(qb.rq, 1, {abi::Sge{mb.addr, 4096, mb.lkey}});
+    Request r;
+    r.opcode = IBV_WR_SEND;
+    r.qp_type = IBV_QPT_UD;
+    r.slid = 1;
+    r.dlid = 2;
+    r.sqpn = 0x77;
+    r.dqpn = qb.qpn;
+    r.qkey = 0x1234;
+    r.pkey = 0x8002;
+    r.length = 16;
+    const std::vector<uint8_t> payload(16, 0xab);
+    inject(f, request_segment(r, payload, 1));
+    f.pump();
+    CHECK(f.lb->state() == LinkState::Up);
+    CHECK(f.lb->stats.foreign_pkey == 1);
+    CHECK(f.B.p.poll(cb).empty());
+    CHECK(f.B.p.at(mb.addr)[0] == 0xee);
+}
+
 TEST_CASE("fabric: RC and UD between guests of different partitions fail across shims", "[shim][fabric][isolation]") {
     Fabric2 f;
     f.A.eng.set_pkeys(f.A.g, {0x8001});
     const bool same = GENERATE(false, true);
     f.B.eng.set_pkeys(f.B.g, {uint16_t(same ? 0x8001 : 0x8002)});
+    f.connect();  // the links announce the partitions as they come up
     const uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
     auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
     auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);

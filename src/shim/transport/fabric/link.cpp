@@ -70,6 +70,7 @@ struct Link::InMsg {
     bool discard = false;  // payload read and dropped
     bool aborted = false;  // the sender lost its memory under the payload (kSegAbort)
     bool faulted = false;  // the target memory lost a page under the payload
+    bool foreign = false;  // a request from a LID the peer does not own: read, dropped, never answered
     // A request (responder side).
     Request req;
     Delivery d;
@@ -90,7 +91,7 @@ struct Link::InMsg {
         lid = 0;
         qpn = 0;
         total = received = 0;
-        discard = aborted = faulted = false;
+        discard = aborted = faulted = foreign = false;
         req = Request{};
         d.reset();
         pins.clear();
@@ -413,6 +414,8 @@ bool Link::parse() {
             uint64_t n = std::min<uint64_t>(avail, seg_left_);
             if (hdr_.type == uint8_t(SegType::Error)) {
                 close_reason_.append(reinterpret_cast<const char*>(p), size_t(n));
+            } else if (hdr_.type == uint8_t(SegType::Partitions)) {
+                std::memcpy(announce_ + seg_offset_, p, size_t(n));  // header_ok: at most sizeof(announce_)
             } else if (cur_ && !cur_->discard) {
                 uint32_t cnt;
                 uint64_t skip;
@@ -461,7 +464,20 @@ bool Link::on_hello() {
     state_ = LinkState::Up;
     became_up_ = true;
     rx_ = RxState::Header;
+    // This shim's guests' partitions, before any request can leave.
+    for (const auto& g : eng_.guests())
+        if (g->lid >= mine_.lid_first && g->lid <= mine_.lid_last) send_partitions(g->lid, g->pkeys);
     return true;
+}
+
+bool Link::peer_member(uint16_t lid, uint16_t pkey) const {
+    auto it = peer_pkeys_.find(lid);
+    if (it == peer_pkeys_.end()) return pkey == 0xffff || pkey == 0x7fff;  // the default partition
+    for (uint32_t i = 0; i < it->second.count; ++i) {
+        const uint16_t k = it->second.keys[i];
+        if ((k & 0x7fff) == (pkey & 0x7fff) && (!(pkey & 0x8000) || (k & 0x8000))) return true;
+    }
+    return false;
 }
 
 // Both directions' frame keys, from the TLS session (the same on both ends).
@@ -486,8 +502,9 @@ bool Link::start_integrity() {
 // A continuation segment: it belongs to the unfinished message of its QP.
 bool Link::on_header() {
     if (hdr_.type == uint8_t(SegType::Error)) return violation("continued error segment");
-    if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
     cur_ = find_inbound(hdr_.type, hdr_.src_lid, hdr_.src_qpn);
+    if (!peer_owns(hdr_.src_lid) && !(cur_ && cur_->foreign))
+        return violation("a segment from a LID the peer does not own");
     if (!cur_) return violation("a continuation of no message");
     if (hdr_.flags & kSegAbort) cur_->aborted = true;
     if (hdr_.offset != cur_->received) return violation("a segment out of order");
@@ -505,7 +522,16 @@ bool Link::on_fixed() {
         cur_ = nullptr;
         return true;
     }
-    if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
+    // A request from a LID the peer does not own is read and dropped (the
+    // peer is trusted for its own LIDs only); anything else from one is a
+    // protocol violation.
+    const bool foreign = !peer_owns(hdr_.src_lid);
+    if (foreign && hdr_.type != uint8_t(SegType::Request))
+        return violation("a segment from a LID the peer does not own");
+    if (hdr_.type == uint8_t(SegType::Partitions)) {
+        cur_ = nullptr;
+        return true;  // kept when its payload is in (on_payload_done)
+    }
     if (hdr_.type == uint8_t(SegType::QpGone)) {
         cur_ = nullptr;
         eng_.fail_peer_qp(hdr_.src_lid, hdr_.src_qpn, hdr_.dst_lid, hdr_.dst_qpn);
@@ -538,7 +564,16 @@ bool Link::on_fixed() {
         // Checked before the responder acts: an atomic is executed at once.
         if (hdr_.payload_len > (request_carries_payload(req.opcode) ? req.length : 0))
             return violation("more payload than announced");
-        begin_request(*m, req);
+        if (foreign) {
+            ++stats.foreign_lid;
+            m->foreign = m->discard = true;
+            m->total = request_carries_payload(req.opcode) ? req.length : 0;
+            m->req = req;
+            LOG_DEBUG("fabric: peer %s: a request from lid %u, which it does not own: dropped", remote_.c_str(),
+                      req.slid);
+        } else {
+            begin_request(*m, req);
+        }
     } else {
         WireResponse w;
         std::memcpy(&w, p, sizeof(w));
@@ -558,6 +593,14 @@ bool Link::on_payload_done() {
         LOG_ERR("fabric: peer %s refused this shim: %s", remote_.c_str(), close_reason_.c_str());
         close("refused by the peer: " + close_reason_);
         return false;
+    }
+    if (hdr_.type == uint8_t(SegType::Partitions)) {
+        if (peer_pkeys_.size() >= size_t(peer_.lid_last - peer_.lid_first) + 1 && !peer_pkeys_.count(hdr_.src_lid))
+            return violation("more partition tables than LIDs");
+        PkeyTable& t = peer_pkeys_[hdr_.src_lid];
+        t.count = hdr_.payload_len / 2;
+        std::memcpy(t.keys, announce_, hdr_.payload_len);
+        return true;
     }
     InMsg* m = cur_;
     cur_ = nullptr;
@@ -584,6 +627,16 @@ void Link::begin_request(InMsg& m, const Request& req) {
         m.discard = true;
         return;
     }
+    // The peer is trusted for the partitions it says its guest is in, and
+    // no others.
+    if (!peer_member(req.slid, req.pkey)) {
+        ++stats.foreign_pkey;
+        LOG_DEBUG("fabric: peer %s: lid %u is not a member of P_Key 0x%04x: request dropped", remote_.c_str(),
+                  req.slid, req.pkey);
+        m.d.resp.syndrome = Syndrome::Drop;
+        m.discard = true;
+        return;
+    }
     responder_begin(eng_, req, m.d, &m.pins);
     m.discard = !(m.d.resp.syndrome == Syndrome::Ack && carries && m.d.length);
     if (m.d.resp.syndrome != Syndrome::Ack) {
@@ -593,6 +646,7 @@ void Link::begin_request(InMsg& m, const Request& req) {
 }
 
 void Link::finish_request(InMsg& m) {
+    if (m.foreign) return;  // not answered: the LID is not the peer's
     const Request& req = m.req;
     Delivery& d = m.d;
     if (m.aborted || m.faulted) {
@@ -805,6 +859,27 @@ void Link::send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t 
     m->dst_qpn = peer_qpn;
     m->psn = 0;
     m->fixed_len = 0;
+    commit(*s);
+}
+
+void Link::send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys) {
+    if (state_ != LinkState::Up || close_after_flush_ || pkeys.empty()) return;
+    QpSender* s = sender(lid, 0, true);  // QPN 0: no QP of the guest, its own queue
+    OutMsg* m = reserve(*s);
+    if (!m) return;
+    const uint32_t n = uint32_t(std::min<size_t>(pkeys.size(), kMaxPkeys));
+    m->type = SegType::Partitions;
+    m->plain_ack = false;
+    m->src_lid = lid;
+    m->src_qpn = 0;
+    m->dst_lid = 0;
+    m->dst_qpn = 0;
+    m->psn = 0;
+    m->fixed_len = 0;
+    std::memcpy(m->inline_data, pkeys.data(), 2 * n);
+    m->spans[0] = Span{m->inline_data, 2 * n};
+    m->nspans = 1;
+    m->total = 2 * n;
     commit(*s);
 }
 

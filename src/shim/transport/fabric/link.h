@@ -164,9 +164,17 @@ public:
     // framing (the tests and the fuzz harness play a hostile but
     // authenticated peer with it). Returns the bytes taken.
     size_t write_unframed(const void* p, size_t n);
-    // The LIDs the peer announced; segments from other source LIDs are a
-    // protocol violation.
+    // The LIDs the peer announced: requests from other source LIDs are
+    // dropped and counted (stats.foreign_lid), other segments from them are
+    // a protocol violation.
     bool peer_owns(uint16_t lid) const { return lid >= peer_.lid_first && lid <= peer_.lid_last; }
+    // Whether the peer's guest at `lid` is a member of the partition of
+    // `pkey` (as a full member if `pkey` says full), by the P_Key table the
+    // peer announced for it (none announced: the default partition only).
+    bool peer_member(uint16_t lid, uint16_t pkey) const;
+    // Announces the P_Key table of this shim's guest at `lid` (at most
+    // kMaxPkeys entries are sent).
+    void send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys);
 
 private:
     enum class RxState { Hello, Header, Fixed, Payload };
@@ -237,6 +245,13 @@ private:
     uint64_t last_rx_ns_ = 0;
     std::vector<std::unique_ptr<InMsg>> inbound_, free_inbound_;
     std::vector<uint8_t> discard_;
+    // The P_Key tables the peer announced, by LID (at most one per LID it owns).
+    struct PkeyTable {
+        uint16_t keys[kMaxPkeys];
+        uint32_t count = 0;
+    };
+    std::unordered_map<uint16_t, PkeyTable> peer_pkeys_;
+    uint8_t announce_[2 * kMaxPkeys] = {};  // the announcement being received
 
     // Sending.
     std::vector<uint8_t> raw_;   // the Hello and error bytes, before any segment

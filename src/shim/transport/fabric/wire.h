@@ -25,7 +25,8 @@ namespace vrdma::shim::fabric {
 
 constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // 2: incarnations and the P_Key in requests; 3: device GIDs; 4: UD QPs on
-// devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode
+// devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode,
+// partition announcements
 constexpr uint32_t kProtocolVersion = 5;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
@@ -58,7 +59,10 @@ enum class SegType : uint8_t {
     UdQp = 5,      // the source QP is a UD QP on the sending shim's device,
                    // of the guest whose port GUID is the header's offset
                    // (hca_ud.h: who sent a datagram the device delivered)
+    Partitions = 6,  // the P_Key table of the sending shim's guest at the
+                     // header's source LID: payload = 1 to kMaxPkeys u16
 };
+constexpr uint32_t kMaxPkeys = 16;
 
 // kSegAbort: only on the last segment of a message (no payload) whose
 // payload came from memory its guest may truncate: the sender lost a page
