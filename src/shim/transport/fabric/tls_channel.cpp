@@ -168,9 +168,9 @@ ssize_t TlsChannel::fail(int rc) {
         error_ = "the peer closed the connection";
         return -1;
     }
-    if (ERR_GET_REASON(top) == SSL_R_DECRYPTION_FAILED_OR_BAD_RECORD_MAC ||
-        ERR_GET_REASON(top) == SSL_R_SSLV3_ALERT_BAD_RECORD_MAC)
-        tampered_ = done_;
+    // A record of the peer's that failed here (the peer's own alert about
+    // ours is its business: it counts it).
+    if (ERR_GET_REASON(top) == SSL_R_DECRYPTION_FAILED_OR_BAD_RECORD_MAC) tampered_ = done_;
     error_ = "TLS: " + ssl_error_text();
     return -1;
 }
