@@ -117,6 +117,8 @@ public:
     bool tampered() const { return tampered_; }
     // The peer's Hello asked for the other --fabric-crypto mode.
     bool mode_mismatch() const { return mode_mismatch_; }
+    // Whether the kernel took the TLS records over (kTLS), sending and receiving.
+    bool ktls() const { return tls_.ktls_send() && tls_.ktls_recv(); }
     // Decrypted input waits in the channel (epoll will not report it).
     bool input_buffered() const;
     // When bytes last arrived from the peer (monotonic ns).
