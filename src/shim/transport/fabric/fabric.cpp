@@ -264,7 +264,9 @@ void Fabric::on_connected(Peer& p) {
 }
 
 void Fabric::accept_all() {
-    for (;;) {
+    // Bounded: under a flood of connections the worker goes on with its
+    // other work (the listening socket stays readable for the next round).
+    for (int round = 0; round < 64; ++round) {
         sockaddr_in from{};
         socklen_t len = sizeof(from);
         int fd = ::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -463,8 +465,11 @@ void Fabric::establish(Pending& pd) {
             ++counters_.replace_refused;
             LOG_WARN("fabric: connection %s %s refused: peer %s has a live link", l.dialed() ? "to" : "from",
                      l.remote().c_str(), p->address_.c_str());
-            l.close("refused: a live link to this peer exists");
-            if (pd.dialer) pd.dialer->dialing_ = false;
+            // Told to the other side; closed once written.
+            l.refuse("this shim has a live link to your address's shim");
+            l.flush();
+            pending_.push_back(std::move(pd));
+            pending_.back().dialer = nullptr;
             return;
         }
     }

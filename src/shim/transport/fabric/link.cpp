@@ -297,17 +297,21 @@ void Link::on_readable() {
         if (state_ == LinkState::Closed) return;
     }
     size_t handled = 0;
+    short_read_ = false;
     while (state_ != LinkState::Closed && handled < kReadBudget) {
         if (!parse() || paused_) return;
+        // A read that did not fill what it was offered emptied the socket:
+        // what it brought is handled (above) without a read that would
+        // only say EAGAIN. Unless a segment is half in: a channel read
+        // returns one record at most (16 KiB), and the rest of a segment
+        // the peer wrote at once is most likely there already.
+        if (short_read_ && !(rx_ == RxState::Fixed || (rx_ == RxState::Payload && seg_left_ > 0))) return;
         size_t before = rend_ - rpos_;
         short_read_ = false;
         if (!fill_buffer()) return;
         size_t after = rend_ - rpos_;
         if (after == before && rx_ != RxState::Payload) return;  // nothing new
         handled += after > before ? after - before : kDirectReadMin;
-        // A read that did not fill what it was offered emptied the socket:
-        // handle it without a read that would only say EAGAIN.
-        if (short_read_) break;
     }
     // What the last read brought is handled now, not at the next event
     // (there may be none: the peer waits for the answer).
