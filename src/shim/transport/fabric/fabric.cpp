@@ -335,21 +335,31 @@ void Fabric::poll() {
     service();
 }
 
-void Fabric::poll_links() {
+bool Fabric::poll_links() {
+    uint64_t moved = 0;
     for (auto& p : peers_)
-        if (p->link_ && p->link_->state() == LinkState::Up) p->link_->on_readable();
+        if (p->link_ && p->link_->state() == LinkState::Up) {
+            const uint64_t before = p->link_->stats.rx_bytes;
+            p->link_->on_readable();
+            if (p->link_) moved += p->link_->stats.rx_bytes - before;
+        }
     // What the reads queued (ACKs, read responses) is watched for: the
     // daemon may sleep before its next flush.
     service();
+    return moved != 0;
 }
 
-void Fabric::flush() {
+bool Fabric::flush() {
+    uint64_t moved = 0;
     for (auto& p : peers_)
         if (p->link_ && p->link_->state() == LinkState::Up && p->link_->wants_write()) {
+            const uint64_t before = p->link_->stats.tx_bytes;
             p->link_->flush();
+            moved += p->link_->stats.tx_bytes - before;
             if (p->link_->state() != LinkState::Closed) watch(*p->link_, false);
         }
     service();
+    return moved != 0;
 }
 
 // Moves links through their life: handshakes that finished or failed,

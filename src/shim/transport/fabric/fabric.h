@@ -120,10 +120,14 @@ public:
     void poll();
     // Reads what the connected peers sent, one read per link and no
     // epoll_wait: the daemon's busy loop calls this every pass (poll()
-    // handles the rest when the fabric's epoll fd reports it).
-    void poll_links();
-    // Writes what the requesters and responders queued.
-    void flush();
+    // handles the rest when the fabric's epoll fd reports it). True if
+    // bytes came in.
+    bool poll_links();
+    // Writes what the requesters and responders queued. True if bytes went
+    // out: what they finished may have completed WQEs (UD and UC sends
+    // complete once written) and marked QPs for the engine's next pass, so
+    // the caller must not go to sleep before that pass.
+    bool flush();
     // Earliest dial or handshake deadline (0: none).
     uint64_t next_deadline_ns() const;
     // One line per peer (vrdmactl peers).
