@@ -461,7 +461,7 @@ bool Link::on_hello() {
     }
     if (tls_ctx_.mode() == CryptoMode::Integrity) {
         // Nothing may follow the Hello in its record: the frames start next.
-        if (rend_ != rpos_) return violation("bytes after the hello in its record");
+        if (rend_ != rpos_ || tls_.buffered()) return violation("bytes after the hello in its record");
         if (!integrity_ && !start_integrity()) return false;
         recv_frames_ = true;
     }
