@@ -443,6 +443,7 @@ bool Link::parse() {
 bool Link::on_hello() {
     if (peer_.magic != kHelloMagic) return violation("not a vrdma shim (bad hello)");
     if (peer_.version != kProtocolVersion) return violation("another fabric protocol version");
+    if (peer_.reserved != 0) return violation("a hello with reserved bits set");
     if (std::memcmp(peer_.instance, mine_.instance, sizeof(mine_.instance)) == 0)
         return violation("connected to itself");
     if (peer_.lid_first == 0 || peer_.lid_first > peer_.lid_last || peer_.lid_last > 0xbfff)
