@@ -1,8 +1,8 @@
 // Test helpers for the shim's fabric (src/shim/transport/fabric): a fabric
-// key from a temporary file, a non-blocking UNIX stream socketpair for a
-// Link to run over, a Transport that hands requests to one Link (what
-// fabric::Peer does, without a Fabric around it), and the peer's half of the
-// handshake done by hand (the fuzz harness and the unit tests play a hostile
+// key from a temporary file and a TLS context from it, a non-blocking UNIX
+// stream socketpair for a Link to run over, a Transport that hands requests
+// to one Link (what fabric::Peer does, without a Fabric around it), and the
+// peer's half of the TLS handshake and Hello done by hand (the fuzz harness and the unit tests play a hostile
 // peer with it). Used by test/unit/fabric_test.cpp and
 // test/fuzz/fuzz_fabric.cpp; needs the shim core (vrdma_shim_core).
 #pragma once
@@ -21,16 +21,13 @@
 #include "engine.h"
 #include "fabric_key.h"
 #include "link.h"
+#include "tls_channel.h"
 #include "transport.h"
 #include "wire.h"
 
 namespace vrdma::fabric_test {
 
 namespace fabric = vrdma::shim::fabric;
-
-// What link.cpp puts in front of both Hellos in the handshake's HMAC. A
-// test that fails here after a protocol change: update it with link.cpp.
-inline constexpr const char* kAuthLabel = "vrdma fabric v1 auth";
 
 // Loads `text` as a fabric key (through a mode-600 temporary file, as the
 // shim reads it). False on any failure.
@@ -117,61 +114,84 @@ inline size_t drain(int fd) {
     }
 }
 
-// Reads exactly n bytes from a non-blocking fd, calling `pump` while none
-// are there. False on end of file or after too many empty rounds.
+// A TLS context for `key_text` in `mode`. False on any failure.
+inline bool make_tls(fabric::TlsContext& tls, const std::string& key_text,
+                     fabric::CryptoMode mode = fabric::CryptoMode::Encrypt) {
+    fabric::FabricKey key;
+    std::string err;
+    return load_key(key, key_text) && tls.init(key, mode, err);
+}
+
+// An instance id filled with `fill`.
+inline fabric::InstanceId instance(uint8_t fill) {
+    fabric::InstanceId id;
+    id.fill(fill);
+    return id;
+}
+
+// Writes all of [p, p+n) through a TLS channel, calling `pump` whenever the
+// socket is full. False if the channel failed.
 template <typename Pump>
-bool read_exact(int fd, void* out, size_t n, Pump&& pump) {
-    auto* b = static_cast<uint8_t*>(out);
-    int idle = 0;
+bool channel_write_all(fabric::TlsChannel& ch, const void* p, size_t n, Pump&& pump) {
+    auto* b = static_cast<const uint8_t*>(p);
+    int stuck = 0;
     while (n > 0) {
-        ssize_t r = ::read(fd, b, n);
-        if (r > 0) {
-            b += r;
-            n -= size_t(r);
-            idle = 0;
+        ssize_t w = ch.write(b, n);
+        if (w < 0) return false;
+        if (w > 0) {
+            b += w;
+            n -= size_t(w);
+            stuck = 0;
             continue;
         }
-        if (r == 0 || (errno != EAGAIN && errno != EINTR)) return false;
-        if (++idle > 100) return false;
+        if (++stuck > 1000) return false;
         pump();
     }
     return true;
 }
 
-// The peer's side of the handshake against `link` (whose other end is
-// `fd`): sends `hello`, reads the link's Hello, answers with the HMAC that
-// `key` gives (the right one when it is the link's key) and reads the
-// link's Auth. `link_hello_out` gets the link's Hello. True when every
-// step went through (the link may still refuse a wrong key: check its
-// state).
-inline bool peer_handshake(int fd, fabric::Link& link, const fabric::FabricKey& key, const fabric::Hello& hello,
-                           fabric::Hello* link_hello_out = nullptr) {
-    auto pump = [&] {
-        link.flush();
-        link.on_readable();
-        link.flush();
-    };
-    if (!write_all(fd, &hello, sizeof(hello), pump)) return false;
+// The peer's side of the connection to `link` (whose other end is `fd`),
+// through `ch` (a TlsChannel over `fd`, the client when the link listens):
+// the TLS handshake, `hello` through the channel, the link's Hello read
+// back into `link_hello_out`. True when every step went through (the link
+// may still refuse the Hello: check its state).
+template <typename Pump>
+bool peer_handshake(fabric::TlsChannel& ch, const fabric::Hello& hello, Pump&& pump,
+                    fabric::Hello* link_hello_out = nullptr) {
+    int rounds = 0;
+    for (;;) {
+        fabric::TlsChannel::Step s = ch.handshake();
+        if (s == fabric::TlsChannel::Step::Done) break;
+        if (s == fabric::TlsChannel::Step::Failed || ++rounds > 1000) return false;
+        pump();
+    }
+    if (!channel_write_all(ch, &hello, sizeof(hello), pump)) return false;
     fabric::Hello theirs;
-    if (!read_exact(fd, &theirs, sizeof(theirs), pump)) return false;
-    fabric::Auth a;
-    key.mac(kAuthLabel, &hello, sizeof(hello), &theirs, sizeof(theirs), a.mac);
-    if (!write_all(fd, &a, sizeof(a), pump)) return false;
-    pump();
+    size_t got = 0;
+    for (int idle = 0; got < sizeof(theirs);) {
+        ssize_t r = ch.read(reinterpret_cast<uint8_t*>(&theirs) + got, sizeof(theirs) - got);
+        if (r < 0) return false;
+        if (r == 0) {
+            if (++idle > 1000) return false;
+            pump();
+            continue;
+        }
+        got += size_t(r);
+    }
     if (link_hello_out) *link_hello_out = theirs;
-    fabric::Auth got;
-    return read_exact(fd, &got, sizeof(got), pump);
+    return true;
 }
 
 // A Hello from a peer shim owning LIDs [first, last].
-inline fabric::Hello make_hello(uint16_t first, uint16_t last, uint8_t nonce_fill = 0x5a) {
+inline fabric::Hello make_hello(uint16_t first, uint16_t last, uint8_t instance_fill = 0x5a,
+                                fabric::CryptoMode mode = fabric::CryptoMode::Encrypt) {
     fabric::Hello h{};
     h.magic = fabric::kHelloMagic;
     h.version = fabric::kProtocolVersion;
-    std::memset(h.nonce, nonce_fill, sizeof(h.nonce));
-    h.instance = 0x1234567890abcdefull;
+    std::memset(h.instance, instance_fill, sizeof(h.instance));
     h.lid_first = first;
     h.lid_last = last;
+    h.crypto_mode = uint8_t(mode);
     return h;
 }
 

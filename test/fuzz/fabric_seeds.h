@@ -423,11 +423,9 @@ inline int write_all(const char* dir, FabricWorld& w) {
         s.raw(&h, sizeof(h));
     }
     {
-        Seed& s = add("raw_wrong_auth", kRaw);
-        fab::Hello h = ft::make_hello(kPeerFirst, kPeerLast);
+        Seed& s = add("raw_wrong_mode", kRaw);
+        fab::Hello h = ft::make_hello(kPeerFirst, kPeerLast, 0x5a, fab::CryptoMode::Integrity);
         s.raw(&h, sizeof(h));
-        fab::Auth a{};
-        s.raw(&a, sizeof(a));
     }
     {
         Seed& s = add("raw_bad_lids", kRaw);

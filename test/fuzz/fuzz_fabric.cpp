@@ -5,14 +5,17 @@
 // 2), a bystander whose one QP is connected to the peer but which granted
 // nothing (its MR has no remote access, no receive is posted). A Link
 // (link.h) runs over one end of a UNIX socketpair; the harness is the peer
-// on the other end: it completes the handshake with the fabric key, then
-// writes the input as the byte stream that follows.
+// on the other end: it completes the TLS handshake with the fabric key and
+// then writes the input through its TLS channel, as the byte stream that
+// follows: every input byte reaches the link's parser in a valid record
+// (behind the decryption, where a peer that knows the key can reach).
 //
 // Input:
 //   byte 0      bits 0-4: a posts on its RC QP a READ, a fetch-and-add, a
 //               compare-and-swap, a SEND, a 70 KiB WRITE (PSNs 0.. in that
-//               order); bit 5: a sends a UD datagram to the peer; bit 7: no
-//               handshake (the stream starts with the peer's Hello).
+//               order); bit 5: a sends a UD datagram to the peer; bit 7: the
+//               harness sends no Hello (the stream starts with the peer's
+//               Hello, inside the channel).
 //   byte 1      n: the number of chunks (n % 16)
 //   n x 3 bytes a chunk: u16 length, u8 actions done after writing it
 //               (bit 0 link reads, 1 link writes, 2 engine pass, 3 clock
@@ -121,7 +124,7 @@ struct FabricWorld {
     const GuestIdentity& gb;
     FixedGuest a, b;
     ft::LinkTransport to_peer;
-    fab::FabricKey key;
+    fab::TlsContext tls;
 
     uint32_t a_pd = 0, b_pd = 0, a_ah = 0;
     std::vector<uint64_t> guards;
@@ -140,7 +143,7 @@ struct FabricWorld {
           b(eng, gb, kGvaB, kArenaB) {
         secure_random_make_predictable(1);  // the same QPNs and keys in every run (the seeds name them)
         eng.set_clock(fake_clock);
-        if (!ft::load_key(key, kKey)) std::abort();
+        if (!ft::make_tls(tls, kKey)) std::abort();
         if (!eng.routes().add(kPeerFirst, kPeerLast, &to_peer)) std::abort();
         to_peer.routed_in = &eng;
         if (a.alloc_pd(a_pd) || b.alloc_pd(b_pd)) std::abort();
@@ -367,20 +370,33 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     int fds[2];
     if (!ft::socket_pair(fds)) std::abort();
     vrdma::UniqueFd peer(fds[1]);
-    auto link = std::make_unique<fab::Link>(w->eng, w->key, vrdma::UniqueFd(fds[0]), false, 1, kLidA, kLidB, 0, "fuzz-peer");
+    auto link = std::make_unique<fab::Link>(w->eng, w->tls, vrdma::UniqueFd(fds[0]), false, ft::instance(1), kLidA,
+                                            kLidB, 0, "fuzz-peer");
+    fab::TlsChannel channel(w->tls, peer.get(), true);
     w->to_peer.link = link.get();
     auto link_open = [&] { return link->state() != fab::LinkState::Closed; };
     auto pump = [&] {
         if (link_open()) link->on_readable();
         if (link_open()) link->flush();
-        ft::drain(peer.get());
+        if (channel.handshake_done()) ft::drain(peer.get());  // what the link wrote is not read back
         w->eng.poll_once();
         if (link_open()) link->flush();
-        ft::drain(peer.get());
+        if (channel.handshake_done()) ft::drain(peer.get());
     };
-
-    if (!(flags & kRaw)) {
-        if (!ft::peer_handshake(peer.get(), *link, w->key, ft::make_hello(kPeerFirst, kPeerLast)))
+    // The handshake, then the link's Hello read through the channel (what
+    // the link writes after it is drained raw and never decrypted).
+    auto handshake_pump = [&] {
+        if (link_open()) link->flush();
+        if (link_open()) link->on_readable();
+        if (link_open()) link->flush();
+    };
+    if (flags & kRaw) {
+        for (int i = 0; channel.handshake() != fab::TlsChannel::Step::Done; ++i) {
+            if (i > 1000 || !link_open()) violation("the TLS handshake with the right key did not complete");
+            handshake_pump();
+        }
+    } else {
+        if (!ft::peer_handshake(channel, ft::make_hello(kPeerFirst, kPeerLast), handshake_pump))
             violation("the handshake with the right key did not complete");
         link->on_readable();
         if (link->state() != fab::LinkState::Up) violation("the handshake with the right key failed");
@@ -393,7 +409,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bool shut = false;
     auto write = [&](size_t n) {
         n = std::min(n, left);
-        if (n && !shut && !ft::write_all(peer.get(), stream, n, pump)) shut = true;  // the link closed
+        if (n && !shut && !ft::channel_write_all(channel, stream, n, pump)) shut = true;  // the link closed
         stream += n;
         left -= n;
     };

@@ -166,6 +166,7 @@ declare -A HOST_LID=()     # H -> lid base
 declare -A HOST_ADDR=()    # H -> listen address
 declare -A HOST_PEERS=()   # H -> "ADDR:PORT ..."
 declare -A HOST_KEY=()     # H -> key file
+declare -A HOST_CRYPTO=()  # H -> --fabric-crypto (default: $VRDMA_FABRIC_CRYPTO, else the shim's)
 declare -A HOST_PID=()     # H -> shim pid ("" when not running)
 declare -A HOST_IF=()      # H -> its interface on its first link
 FABRIC_LINKS=0
@@ -286,6 +287,9 @@ fabric_shim_cmd() {
     printf '%s\n' --lid-base "${HOST_LID[$h]}" --fabric-listen "${HOST_ADDR[$h]}:$FABRIC_PORT"
     for p in ${HOST_PEERS[$h]}; do printf '%s\n' --fabric-peer "$p"; done
     printf '%s\n' --fabric-key "${HOST_KEY[$h]}"
+    # VRDMA_FABRIC_CRYPTO: every host's --fabric-crypto; HOST_CRYPTO[H]: one host's
+    local crypto="${HOST_CRYPTO[$h]:-${VRDMA_FABRIC_CRYPTO:-}}"
+    [ -z "$crypto" ] || printf '%s\n' --fabric-crypto "$crypto"
 }
 
 # fabric_shim_start H: starts host H's shim (again, after a kill: the same

@@ -17,6 +17,7 @@
 #include "device_model.h"
 #include "fabric_test_util.h"
 #include "qp_state.h"
+#include "integrity_channel.h"
 #include "shim_harness.h"
 
 using namespace vrdma;
@@ -40,21 +41,32 @@ struct Shim {
     const GuestIdentity& g;
     FakeProvider p;
     LinkTransport to_peer;
-    fabric::FabricKey key;
+    fabric::TlsContext tls;
     Shim(const char* name, uint16_t lid, uint64_t guid) : g(eng.add_guest(name, lid, guid)), p(eng, g) {
         eng.set_clock(fake_clock);
     }
 };
 
-// Two shims joined by a pair of Links.
+// What Fabric2 puts between the two Links.
+struct Between {
+    bool relay = false;     // a relay process in the middle (two socketpairs)
+    long flip_at = -1;      // the relay changes byte N of the stream from A to B
+    fabric::CryptoMode mode_a = fabric::CryptoMode::Encrypt, mode_b = fabric::CryptoMode::Encrypt;
+    uint8_t instance_b = 0xb;
+};
+
+// Two shims joined by a pair of Links, directly or through a relay.
 struct Fabric2 {
     Shim A{"a", 1, 0x1111};
     Shim B{"b", 2, 0x2222};
+    Between between;
+    UniqueFd relay_a, relay_b;  // the relay's ends: towards A, towards B
+    long relayed_ab = 0;        // bytes the relay passed from A to B
     std::unique_ptr<Link> la, lb;  // declared after the engines: destroyed first
 
-    explicit Fabric2(const char* key_b = kKey) {
-        REQUIRE(load_key(A.key, kKey));
-        REQUIRE(load_key(B.key, key_b));
+    explicit Fabric2(const char* key_b = kKey, Between b = {}) : between(b) {
+        REQUIRE(make_tls(A.tls, kKey, b.mode_a));
+        REQUIRE(make_tls(B.tls, key_b, b.mode_b));
         REQUIRE(A.eng.routes().add(2, 2, &A.to_peer));
         REQUIRE(B.eng.routes().add(1, 1, &B.to_peer));
         A.to_peer.routed_in = &A.eng;
@@ -68,9 +80,17 @@ struct Fabric2 {
     void connect() {
         int fds[2];
         REQUIRE(socket_pair(fds));
+        int fa = fds[0], fb = fds[1];
+        if (between.relay) {
+            relay_a.reset(fds[1]);
+            REQUIRE(socket_pair(fds));
+            relay_b.reset(fds[0]);
+            fb = fds[1];
+        }
         A.to_peer.link = B.to_peer.link = nullptr;
-        la = std::make_unique<Link>(A.eng, A.key, UniqueFd(fds[0]), true, 0xa, 1, 1, 0, "shim-b");
-        lb = std::make_unique<Link>(B.eng, B.key, UniqueFd(fds[1]), false, 0xb, 2, 2, 0, "shim-a");
+        la = std::make_unique<Link>(A.eng, A.tls, UniqueFd(fa), true, instance(0xa), 1, 1, 0, "shim-b");
+        lb = std::make_unique<Link>(B.eng, B.tls, UniqueFd(fb), false, instance(between.instance_b), 2, 2, 0,
+                                    "shim-a");
         A.to_peer.link = la.get();
         B.to_peer.link = lb.get();
         pump();
@@ -81,11 +101,31 @@ struct Fabric2 {
             if (l) t += l->stats.tx_bytes + l->stats.rx_bytes + l->stats.rx_msgs + l->stats.tx_msgs;
         return t;
     }
+    // The relay: what arrived on one side goes out on the other (byte
+    // flip_at of A's stream changed on the way).
+    bool relay() {
+        if (!relay_a) return false;
+        bool moved_any = false;
+        uint8_t buf[64 * 1024];
+        for (int dir = 0; dir < 2; ++dir) {
+            int from = dir == 0 ? relay_a.get() : relay_b.get(), to = dir == 0 ? relay_b.get() : relay_a.get();
+            ssize_t r = ::read(from, buf, sizeof(buf));
+            if (r == 0) ::shutdown(to, SHUT_WR);
+            if (r <= 0) continue;
+            if (dir == 0 && between.flip_at >= relayed_ab && between.flip_at < relayed_ab + r)
+                buf[between.flip_at - relayed_ab] ^= 0x01;
+            if (dir == 0) relayed_ab += r;
+            REQUIRE(::send(to, buf, size_t(r), MSG_NOSIGNAL) == r);
+            moved_any = true;
+        }
+        return moved_any;
+    }
     // Runs both engines and both links until nothing moves.
     void pump(int max_rounds = 100000) {
         int quiet = 0;
         for (int i = 0; i < max_rounds && quiet < 3; ++i) {
             uint64_t before = moved();
+            bool relayed = relay();
             bool p = A.eng.poll_once();
             p |= B.eng.poll_once();
             for (Link* l : {la.get(), lb.get()}) {
@@ -94,7 +134,7 @@ struct Fabric2 {
                 if (l->state() != LinkState::Closed) l->on_readable();
                 l->take_became_up();
             }
-            p |= moved() != before;
+            p |= moved() != before || relayed;
             quiet = p ? 0 : quiet + 1;
         }
     }
@@ -195,7 +235,7 @@ std::vector<uint8_t> ud_qp_notice(uint16_t lid, uint32_t qpn, uint64_t guid) {
 // arrive at a segment boundary).
 void inject(Fabric2& f, const std::vector<uint8_t>& bytes) {
     REQUIRE(f.la->wants_write() == false);
-    REQUIRE(::send(f.la->fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+    REQUIRE(f.la->write_unframed(bytes.data(), bytes.size()) == bytes.size());
 }
 
 }  // namespace
@@ -211,9 +251,9 @@ TEST_CASE("fabric: the handshake needs the same key on both sides", "[shim][fabr
         CHECK_FALSE(f.la->peer_owns(1));
         CHECK_FALSE(f.la->auth_failed());
         CHECK_FALSE(f.lb->auth_failed());
-        // Hello and Auth each way, nothing else.
-        CHECK(f.la->stats.tx_bytes == sizeof(fabric::Hello) + sizeof(fabric::Auth));
-        CHECK(f.lb->stats.rx_bytes == sizeof(fabric::Hello) + sizeof(fabric::Auth));
+        // The Hello and the guest's partitions each way through the channel, nothing else.
+        CHECK(f.la->stats.tx_bytes == sizeof(fabric::Hello) + sizeof(fabric::SegHeader) + 2);
+        CHECK(f.lb->stats.rx_bytes == sizeof(fabric::Hello) + sizeof(fabric::SegHeader) + 2);
     }
     SECTION("another key: both sides refuse (auth_failed), nothing is routed") {
         Fabric2 f("another fabric key, not the same");
@@ -224,19 +264,142 @@ TEST_CASE("fabric: the handshake needs the same key on both sides", "[shim][fabr
         CHECK(f.la->close_reason().find("authentication failed") != std::string::npos);
         CHECK(f.la->stats.errors == 1);
     }
-    SECTION("a peer that answers with a wrong MAC is refused") {
+    SECTION("another crypto mode: both sides refuse, and say why") {
+        Between b;
+        b.mode_b = fabric::CryptoMode::Integrity;
+        Fabric2 f(kKey, b);
+        CHECK(f.la->state() == LinkState::Closed);
+        CHECK(f.lb->state() == LinkState::Closed);
+        CHECK(f.la->mode_mismatch());
+        CHECK(f.lb->mode_mismatch());
+        CHECK_FALSE(f.la->auth_failed());
+        CHECK(f.la->close_reason().find("--fabric-crypto integrity") != std::string::npos);
+        CHECK(f.lb->close_reason().find("--fabric-crypto encrypt") != std::string::npos);
+    }
+    SECTION("both ends with one instance id: a shim connected to itself") {
+        Between b;
+        b.instance_b = 0xa;
+        Fabric2 f(kKey, b);
+        CHECK(f.la->state() == LinkState::Closed);
+        CHECK(f.la->close_reason().find("connected to itself") != std::string::npos);
+    }
+    SECTION("a peer with another key is refused by the TLS handshake") {
         Engine eng;
-        fabric::FabricKey key, wrong;
-        REQUIRE(load_key(key, kKey));
-        REQUIRE(load_key(wrong, "0123456789abcdef0123"));
+        fabric::TlsContext tls, wrong;
+        REQUIRE(make_tls(tls, kKey));
+        REQUIRE(make_tls(wrong, "0123456789abcdef0123"));
         int fds[2];
         REQUIRE(socket_pair(fds));
         UniqueFd peer(fds[1]);
-        Link l(eng, key, UniqueFd(fds[0]), false, 1, 1, 1, 0, "peer");
-        peer_handshake(peer.get(), l, wrong, make_hello(2, 2));
-        l.on_readable();
+        Link l(eng, tls, UniqueFd(fds[0]), false, instance(1), 1, 1, 0, "peer");
+        fabric::TlsChannel ch(wrong, peer.get(), true);
+        auto pump = [&] {
+            l.flush();
+            l.on_readable();
+        };
+        CHECK_FALSE(peer_handshake(ch, make_hello(2, 2), pump));
+        pump();
         CHECK(l.state() == LinkState::Closed);
         CHECK(l.auth_failed());
+    }
+}
+
+TEST_CASE("fabric: a relay that changes one byte is refused or cut, in both modes", "[shim][fabric]") {
+    for (auto mode : {fabric::CryptoMode::Encrypt, fabric::CryptoMode::Integrity}) {
+        CAPTURE(fabric::crypto_mode_name(mode));
+        SECTION(std::string("a relay that changes nothing: up, ") + fabric::crypto_mode_name(mode)) {
+            Between b;
+            b.relay = true;
+            b.mode_a = b.mode_b = mode;
+            Fabric2 f(kKey, b);
+            CHECK(f.up());
+        }
+        SECTION(std::string("a byte of the handshake changed: both refuse, ") + fabric::crypto_mode_name(mode)) {
+            Between b;
+            b.relay = true;
+            b.flip_at = 60;  // inside the ClientHello
+            b.mode_a = b.mode_b = mode;
+            Fabric2 f(kKey, b);
+            CHECK(f.la->state() == LinkState::Closed);
+            CHECK(f.lb->state() == LinkState::Closed);
+            CHECK(f.lb->auth_failed());
+        }
+        SECTION(std::string("a byte after the handshake changed: the link is cut as tampered, ") +
+                fabric::crypto_mode_name(mode)) {
+            Between b;
+            b.relay = true;
+            b.mode_a = b.mode_b = mode;
+            Fabric2 f(kKey, b);
+            REQUIRE(f.up());
+            f.between.flip_at = f.relayed_ab + 10;
+            const uint8_t junk[64] = {};
+            REQUIRE(f.la->write_unframed(junk, sizeof(junk)) == sizeof(junk));
+            f.pump();
+            CHECK(f.lb->state() == LinkState::Closed);
+            CHECK(f.lb->tampered());
+            CHECK(f.lb->close_reason().find("failed authentication") != std::string::npos);
+        }
+    }
+}
+
+TEST_CASE("fabric: integrity frames: a replayed, reordered, cut or oversized frame fails", "[shim][fabric]") {
+    int fds[2];
+    REQUIRE(socket_pair(fds));
+    UniqueFd a(fds[0]), b(fds[1]);
+    fabric::IntegrityKeys k1{}, k2{};
+    for (size_t i = 0; i < sizeof(k1.key); ++i) k1.key[i] = uint8_t(i), k2.key[i] = uint8_t(100 + i);
+    fabric::IntegrityChannel sender(a.get(), k1, k2), receiver(b.get(), k2, k1);
+    const char one[] = "first frame", two[] = "second frame";
+    // The frames as they go on the wire (read back raw, then replayed by hand).
+    REQUIRE(sender.write(one, sizeof(one)) == ssize_t(sizeof(one)));
+    REQUIRE(sender.write(two, sizeof(two)) == ssize_t(sizeof(two)));
+    std::vector<uint8_t> wire(4096);
+    const ssize_t n = ::read(b.get(), wire.data(), wire.size());
+    const size_t f1 = 4 + sizeof(one) + fabric::kIntegrityTagBytes;
+    REQUIRE(size_t(n) == f1 + 4 + sizeof(two) + fabric::kIntegrityTagBytes);
+    wire.resize(size_t(n));
+    auto deliver = [&](const std::vector<uint8_t>& bytes) {
+        REQUIRE(::send(a.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
+    };
+    char got[64];
+    SECTION("in order: both frames, byte for byte") {
+        deliver(wire);
+        REQUIRE(receiver.read(got, sizeof(got)) == ssize_t(sizeof(one)));
+        CHECK(std::memcmp(got, one, sizeof(one)) == 0);
+        REQUIRE(receiver.read(got, sizeof(got)) == ssize_t(sizeof(two)));
+        CHECK(std::memcmp(got, two, sizeof(two)) == 0);
+        CHECK(receiver.read(got, sizeof(got)) == 0);  // nothing more: not now
+    }
+    SECTION("the first frame replayed after it: the copy fails") {
+        std::vector<uint8_t> v(wire.begin(), wire.begin() + long(f1));
+        v.insert(v.end(), wire.begin(), wire.begin() + long(f1));
+        deliver(v);
+        REQUIRE(receiver.read(got, sizeof(got)) == ssize_t(sizeof(one)));
+        CHECK(receiver.read(got, sizeof(got)) == -1);
+        CHECK(receiver.tampered());
+    }
+    SECTION("the second frame first: it fails") {
+        std::vector<uint8_t> v(wire.begin() + long(f1), wire.end());
+        deliver(v);
+        CHECK(receiver.read(got, sizeof(got)) == -1);
+        CHECK(receiver.tampered());
+    }
+    SECTION("a length over 64 KiB: it fails before waiting for the bytes") {
+        std::vector<uint8_t> v = wire;
+        const uint32_t big = fabric::kMaxFrameData + 1;
+        std::memcpy(v.data(), &big, 4);
+        deliver(v);
+        CHECK(receiver.read(got, sizeof(got)) == -1);
+        CHECK(receiver.tampered());
+    }
+    SECTION("a frame cut short, then the connection closed: no byte of it is handed on") {
+        std::vector<uint8_t> v(wire.begin(), wire.begin() + long(f1) - 1);
+        deliver(v);
+        CHECK(receiver.read(got, sizeof(got)) == 0);
+        ::shutdown(a.get(), SHUT_WR);
+        CHECK(receiver.read(got, sizeof(got)) == -1);
+        CHECK(receiver.closed());
+        CHECK_FALSE(receiver.tampered());
     }
 }
 
@@ -675,7 +838,7 @@ TEST_CASE("fabric: a malformed segment closes the link; the engine keeps working
     }
 }
 
-TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shim][fabric]") {
+TEST_CASE("fabric: a request from a LID the peer does not own is dropped, other segments refused", "[shim][fabric]") {
     RcOverFabric t;
     std::memset(t.pb(0), 0x11, 4096);
     Request r;
@@ -689,11 +852,13 @@ TEST_CASE("fabric: a segment from a LID the peer does not own is refused", "[shi
     r.remote_addr = t.mb.addr;
     r.length = 16;
     const std::vector<uint8_t> payload(16, 0xab);
-    SECTION("the segment header names a LID of another shim") {
+    SECTION("the segment header names a LID of another shim: dropped, counted, the link stays") {
         r.slid = 5;
         inject(t, request_segment(r, payload, 5));
         t.pump();
-        CHECK(t.lb->close_reason() == "protocol violation: a segment from a LID the peer does not own");
+        CHECK(t.lb->state() == LinkState::Up);
+        CHECK(t.lb->stats.foreign_lid == 1);
+        t.lb->close("test over");
     }
     SECTION("the request inside names another LID than its header") {
         r.slid = 5;
@@ -788,7 +953,7 @@ TEST_CASE("fabric: a WRITE cut short by a lost connection is never acknowledged 
     t.A.eng.poll_once();
     t.la->flush();
     t.lb->on_readable();
-    REQUIRE(t.lb->stats.rx_bytes > sizeof(fabric::Hello) + sizeof(fabric::Auth) + 1000);
+    REQUIRE(t.lb->stats.rx_bytes > sizeof(fabric::Hello) + 1000);
     REQUIRE(t.lb->stats.rx_bytes < kMiB);
     t.A.to_peer.link = nullptr;
     t.la.reset();
@@ -930,11 +1095,54 @@ TEST_CASE("fabric: a UD send completes once its payload left the sender's memory
     }
 }
 
+TEST_CASE("fabric: a request whose P_Key its source guest is not a member of is dropped and counted",
+          "[shim][fabric][isolation]") {
+    // A announces guest a (LID 1) in partition 0x8001 only; a request from
+    // LID 1 that claims partition 2 (B's guest is in it) is dropped at B.
+    Fabric2 f;
+    f.A.eng.set_pkeys(f.A.g, {0x8001});
+    f.B.eng.set_pkeys(f.B.g, {0x8001, 0x8002});
+    f.connect();
+    REQUIRE(f.up());
+    CHECK(f.lb->peer_member(1, 0x8001));
+    CHECK(f.lb->peer_member(1, 0x0001));
+    CHECK_FALSE(f.lb->peer_member(1, 0x8002));
+    CHECK_FALSE(f.lb->peer_member(1, 0xffff));
+    CHECK(f.la->peer_member(2, 0x8002));
+    const uint32_t pb = f.B.p.pd();
+    auto cb = f.B.p.cq(64);
+    auto mb = f.B.p.mr(pb, 8192, kAllAccess);
+    std::memset(f.B.p.at(mb.addr), 0xee, 8192);
+    FakeProvider::QpSpec ud;
+    ud.type = IBV_QPT_UD;
+    auto qb = f.B.p.qp(pb, cb, cb, ud);
+    f.B.p.ud_ready(qb, 0x1234);
+    f.B.p.post_recv(qb.rq, 1, {abi::Sge{mb.addr, 4096, mb.lkey}});
+    Request r;
+    r.opcode = IBV_WR_SEND;
+    r.qp_type = IBV_QPT_UD;
+    r.slid = 1;
+    r.dlid = 2;
+    r.sqpn = 0x77;
+    r.dqpn = qb.qpn;
+    r.qkey = 0x1234;
+    r.pkey = 0x8002;
+    r.length = 16;
+    const std::vector<uint8_t> payload(16, 0xab);
+    inject(f, request_segment(r, payload, 1));
+    f.pump();
+    CHECK(f.lb->state() == LinkState::Up);
+    CHECK(f.lb->stats.foreign_pkey == 1);
+    CHECK(f.B.p.poll(cb).empty());
+    CHECK(f.B.p.at(mb.addr)[0] == 0xee);
+}
+
 TEST_CASE("fabric: RC and UD between guests of different partitions fail across shims", "[shim][fabric][isolation]") {
     Fabric2 f;
     f.A.eng.set_pkeys(f.A.g, {0x8001});
     const bool same = GENERATE(false, true);
     f.B.eng.set_pkeys(f.B.g, {uint16_t(same ? 0x8001 : 0x8002)});
+    f.connect();  // the links announce the partitions as they come up
     const uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
     auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
     auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);

@@ -103,6 +103,7 @@ bool Daemon::start(std::string& error) {
         fc.listen = opts_.fabric_listen;
         fc.peers = opts_.fabric_peers;
         fc.key_file = opts_.fabric_key;
+        fabric::parse_crypto_mode(opts_.fabric_crypto, fc.crypto);  // checked by parse_options
         fc.lid_first = uint16_t(opts_.lid_base);
         uint32_t count = opts_.lid_count ? opts_.lid_count : uint32_t(opts_.guests.size());
         fc.lid_last = uint16_t(opts_.lid_base + count - 1);

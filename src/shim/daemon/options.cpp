@@ -28,6 +28,7 @@ SYNOPSIS
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--metrics-listen ADDR:PORT]
                [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
+               [--fabric-crypto encrypt|integrity]
                [--hca DEVICE[:PORT] [--hca-local]]
     vrdma-shim --help
 
@@ -112,7 +113,9 @@ OPTIONS
         requests and datagrams are dropped (RC requesters end in
         IBV_WC_RETRY_EXC_ERR) and counted (vrdmactl counters). Default: the
         default partition, 0xffff, which every guest without :pkeys is in.
-        Partitions are not yet checked across the fabric.
+        Across the fabric, a peer shim announces its guests' partitions,
+        and a request from a peer's guest whose P_Key that guest is not a
+        member of is dropped and counted (vrdmactl peers: foreign_pkey).
         :controlled-qkeys lets the guest give its UD QPs a controlled qkey
         (the high bit set, 0x80000000 and up), which InfiniBand reserves
         to privileged consumers (such as the subnet administrator's GSI
@@ -211,15 +214,36 @@ OPTIONS
         A peer shim to connect to (its --fabric-listen address); repeat for
         more. Peers may be named on either side or on both; an unreachable
         peer is retried with backoff and reported (vrdmactl peers). Any shim
-        that proves it knows the key may connect, named or not.
+        that completes the TLS handshake (it knows the key) may connect,
+        named or not; a new connection never replaces a live, talking link
+        to the same peer. Handshakes in progress are limited to 4 per source
+        address and 2 s each; a named peer's address always gets a slot.
 
     --fabric-key FILE
         The fabric's shared secret: the file's bytes (a trailing newline is
         ignored), at least 16, the same file on every host (for example
-        head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE). Peers
-        prove they know it by challenge and response (HMAC-SHA256 over
-        fresh nonces); the key itself is never sent. Required with
-        --fabric-listen or --fabric-peer.
+        head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE). Shims
+        speak TLS 1.3 to each other with a pre-shared key derived from it
+        (HKDF-SHA256) and an ephemeral Diffie-Hellman exchange (forward
+        secrecy); the dialer is the client, the listener the server, no
+        certificates. The key itself is never sent. A peer without it, or a
+        relay between two shims, cannot complete the handshake: refused,
+        logged and counted (vrdmactl peers). Required with --fabric-listen
+        or --fabric-peer.
+
+    --fabric-crypto encrypt|integrity
+        What protects the bytes between shims after the handshake; both
+        ends must use the same mode (a mismatch is refused and logged on
+        both sides). encrypt (the default): TLS records (AES-128-GCM):
+        confidentiality, integrity and replay protection of everything,
+        payloads, QPNs, PSNs and keys included; where the kernel has the
+        tls module, it takes the records over (kTLS). integrity: frames
+        carrying AES-128-GCM tags over cleartext (keys exported from the
+        TLS session, sequence-number nonces): integrity and replay
+        protection only; payloads and headers are readable on the wire,
+        for less CPU. In both modes a changed byte closes the link and is
+        counted (vrdmactl peers: tampered), and nothing unauthenticated
+        reaches a guest.
 
     --hca DEVICE[:PORT]
         Carry guests' traffic to other hosts through this RDMA device (a
@@ -573,6 +597,12 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
             o.fabric_peers.push_back(v);
         } else if (a == "--fabric-key") {
             if (!need_value(o.fabric_key)) return false;
+        } else if (a == "--fabric-crypto") {
+            if (!need_value(o.fabric_crypto)) return false;
+            if (o.fabric_crypto != "encrypt" && o.fabric_crypto != "integrity") {
+                error = "--fabric-crypto must be encrypt or integrity, not '" + o.fabric_crypto + "'";
+                return false;
+            }
         } else if (a == "--hca") {
             if (!need_value(o.hca)) return false;
         } else if (a == "--hca-local") {

@@ -34,6 +34,7 @@ struct Options {
     std::string fabric_listen;
     std::vector<std::string> fabric_peers;
     std::string fabric_key;
+    std::string fabric_crypto = "encrypt";  // --fabric-crypto encrypt|integrity
     std::string hca;  // --hca DEVICE[:PORT]: empty, none
     bool hca_local = false;  // --hca-local
     uint32_t attach_timeout_s = 10;  // an unattached connection is closed after this

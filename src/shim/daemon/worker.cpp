@@ -180,8 +180,13 @@ bool Worker::pass() {
     bool progress = engine_.poll_once();
     progress |= poll_links();
     if (fabric_.enabled()) {
-        fabric_.flush();       // what the requesters queued
-        fabric_.poll_links();  // what the peers sent (other fabric events come through poll_events)
+        // What the requesters queued, and what the peers sent (other fabric
+        // events come through poll_events). Either may complete WQEs or
+        // mark QPs for the engine (a batch written over several passes
+        // completes its UD sends in the last one): progress, so that the
+        // worker passes again before it sleeps.
+        progress |= fabric_.flush();
+        progress |= fabric_.poll_links();
     }
     // After the links: a peer's announcement of a UD QP (hca_ud.h), sent
     // before that QP's first datagram, is read before the device delivers

@@ -21,7 +21,17 @@
 namespace vrdma::shim::fabric {
 namespace {
 
-constexpr uint64_t kHandshakeTimeoutNs = 5'000'000'000;
+// A handshake (TLS and the Hellos) takes a few round trips: one that is not
+// done in 2 s holds its slot no longer.
+constexpr uint64_t kHandshakeTimeoutNs = 2'000'000'000;
+// Handshakes in progress: per source address, and from sources that are
+// not configured peers all together (a configured peer's address is never
+// refused for others' handshakes).
+constexpr size_t kPendingPerSource = 4;
+constexpr size_t kPendingStrangers = 60;
+// A live link that heard nothing for this long may be replaced by a new
+// connection of the same peer (its host restarted without a reset).
+constexpr uint64_t kReplaceSilentNs = 3'000'000'000;
 constexpr uint64_t kDialBackoffMinNs = 100'000'000;
 constexpr uint64_t kDialBackoffMaxNs = 2'000'000'000;
 constexpr uint64_t kTagPeer = 1, kTagListen = 2;
@@ -118,6 +128,8 @@ LinkStats Peer::totals() const {
         t.rx_msgs += link_->stats.rx_msgs;
         t.retries += link_->stats.retries;
         t.errors += link_->stats.errors;
+        t.foreign_lid += link_->stats.foreign_lid;
+        t.foreign_pkey += link_->stats.foreign_pkey;
     }
     return t;
 }
@@ -160,7 +172,8 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
     cfg_ = cfg;
     eng_.set_ud_directory(this);
     if (!key_.load(cfg.key_file, error)) return false;
-    random_bytes(&instance_, sizeof(instance_));
+    if (!tls_.init(key_, cfg.crypto, error)) return false;
+    random_bytes(instance_.data(), instance_.size());
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_) {
         error = std::string("epoll: ") + strerror(errno);
@@ -195,8 +208,10 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
         peers_.push_back(std::make_unique<Peer>(endpoint_text(a), a, true));
     }
     enabled_ = true;
-    LOG_INFO("fabric: this shim owns lids %u-%u; listening on %s; %zu configured peer(s)", cfg.lid_first, cfg.lid_last,
-             cfg.listen.empty() ? "nothing" : cfg.listen.c_str(), peers_.size());
+    LOG_INFO("fabric: this shim owns lids %u-%u; listening on %s; %zu configured peer(s); TLS 1.3 (PSK), "
+             "--fabric-crypto %s",
+             cfg.lid_first, cfg.lid_last, cfg.listen.empty() ? "nothing" : cfg.listen.c_str(), peers_.size(),
+             crypto_mode_name(cfg.crypto));
     return true;
 }
 
@@ -239,7 +254,7 @@ void Fabric::on_connected(Peer& p) {
         return;
     }
     Pending pd;
-    pd.link = std::make_unique<Link>(eng_, key_, std::move(p.connecting_), true, instance_, cfg_.lid_first,
+    pd.link = std::make_unique<Link>(eng_, tls_, std::move(p.connecting_), true, instance_, cfg_.lid_first,
                                      cfg_.lid_last, listen_port_, p.address_);
     pd.dialer = &p;
     pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
@@ -249,24 +264,49 @@ void Fabric::on_connected(Peer& p) {
 }
 
 void Fabric::accept_all() {
-    for (;;) {
+    // Bounded: under a flood of connections the worker goes on with its
+    // other work (the listening socket stays readable for the next round).
+    for (int round = 0; round < 64; ++round) {
         sockaddr_in from{};
         socklen_t len = sizeof(from);
         int fd = ::accept4(listen_.get(), reinterpret_cast<sockaddr*>(&from), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) return;
-        if (pending_.size() >= 64) {  // handshakes in progress: a flood is not served
+        if (!admit(from.sin_addr.s_addr)) {
+            ++counters_.flood_refused;
+            const uint64_t now = monotonic_ns();
+            if (now - flood_logged_ns_ > 1'000'000'000) {  // one line a second at most
+                flood_logged_ns_ = now;
+                LOG_WARN("fabric: connection from %s refused: too many handshakes pending from it (%llu refused so "
+                         "far)",
+                         endpoint_text(from).c_str(), (unsigned long long)counters_.flood_refused);
+            }
             ::close(fd);
             continue;
         }
         tune_socket(fd);
         Pending pd;
-        pd.link = std::make_unique<Link>(eng_, key_, UniqueFd(fd), false, instance_, cfg_.lid_first, cfg_.lid_last,
+        pd.link = std::make_unique<Link>(eng_, tls_, UniqueFd(fd), false, instance_, cfg_.lid_first, cfg_.lid_last,
                                          listen_port_, endpoint_text(from));
         pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
+        pd.source = from.sin_addr.s_addr;
         watch(*pd.link, true);
         pd.link->flush();
         pending_.push_back(std::move(pd));
     }
+}
+
+bool Fabric::admit(uint32_t ip) {
+    size_t same = 0, strangers = 0;
+    bool configured = false;
+    for (auto& p : peers_) configured |= p->configured_ && p->addr_.sin_addr.s_addr == ip;
+    for (auto& pd : pending_) {
+        if (pd.dialer) continue;
+        same += pd.source == ip;
+        bool known = false;
+        for (auto& p : peers_) known |= p->configured_ && p->addr_.sin_addr.s_addr == pd.source;
+        strangers += !known;
+    }
+    return same < kPendingPerSource && (configured || strangers < kPendingStrangers);
 }
 
 void Fabric::poll() {
@@ -295,21 +335,31 @@ void Fabric::poll() {
     service();
 }
 
-void Fabric::poll_links() {
+bool Fabric::poll_links() {
+    uint64_t moved = 0;
     for (auto& p : peers_)
-        if (p->link_ && p->link_->state() == LinkState::Up) p->link_->on_readable();
+        if (p->link_ && p->link_->state() == LinkState::Up) {
+            const uint64_t before = p->link_->stats.rx_bytes;
+            p->link_->on_readable();
+            if (p->link_) moved += p->link_->stats.rx_bytes - before;
+        }
     // What the reads queued (ACKs, read responses) is watched for: the
     // daemon may sleep before its next flush.
     service();
+    return moved != 0;
 }
 
-void Fabric::flush() {
+bool Fabric::flush() {
+    uint64_t moved = 0;
     for (auto& p : peers_)
         if (p->link_ && p->link_->state() == LinkState::Up && p->link_->wants_write()) {
+            const uint64_t before = p->link_->stats.tx_bytes;
             p->link_->flush();
+            moved += p->link_->stats.tx_bytes - before;
             if (p->link_->state() != LinkState::Closed) watch(*p->link_, false);
         }
     service();
+    return moved != 0;
 }
 
 // Moves links through their life: handshakes that finished or failed,
@@ -319,11 +369,18 @@ void Fabric::service() {
     for (size_t i = 0; i < pending_.size();) {
         Pending& pd = pending_[i];
         Link& l = *pd.link;
-        if (l.state() == LinkState::Handshake && now > pd.deadline_ns) l.close("handshake timed out");
+        if (l.state() == LinkState::Handshake && now > pd.deadline_ns) {
+            ++counters_.handshake_timeout;
+            l.close("handshake timed out");
+        }
         if (l.state() == LinkState::Closed) {
+            if (l.auth_failed()) ++counters_.handshake_failed;
+            if (l.mode_mismatch()) ++counters_.mode_mismatch;
+            if (l.tampered()) ++counters_.tampered;
             if (l.auth_failed())
-                LOG_WARN("fabric: connection %s %s refused: authentication failed (it does not know the fabric key)",
-                         pd.dialer ? "to" : "from", l.remote().c_str());
+                LOG_WARN("fabric: connection %s %s refused: authentication failed (it does not know the fabric key, "
+                         "or its bytes were changed or replayed): %s",
+                         pd.dialer ? "to" : "from", l.remote().c_str(), l.close_reason().c_str());
             else if (l.close_reason() == "the peer closed the connection")
                 LOG_WARN("fabric: connection %s %s refused: the peer closed it during the handshake (does it use "
                          "another fabric key?)",
@@ -377,7 +434,7 @@ std::string Fabric::overlap(const Peer& self, uint16_t first, uint16_t last) con
 Peer* Fabric::find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer) {
     if (dialer) return dialer;
     for (auto& p : peers_)
-        if (p->instance_ == hello.instance) return p.get();
+        if (std::memcmp(p->instance_.data(), hello.instance, p->instance_.size()) == 0) return p.get();
     for (auto& p : peers_)
         if (p->addr_.sin_addr.s_addr == ip.sin_addr.s_addr && ntohs(p->addr_.sin_port) == hello.listen_port)
             return p.get();
@@ -400,13 +457,31 @@ void Fabric::establish(Pending& pd) {
 
     // Two connections to the same shim (both dialed): both sides keep the
     // one opened by the shim with the smaller instance id.
-    if (p->up() && p->instance_ == h.instance) {
-        bool keep_new = (instance_ < h.instance) == l.dialed();
+    const bool same_instance = std::memcmp(p->instance_.data(), h.instance, p->instance_.size()) == 0;
+    if (p->up() && same_instance) {
+        bool keep_new = (std::memcmp(instance_.data(), h.instance, instance_.size()) < 0) == l.dialed();
         if (!keep_new) {
             l.close("duplicate connection");
             return;
         }
         p->link_->close(kReplaced);
+    }
+    // Another instance at that peer's address while the link is live: it
+    // may be the peer restarted (its old connection reset, or silent since)
+    // or someone else with the key; a live, talking link is kept.
+    if (p->up() && !same_instance) {
+        p->link_->on_readable();  // a reset that arrived is noticed now
+        if (p->link_->state() == LinkState::Up && monotonic_ns() - p->link_->last_rx_ns() < kReplaceSilentNs) {
+            ++counters_.replace_refused;
+            LOG_WARN("fabric: connection %s %s refused: peer %s has a live link", l.dialed() ? "to" : "from",
+                     l.remote().c_str(), p->address_.c_str());
+            // Told to the other side; closed once written.
+            l.refuse("this shim has a live link to your address's shim");
+            l.flush();
+            pending_.push_back(std::move(pd));
+            pending_.back().dialer = nullptr;
+            return;
+        }
     }
     std::string why = overlap(*p, h.lid_first, h.lid_last);
     if (!why.empty()) {
@@ -436,7 +511,7 @@ void Fabric::establish(Pending& pd) {
         pending_.back().dialer = nullptr;
         return;
     }
-    p->instance_ = h.instance;
+    std::memcpy(p->instance_.data(), h.instance, p->instance_.size());
     p->lid_first_ = h.lid_first;
     p->lid_last_ = h.lid_last;
     // A peer's device is used only if this shim has one too.
@@ -448,8 +523,9 @@ void Fabric::establish(Pending& pd) {
     p->refused_ = false;
     p->last_error_.clear();
     p->backoff_ns_ = 0;
-    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s)", p->address_.c_str(), h.lid_first, h.lid_last,
-             p->link_->dialed() ? "to" : "from", p->link_->remote().c_str());
+    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s; TLS 1.3, %s, kTLS %s)", p->address_.c_str(),
+             h.lid_first, h.lid_last, p->link_->dialed() ? "to" : "from", p->link_->remote().c_str(),
+             crypto_mode_name(cfg_.crypto), p->link_->ktls() ? "yes" : "no");
     watch(*p->link_, false);
     announce_all_ud(*p);
     // Requesters waiting for room or a route try again.
@@ -459,6 +535,7 @@ void Fabric::establish(Pending& pd) {
 void Fabric::link_closed(Peer& p) {
     Link& l = *p.link_;
     const std::string& why = l.close_reason();
+    if (l.tampered()) ++counters_.tampered;
     if (why != kReplaced && why != p.last_error_) LOG_WARN("fabric: peer %s down: %s", p.address_.c_str(), why.c_str());
     LinkStats s = l.stats;
     p.past_.tx_bytes += s.tx_bytes;
@@ -469,6 +546,8 @@ void Fabric::link_closed(Peer& p) {
     p.past_.rx_msgs += s.rx_msgs;
     p.past_.retries += s.retries;
     p.past_.errors += s.errors;
+    p.past_.foreign_lid += s.foreign_lid;
+    p.past_.foreign_pkey += s.foreign_pkey;
     p.refused_ = why.rfind("refused", 0) == 0;
     p.next_dial_ns_ = p.refused_ ? monotonic_ns() + kRefusedRedialNs : 0;
     if (why != kReplaced) p.last_error_ = why;
@@ -483,6 +562,9 @@ uint64_t Fabric::next_deadline_ns() const {
         if (t && (!best || t < best)) best = t;
     };
     for (auto& pd : pending_) take(pd.deadline_ns);
+    // Input OpenSSL already read from a socket: epoll will not report it.
+    for (auto& p : peers_)
+        if (p->link_ && p->link_->input_buffered()) take(1);
     for (auto& p : peers_)
         if (p->configured_ && !p->up() && !p->dialing_ && !p->connecting_) take(std::max<uint64_t>(p->next_dial_ns_, 1));
     return best;
@@ -500,6 +582,8 @@ LinkStats Fabric::totals() const {
         sum.rx_msgs += t.rx_msgs;
         sum.retries += t.retries;
         sum.errors += t.errors;
+        sum.foreign_lid += t.foreign_lid;
+        sum.foreign_pkey += t.foreign_pkey;
     }
     return sum;
 }
@@ -521,6 +605,17 @@ std::string Fabric::status() const {
         out += "\n";
     }
     if (out.empty()) out = "no peers\n";
+    const LinkStats t = totals();
+    char line[512];
+    std::snprintf(line, sizeof(line),
+                  "fabric crypto %s handshake_failed %llu handshake_timeout %llu mode_mismatch %llu tampered %llu "
+                  "flood_refused %llu replace_refused %llu foreign_lid %llu foreign_pkey %llu\n",
+                  crypto_mode_name(cfg_.crypto), (unsigned long long)counters_.handshake_failed,
+                  (unsigned long long)counters_.handshake_timeout, (unsigned long long)counters_.mode_mismatch,
+                  (unsigned long long)counters_.tampered, (unsigned long long)counters_.flood_refused,
+                  (unsigned long long)counters_.replace_refused, (unsigned long long)t.foreign_lid,
+                  (unsigned long long)t.foreign_pkey);
+    out += line;
     return out;
 }
 

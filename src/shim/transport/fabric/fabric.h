@@ -1,12 +1,14 @@
 // The fabric: this shim and its peer shims, each owning a range of LIDs,
-// joined by TCP (ARCHITECTURE.md "Transports", docs/protocol.md "Fabric").
+// joined by TLS 1.3 over TCP (docs/protocol.md "Fabric").
 //
 // Each peer is a Transport: the route table sends every LID the peer owns
 // to it, and its connection (link.h) carries the requests and responses of
 // all QPs between the two shims. Configured peers (--fabric-peer) are
-// dialed and redialed with backoff; any shim that proves it knows the
-// fabric key may connect. A peer whose LID range overlaps this shim's or
-// another live peer's is refused with the reason, on both sides.
+// dialed and redialed with backoff; any shim that completes the TLS
+// handshake (it knows the fabric key) may connect. A peer whose LID range
+// overlaps this shim's or another live peer's is refused with the reason,
+// on both sides. Handshakes in progress are bounded per source address,
+// with a slot always kept for the configured peers' addresses.
 #pragma once
 
 #include <netinet/in.h>
@@ -19,6 +21,7 @@
 
 #include "fabric_key.h"
 #include "link.h"
+#include "tls_channel.h"
 #include "transport.h"
 #include "vrdma_common/unique_fd.h"
 
@@ -32,7 +35,18 @@ struct FabricConfig {
     std::string listen;              // ADDR:PORT, empty: accept nothing
     std::vector<std::string> peers;  // ADDR:PORT each
     std::string key_file;
+    CryptoMode crypto = CryptoMode::Encrypt;
     uint16_t lid_first = 0, lid_last = 0;
+};
+
+// What the fabric refused, since the shim started (vrdmactl peers).
+struct FabricCounters {
+    uint64_t handshake_failed = 0;   // TLS handshakes that failed (wrong key, relay, replay, garbage)
+    uint64_t handshake_timeout = 0;  // handshakes not done within their deadline
+    uint64_t mode_mismatch = 0;      // peers that use the other --fabric-crypto mode
+    uint64_t tampered = 0;           // links closed by a record or frame that failed authentication
+    uint64_t flood_refused = 0;      // connections closed at once: their source had too many handshakes pending
+    uint64_t replace_refused = 0;    // new connections refused: a live link to that peer exists
 };
 
 // "a.b.c.d:port" (or "host:port", resolved once) into an IPv4 address.
@@ -71,7 +85,7 @@ private:
     sockaddr_in addr_;
     bool configured_;
     std::unique_ptr<Link> link_;
-    uint64_t instance_ = 0;
+    InstanceId instance_{};
     uint16_t lid_first_ = 0, lid_last_ = 0;
     uint8_t device_gid_[16] = {};
     bool has_device_ = false;
@@ -106,23 +120,31 @@ public:
     void poll();
     // Reads what the connected peers sent, one read per link and no
     // epoll_wait: the daemon's busy loop calls this every pass (poll()
-    // handles the rest when the fabric's epoll fd reports it).
-    void poll_links();
-    // Writes what the requesters and responders queued.
-    void flush();
+    // handles the rest when the fabric's epoll fd reports it). True if
+    // bytes came in.
+    bool poll_links();
+    // Writes what the requesters and responders queued. True if bytes went
+    // out: what they finished may have completed WQEs (UD and UC sends
+    // complete once written) and marked QPs for the engine's next pass, so
+    // the caller must not go to sleep before that pass.
+    bool flush();
     // Earliest dial or handshake deadline (0: none).
     uint64_t next_deadline_ns() const;
     // One line per peer (vrdmactl peers).
     std::string status() const;
     // Of every peer's connections together.
     LinkStats totals() const;
+    const FabricCounters& counters() const { return counters_; }
 
 private:
     struct Pending {
         std::unique_ptr<Link> link;
         Peer* dialer = nullptr;   // the peer this shim dialed, if it did
         uint64_t deadline_ns = 0;
+        uint32_t source = 0;      // accepted: the remote IPv4 address (network order)
     };
+    // Whether a connection from `ip` may start a handshake now.
+    bool admit(uint32_t ip);
     void accept_all();
     void dial(Peer& p);
     void on_connected(Peer& p);
@@ -138,8 +160,11 @@ private:
     Engine& eng_;
     bool enabled_ = false;
     FabricKey key_;
+    TlsContext tls_;
     FabricConfig cfg_;
-    uint64_t instance_ = 0;
+    InstanceId instance_{};
+    FabricCounters counters_;
+    uint64_t flood_logged_ns_ = 0;
     uint16_t listen_port_ = 0;
     UniqueFd listen_, epoll_;
     std::vector<std::unique_ptr<Peer>> peers_;

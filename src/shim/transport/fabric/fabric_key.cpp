@@ -1,8 +1,7 @@
 #include "fabric_key.h"
 
-#include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/kdf.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 
@@ -36,18 +35,22 @@ bool FabricKey::load(const std::string& path, std::string& error) {
     return true;
 }
 
-void FabricKey::mac(const char* label, const void* a, size_t alen, const void* b, size_t blen,
-                    uint8_t out[32]) const {
-    std::vector<uint8_t> msg;
-    msg.reserve(std::strlen(label) + alen + blen);
-    msg.insert(msg.end(), label, label + std::strlen(label));
-    msg.insert(msg.end(), static_cast<const uint8_t*>(a), static_cast<const uint8_t*>(a) + alen);
-    msg.insert(msg.end(), static_cast<const uint8_t*>(b), static_cast<const uint8_t*>(b) + blen);
-    unsigned int len = 32;
-    HMAC(EVP_sha256(), key_.data(), int(key_.size()), msg.data(), msg.size(), out, &len);
+void FabricKey::set(const void* p, size_t n) {
+    auto* b = static_cast<const uint8_t*>(p);
+    key_.assign(b, b + n);
 }
 
-bool mac_equal(const uint8_t a[32], const uint8_t b[32]) { return CRYPTO_memcmp(a, b, 32) == 0; }
+bool FabricKey::derive(const char* label, uint8_t out[kPskBytes]) const {
+    EVP_PKEY_CTX* ctx = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr);
+    size_t len = kPskBytes;
+    bool ok = ctx && EVP_PKEY_derive_init(ctx) > 0 && EVP_PKEY_CTX_set_hkdf_md(ctx, EVP_sha256()) > 0 &&
+              EVP_PKEY_CTX_set1_hkdf_key(ctx, key_.data(), int(key_.size())) > 0 &&
+              EVP_PKEY_CTX_add1_hkdf_info(ctx, reinterpret_cast<const unsigned char*>(label), int(std::strlen(label))) >
+                  0 &&
+              EVP_PKEY_derive(ctx, out, &len) > 0 && len == kPskBytes;
+    EVP_PKEY_CTX_free(ctx);
+    return ok;
+}
 
 void random_bytes(void* out, size_t n) {
     auto* p = static_cast<uint8_t*>(out);

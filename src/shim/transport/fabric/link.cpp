@@ -2,6 +2,7 @@
 
 #include <infiniband/verbs.h>
 #include <limits.h>
+#include <openssl/crypto.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cstring>
 
 #include "engine.h"
+#include "fault_guard.h"
 #include "hca_device.h"
 #include "psn.h"
 #include "qp_state.h"
@@ -19,7 +21,6 @@
 namespace vrdma::shim::fabric {
 namespace {
 
-constexpr const char* kAuthLabel = "vrdma fabric v1 auth";
 constexpr size_t kRecvBuffer = 256 * 1024;
 constexpr size_t kDirectReadMin = 16 * 1024;   // payload left at least this: read it straight into place
 constexpr size_t kMaxSegsPerBatch = 256;
@@ -27,6 +28,13 @@ constexpr size_t kMaxIovPerBatch = 960;        // below IOV_MAX (1024)
 constexpr size_t kBatchBytes = 1024 * 1024;
 constexpr size_t kReadBudget = 4 * 1024 * 1024;  // bytes handled per on_readable call
 constexpr size_t kMaxInbound = 4096;          // unfinished incoming messages per link
+// Pieces at least this long go to the channel straight from guest memory;
+// shorter ones (headers, small payloads) are gathered into one record.
+constexpr size_t kDirectWriteMin = 4096;
+constexpr size_t kStageBytes = 16 * 1024;  // one TLS record
+// Integrity mode: the exporter labels of the two directions' keys.
+constexpr const char* kIntegrityDialerLabel = "EXPORTER-vrdma-integrity-dialer-to-listener";
+constexpr const char* kIntegrityListenerLabel = "EXPORTER-vrdma-integrity-listener-to-dialer";
 
 // What is written in place of guest memory that vanished under a write.
 const uint8_t kZeros[kMaxSegmentPayload] = {};
@@ -51,12 +59,6 @@ size_t spans_to_iov(const Span* spans, uint32_t n, uint64_t off, uint64_t len, i
     return k;
 }
 
-uint64_t iov_bytes(const iovec* iov, size_t k) {
-    uint64_t n = 0;
-    for (size_t i = 0; i < k; ++i) n += iov[i].iov_len;
-    return n;
-}
-
 }  // namespace
 
 struct Link::InMsg {
@@ -68,6 +70,7 @@ struct Link::InMsg {
     bool discard = false;  // payload read and dropped
     bool aborted = false;  // the sender lost its memory under the payload (kSegAbort)
     bool faulted = false;  // the target memory lost a page under the payload
+    bool foreign = false;  // a request from a LID the peer does not own: read, dropped, never answered
     // A request (responder side).
     Request req;
     Delivery d;
@@ -88,7 +91,7 @@ struct Link::InMsg {
         lid = 0;
         qpn = 0;
         total = received = 0;
-        discard = aborted = faulted = false;
+        discard = aborted = faulted = foreign = false;
         req = Request{};
         d.reset();
         pins.clear();
@@ -112,10 +115,16 @@ struct Link::InMsg {
     }
 };
 
-Link::Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t instance, uint16_t lid_first,
-           uint16_t lid_last, uint16_t listen_port, std::string remote)
-    : eng_(eng), key_(key), fd_(std::move(fd)), dialed_(dialed), remote_(std::move(remote)) {
+Link::Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const InstanceId& instance,
+           uint16_t lid_first, uint16_t lid_last, uint16_t listen_port, std::string remote)
+    : eng_(eng),
+      tls_ctx_(tls),
+      fd_(std::move(fd)),
+      tls_(tls, fd_.get(), dialed),
+      dialed_(dialed),
+      remote_(std::move(remote)) {
     rbuf_.resize(kRecvBuffer);
+    stage_.resize(kStageBytes);
     discard_.resize(kMaxSegmentPayload);
     iov_.reserve(kMaxIovPerBatch + 64);
     seg_hdrs_.reserve(kMaxSegsPerBatch);
@@ -123,12 +132,13 @@ Link::Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t
     seg_msg_.reserve(kMaxSegsPerBatch);
     mine_.magic = kHelloMagic;
     mine_.version = kProtocolVersion;
-    random_bytes(mine_.nonce, sizeof(mine_.nonce));
-    mine_.instance = instance;
+    std::memcpy(mine_.instance, instance.data(), sizeof(mine_.instance));
+    mine_.crypto_mode = uint8_t(tls.mode());
     mine_.lid_first = lid_first;
     mine_.lid_last = lid_last;
     mine_.listen_port = listen_port;
     if (const HcaDevice* dev = eng.hca()) std::memcpy(mine_.device_gid, dev->gid(), sizeof(mine_.device_gid));
+    // Sent once the handshake is done (flush), as the first record.
     send_raw(&mine_, sizeof(mine_));
 }
 
@@ -141,15 +151,73 @@ void Link::send_raw(const void* p, size_t n) {
     raw_.insert(raw_.end(), b, b + n);
 }
 
-void Link::flush_raw() {
-    while (raw_pos_ < raw_.size()) {
-        ssize_t n = ::send(fd_.get(), raw_.data() + raw_pos_, raw_.size() - raw_pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n <= 0) return;
-        stats.tx_bytes += uint64_t(n);
-        raw_pos_ += size_t(n);
+bool Link::drive_handshake() {
+    if (tls_.handshake_done()) return true;
+    switch (tls_.handshake()) {
+    case TlsChannel::Step::Done:
+        return true;
+    case TlsChannel::Step::Again:
+        return false;
+    case TlsChannel::Step::Failed:
+        break;
     }
-    raw_.clear();
-    raw_pos_ = 0;
+    // A peer that closes during the handshake has refused it (it does not
+    // know the key either, or judged ours wrong): both are a failed handshake.
+    auth_failed_ = true;
+    ++stats.errors;
+    close("authentication failed (TLS handshake: " + tls_.error() + ")");
+    return false;
+}
+
+ssize_t Link::send_bytes(const void* p, size_t n) {
+    ssize_t r = send_frames_ ? integrity_->write(p, n) : tls_.write(p, n);
+    if (r > 0) {
+        stats.tx_bytes += uint64_t(r);
+        return r;
+    }
+    if (r == 0) return 0;
+    close(send_frames_ ? "write: " + integrity_->error() : "write: " + tls_.error());
+    return -1;
+}
+
+ssize_t Link::recv_bytes(void* p, size_t n) {
+    ssize_t r = recv_frames_ ? integrity_->read(p, n) : tls_.read(p, n);
+    if (r > 0) {
+        stats.rx_bytes += uint64_t(r);
+        last_rx_ns_ = monotonic_ns();
+        return r;
+    }
+    if (r == 0) return 0;
+    const bool closed = recv_frames_ ? integrity_->closed() : tls_.closed();
+    const bool bad = recv_frames_ ? integrity_->tampered() : tls_.tampered();
+    const std::string& err = recv_frames_ ? integrity_->error() : tls_.error();
+    if (closed) {
+        close("the peer closed the connection");
+    } else if (bad) {
+        tampered_ = true;
+        ++stats.errors;
+        LOG_WARN("fabric: peer %s: received data failed authentication (%s): a changed byte; closing the connection",
+                 remote_.c_str(), err.c_str());
+        close("received data failed authentication (" + err + ")");
+    } else {
+        close("read: " + err);
+    }
+    return -1;
+}
+
+size_t Link::write_unframed(const void* p, size_t n) {
+    size_t done = 0;
+    for (int tries = 0; done < n && state_ != LinkState::Closed && tries < 1000; ++tries) {
+        ssize_t r = send_bytes(static_cast<const uint8_t*>(p) + done, n - done);
+        if (r < 0) break;
+        done += size_t(r);
+    }
+    return done;
+}
+
+bool Link::input_buffered() const {
+    if (state_ == LinkState::Closed) return false;
+    return recv_frames_ ? integrity_->buffered() : tls_.buffered();
 }
 
 bool Link::take_became_up() {
@@ -222,18 +290,28 @@ void Link::refuse(const std::string& reason) {
 // ---------------------------------------------------------------------------
 
 void Link::on_readable() {
+    if (state_ == LinkState::Closed) return;
+    if (!tls_.handshake_done()) {
+        if (!drive_handshake()) return;
+        flush();  // the Hello, now that the channel is up
+        if (state_ == LinkState::Closed) return;
+    }
     size_t handled = 0;
+    short_read_ = false;
     while (state_ != LinkState::Closed && handled < kReadBudget) {
         if (!parse() || paused_) return;
+        // A read that did not fill what it was offered emptied the socket:
+        // what it brought is handled (above) without a read that would
+        // only say EAGAIN. Unless a segment is half in: a channel read
+        // returns one record at most (16 KiB), and the rest of a segment
+        // the peer wrote at once is most likely there already.
+        if (short_read_ && !(rx_ == RxState::Fixed || (rx_ == RxState::Payload && seg_left_ > 0))) return;
         size_t before = rend_ - rpos_;
         short_read_ = false;
         if (!fill_buffer()) return;
         size_t after = rend_ - rpos_;
         if (after == before && rx_ != RxState::Payload) return;  // nothing new
         handled += after > before ? after - before : kDirectReadMin;
-        // A read that did not fill what it was offered emptied the socket:
-        // handle it without a read that would only say EAGAIN.
-        if (short_read_) break;
     }
     // What the last read brought is handled now, not at the next event
     // (there may be none: the peer waits for the answer).
@@ -244,27 +322,26 @@ void Link::on_readable() {
 // nothing buffered) straight into the target memory. False when nothing
 // more can be read now or the link closed.
 bool Link::fill_buffer() {
-    if (rx_ == RxState::Payload && rpos_ == rend_ && seg_left_ >= kDirectReadMin) {
-        iovec iov[abi::kMaxSge + 1];
+    // Straight into place only where a vanished page cannot hurt: OpenSSL
+    // writes the bytes, outside the fault guard.
+    if (rx_ == RxState::Payload && rpos_ == rend_ && seg_left_ >= kDirectReadMin &&
+        !(cur_ && !cur_->discard && cur_->pins.fragile())) {
+        iovec iov[abi::kMaxSge];
         size_t k;
-        uint64_t want = seg_left_;
         if (cur_ && !cur_->discard) {
             uint32_t n;
             uint64_t skip;
             const Span* t = cur_->target(n, skip);
-            k = spans_to_iov(t, n, skip + seg_offset_, want, iov, abi::kMaxSge);
+            k = spans_to_iov(t, n, skip + seg_offset_, seg_left_, iov, abi::kMaxSge);
         } else {
             iov[0].iov_base = discard_.data();
-            iov[0].iov_len = std::min<uint64_t>(want, discard_.size());
+            iov[0].iov_len = std::min<uint64_t>(seg_left_, discard_.size());
             k = 1;
         }
-        ssize_t r = ::readv(fd_.get(), iov, int(k));
-        if (r < 0 && errno == EFAULT && cur_ && !cur_->discard) {
-            target_fault();  // the bytes stay in the socket: read them into the discard buffer
-            return true;
-        }
-        if (!took(r)) return false;
-        short_read_ = uint64_t(r) < iov_bytes(iov, k);
+        if (k == 0) return false;
+        ssize_t r = recv_bytes(iov[0].iov_base, iov[0].iov_len);
+        if (r <= 0) return false;
+        short_read_ = size_t(r) < iov[0].iov_len && !input_buffered();
         seg_left_ -= uint64_t(r);
         seg_offset_ += uint64_t(r);
         if (cur_) cur_->received += uint64_t(r);
@@ -277,26 +354,13 @@ bool Link::fill_buffer() {
         rpos_ = 0;
     }
     if (rend_ == rbuf_.size()) return false;
-    ssize_t r = ::read(fd_.get(), rbuf_.data() + rend_, rbuf_.size() - rend_);
-    if (!took(r)) return false;
-    short_read_ = size_t(r) < rbuf_.size() - rend_;
+    // Integrity mode starts after the Hello: read no byte past it while
+    // the channel may still change.
+    const size_t want = rx_ == RxState::Hello ? sizeof(Hello) - rend_ : rbuf_.size() - rend_;
+    ssize_t r = recv_bytes(rbuf_.data() + rend_, want);
+    if (r <= 0) return false;
+    short_read_ = size_t(r) < want && !input_buffered();
     rend_ += size_t(r);
-    return true;
-}
-
-// The result of a read: bytes (counted, and the peer heard from), or
-// nothing now, or the end of the connection (closed here).
-bool Link::took(ssize_t r) {
-    if (r == 0) {
-        close("the peer closed the connection");
-        return false;
-    }
-    if (r < 0) {
-        if (errno != EAGAIN && errno != EINTR) close(std::string("read: ") + strerror(errno));
-        return false;
-    }
-    stats.rx_bytes += uint64_t(r);
-    last_rx_ns_ = monotonic_ns();
     return true;
 }
 
@@ -311,34 +375,7 @@ bool Link::parse() {
             if (avail < sizeof(Hello)) return true;
             std::memcpy(&peer_, p, sizeof(Hello));
             rpos_ += sizeof(Hello);
-            if (peer_.magic != kHelloMagic) return violation("not a vrdma shim (bad hello)");
-            if (peer_.version != kProtocolVersion) return violation("another fabric protocol version");
-            if (std::memcmp(peer_.nonce, mine_.nonce, kNonceBytes) == 0) return violation("connected to itself");
-            if (peer_.lid_first == 0 || peer_.lid_first > peer_.lid_last || peer_.lid_last > 0xbfff)
-                return violation("invalid LID range");
-            Auth a;
-            key_.mac(kAuthLabel, &mine_, sizeof(mine_), &peer_, sizeof(peer_), a.mac);
-            send_raw(&a, sizeof(a));
-            flush_raw();  // now: the peer may be about to close on our proof
-            rx_ = RxState::Auth;
-            break;
-        }
-        case RxState::Auth: {
-            if (avail < sizeof(Auth)) return true;
-            Auth got, want;
-            std::memcpy(&got, p, sizeof(Auth));
-            rpos_ += sizeof(Auth);
-            key_.mac(kAuthLabel, &peer_, sizeof(peer_), &mine_, sizeof(mine_), want.mac);
-            if (!mac_equal(got.mac, want.mac)) {
-                auth_failed_ = true;
-                ++stats.errors;
-                flush_raw();  // our proof, so that the peer reports the mismatch too
-                close("authentication failed (the peer does not know the fabric key)");
-                return false;
-            }
-            state_ = LinkState::Up;
-            became_up_ = true;
-            rx_ = RxState::Header;
+            if (!on_hello()) return false;
             break;
         }
         case RxState::Header: {
@@ -381,6 +418,8 @@ bool Link::parse() {
             uint64_t n = std::min<uint64_t>(avail, seg_left_);
             if (hdr_.type == uint8_t(SegType::Error)) {
                 close_reason_.append(reinterpret_cast<const char*>(p), size_t(n));
+            } else if (hdr_.type == uint8_t(SegType::Partitions)) {
+                std::memcpy(announce_ + seg_offset_, p, size_t(n));  // header_ok: at most sizeof(announce_)
             } else if (cur_ && !cur_->discard) {
                 uint32_t cnt;
                 uint64_t skip;
@@ -399,11 +438,78 @@ bool Link::parse() {
     }
 }
 
+// The peer's Hello, the first bytes inside the channel: the link is up if
+// it is valid and asks for this shim's crypto mode.
+bool Link::on_hello() {
+    if (peer_.magic != kHelloMagic) return violation("not a vrdma shim (bad hello)");
+    if (peer_.version != kProtocolVersion) return violation("another fabric protocol version");
+    if (peer_.reserved != 0) return violation("a hello with reserved bits set");
+    if (std::memcmp(peer_.instance, mine_.instance, sizeof(mine_.instance)) == 0)
+        return violation("connected to itself");
+    if (peer_.lid_first == 0 || peer_.lid_first > peer_.lid_last || peer_.lid_last > 0xbfff)
+        return violation("invalid LID range");
+    if (peer_.crypto_mode != mine_.crypto_mode) {
+        mode_mismatch_ = true;
+        const char* theirs = peer_.crypto_mode == uint8_t(CryptoMode::Encrypt)     ? "encrypt"
+                             : peer_.crypto_mode == uint8_t(CryptoMode::Integrity) ? "integrity"
+                                                                                   : "unknown";
+        const std::string why = std::string("refused: the peer uses --fabric-crypto ") + theirs + ", this shim " +
+                                crypto_mode_name(CryptoMode(mine_.crypto_mode));
+        ++stats.errors;
+        LOG_ERR("fabric: connection %s %s %s", dialed_ ? "to" : "from", remote_.c_str(), why.c_str());
+        close(why);
+        return false;
+    }
+    if (tls_ctx_.mode() == CryptoMode::Integrity) {
+        // Nothing may follow the Hello in its record: the frames start next.
+        if (rend_ != rpos_ || tls_.buffered()) return violation("bytes after the hello in its record");
+        if (!integrity_ && !start_integrity()) return false;
+        recv_frames_ = true;
+    }
+    state_ = LinkState::Up;
+    became_up_ = true;
+    rx_ = RxState::Header;
+    // This shim's guests' partitions, before any request can leave.
+    for (const auto& g : eng_.guests())
+        if (g->lid >= mine_.lid_first && g->lid <= mine_.lid_last) send_partitions(g->lid, g->pkeys);
+    return true;
+}
+
+bool Link::peer_member(uint16_t lid, uint16_t pkey) const {
+    auto it = peer_pkeys_.find(lid);
+    if (it == peer_pkeys_.end()) return pkey == 0xffff || pkey == 0x7fff;  // the default partition
+    for (uint32_t i = 0; i < it->second.count; ++i) {
+        const uint16_t k = it->second.keys[i];
+        if ((k & 0x7fff) == (pkey & 0x7fff) && (!(pkey & 0x8000) || (k & 0x8000))) return true;
+    }
+    return false;
+}
+
+// Both directions' frame keys, from the TLS session (the same on both ends).
+bool Link::start_integrity() {
+    IntegrityKeys out, in;
+    uint8_t a[sizeof(IntegrityKeys)], b[sizeof(IntegrityKeys)];
+    if (!tls_.export_keys(kIntegrityDialerLabel, a, sizeof(a)) ||
+        !tls_.export_keys(kIntegrityListenerLabel, b, sizeof(b))) {
+        close("cannot derive the integrity keys");
+        return false;
+    }
+    std::memcpy(&out, dialed_ ? a : b, sizeof(out));
+    std::memcpy(&in, dialed_ ? b : a, sizeof(in));
+    integrity_ = std::make_unique<IntegrityChannel>(fd_.get(), out, in);
+    OPENSSL_cleanse(a, sizeof(a));
+    OPENSSL_cleanse(b, sizeof(b));
+    OPENSSL_cleanse(&out, sizeof(out));
+    OPENSSL_cleanse(&in, sizeof(in));
+    return true;
+}
+
 // A continuation segment: it belongs to the unfinished message of its QP.
 bool Link::on_header() {
     if (hdr_.type == uint8_t(SegType::Error)) return violation("continued error segment");
-    if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
     cur_ = find_inbound(hdr_.type, hdr_.src_lid, hdr_.src_qpn);
+    if (!peer_owns(hdr_.src_lid) && !(cur_ && cur_->foreign))
+        return violation("a segment from a LID the peer does not own");
     if (!cur_) return violation("a continuation of no message");
     if (hdr_.flags & kSegAbort) cur_->aborted = true;
     if (hdr_.offset != cur_->received) return violation("a segment out of order");
@@ -421,7 +527,16 @@ bool Link::on_fixed() {
         cur_ = nullptr;
         return true;
     }
-    if (!peer_owns(hdr_.src_lid)) return violation("a segment from a LID the peer does not own");
+    // A request from a LID the peer does not own is read and dropped (the
+    // peer is trusted for its own LIDs only); anything else from one is a
+    // protocol violation.
+    const bool foreign = !peer_owns(hdr_.src_lid);
+    if (foreign && hdr_.type != uint8_t(SegType::Request))
+        return violation("a segment from a LID the peer does not own");
+    if (hdr_.type == uint8_t(SegType::Partitions)) {
+        cur_ = nullptr;
+        return true;  // kept when its payload is in (on_payload_done)
+    }
     if (hdr_.type == uint8_t(SegType::QpGone)) {
         cur_ = nullptr;
         eng_.fail_peer_qp(hdr_.src_lid, hdr_.src_qpn, hdr_.dst_lid, hdr_.dst_qpn);
@@ -454,7 +569,16 @@ bool Link::on_fixed() {
         // Checked before the responder acts: an atomic is executed at once.
         if (hdr_.payload_len > (request_carries_payload(req.opcode) ? req.length : 0))
             return violation("more payload than announced");
-        begin_request(*m, req);
+        if (foreign) {
+            ++stats.foreign_lid;
+            m->foreign = m->discard = true;
+            m->total = request_carries_payload(req.opcode) ? req.length : 0;
+            m->req = req;
+            LOG_DEBUG("fabric: peer %s: a request from lid %u, which it does not own: dropped", remote_.c_str(),
+                      req.slid);
+        } else {
+            begin_request(*m, req);
+        }
     } else {
         WireResponse w;
         std::memcpy(&w, p, sizeof(w));
@@ -474,6 +598,14 @@ bool Link::on_payload_done() {
         LOG_ERR("fabric: peer %s refused this shim: %s", remote_.c_str(), close_reason_.c_str());
         close("refused by the peer: " + close_reason_);
         return false;
+    }
+    if (hdr_.type == uint8_t(SegType::Partitions)) {
+        if (peer_pkeys_.size() >= size_t(peer_.lid_last - peer_.lid_first) + 1 && !peer_pkeys_.count(hdr_.src_lid))
+            return violation("more partition tables than LIDs");
+        PkeyTable& t = peer_pkeys_[hdr_.src_lid];
+        t.count = hdr_.payload_len / 2;
+        std::memcpy(t.keys, announce_, hdr_.payload_len);
+        return true;
     }
     InMsg* m = cur_;
     cur_ = nullptr;
@@ -500,6 +632,16 @@ void Link::begin_request(InMsg& m, const Request& req) {
         m.discard = true;
         return;
     }
+    // The peer is trusted for the partitions it says its guest is in, and
+    // no others.
+    if (!peer_member(req.slid, req.pkey)) {
+        ++stats.foreign_pkey;
+        LOG_DEBUG("fabric: peer %s: lid %u is not a member of P_Key 0x%04x: request dropped", remote_.c_str(),
+                  req.slid, req.pkey);
+        m.d.resp.syndrome = Syndrome::Drop;
+        m.discard = true;
+        return;
+    }
     responder_begin(eng_, req, m.d, &m.pins);
     m.discard = !(m.d.resp.syndrome == Syndrome::Ack && carries && m.d.length);
     if (m.d.resp.syndrome != Syndrome::Ack) {
@@ -509,6 +651,7 @@ void Link::begin_request(InMsg& m, const Request& req) {
 }
 
 void Link::finish_request(InMsg& m) {
+    if (m.foreign) return;  // not answered: the LID is not the peer's
     const Request& req = m.req;
     Delivery& d = m.d;
     if (m.aborted || m.faulted) {
@@ -724,6 +867,27 @@ void Link::send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t 
     commit(*s);
 }
 
+void Link::send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys) {
+    if (state_ != LinkState::Up || close_after_flush_ || pkeys.empty()) return;
+    QpSender* s = sender(lid, 0, true);  // QPN 0: no QP of the guest, its own queue
+    OutMsg* m = reserve(*s);
+    if (!m) return;
+    const uint32_t n = uint32_t(std::min<size_t>(pkeys.size(), kMaxPkeys));
+    m->type = SegType::Partitions;
+    m->plain_ack = false;
+    m->src_lid = lid;
+    m->src_qpn = 0;
+    m->dst_lid = 0;
+    m->dst_qpn = 0;
+    m->psn = 0;
+    m->fixed_len = 0;
+    std::memcpy(m->inline_data, pkeys.data(), 2 * n);
+    m->spans[0] = Span{m->inline_data, 2 * n};
+    m->nspans = 1;
+    m->total = 2 * n;
+    commit(*s);
+}
+
 void Link::send_ud_qp(uint16_t lid, uint32_t qpn, uint64_t guid) {
     if (state_ != LinkState::Up || close_after_flush_) return;
     QpSender* s = sender(lid, qpn, true);
@@ -787,7 +951,9 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
 
 bool Link::wants_write() const {
     if (state_ == LinkState::Closed) return false;
-    return iov_pos_ < iov_.size() || raw_pos_ < raw_.size() || (state_ == LinkState::Up && !rr_.empty());
+    if (!tls_.handshake_done()) return tls_.want_write();
+    return iov_pos_ < iov_.size() || stage_pos_ < stage_len_ || raw_pos_ < raw_.size() ||
+           (state_ == LinkState::Up && !rr_.empty());
 }
 
 // Gathers one segment of each QP with output in turn (round robin) until
@@ -924,61 +1090,83 @@ void Link::target_fault() {
     cur_->discard = true;
 }
 
+// Copies the batch's next pieces into the staging buffer, up to the first
+// one that goes straight from guest memory (long, and not fragile).
+void Link::fill_stage() {
+    while (iov_pos_ < iov_.size() && stage_len_ < stage_.size()) {
+        iovec& v = iov_[iov_pos_];
+        if (v.iov_len == 0) {
+            ++iov_pos_;
+            continue;
+        }
+        OutMsg* m = iov_msg_[iov_pos_];
+        const bool guarded = m && m->fragile && !m->faulted;
+        if (v.iov_len >= kDirectWriteMin && !guarded) break;
+        const size_t take = std::min(v.iov_len, stage_.size() - stage_len_);
+        if (guarded) {
+            uintptr_t fault = 0;
+            if (!guarded_memmove(stage_.data() + stage_len_, v.iov_base, take, &fault)) {
+                write_fault();  // the rest of this message goes as zeros, the message is void
+                continue;
+            }
+        } else {
+            std::memcpy(stage_.data() + stage_len_, v.iov_base, take);
+        }
+        stage_len_ += take;
+        v.iov_base = static_cast<uint8_t*>(v.iov_base) + take;
+        v.iov_len -= take;
+        if (v.iov_len == 0) ++iov_pos_;
+    }
+}
+
 bool Link::flush() {
+    if (state_ == LinkState::Closed) return false;
+    if (!drive_handshake()) return wants_write();
     // Bounded: a link never holds the shim's thread for long (and a
     // zero-progress write can never spin it).
     for (int round = 0; round < 64 && state_ != LinkState::Closed; ++round) {
-        if (iov_pos_ < iov_.size()) {
-            int cnt = probing_ ? 1 : int(std::min<size_t>(iov_.size() - iov_pos_, IOV_MAX));
-            ssize_t n = ::writev(fd_.get(), iov_.data() + iov_pos_, cnt);
-            if (n < 0 && errno == EFAULT) {
-                // Guest memory vanished somewhere in the first bytes not
-                // written (TCP copies in chunks, which may span iovecs): go
-                // one iovec at a time until the one that fails is first.
-                if (!probing_) {
-                    probing_ = true;
-                    continue;
-                }
-                if (write_fault()) {
-                    probing_ = false;
-                    continue;
-                }
-            }
-            if (n < 0) {
-                if (errno == EAGAIN || errno == EINTR) return true;
-                close(std::string("write: ") + strerror(errno));
-                return false;
-            }
-            stats.tx_bytes += uint64_t(n);
-            size_t left = size_t(n);
-            while (iov_pos_ < iov_.size()) {
-                iovec& v = iov_[iov_pos_];
-                if (left == 0 && v.iov_len != 0) break;
-                if (left >= v.iov_len) {
-                    left -= v.iov_len;
-                    ++iov_pos_;
-                } else {
-                    v.iov_base = static_cast<uint8_t*>(v.iov_base) + left;
-                    v.iov_len -= left;
-                    left = 0;
-                }
-            }
-            if (iov_pos_ == iov_.size()) batch_done();
-            continue;
-        }
         if (raw_pos_ < raw_.size()) {
-            ssize_t n = ::send(fd_.get(), raw_.data() + raw_pos_, raw_.size() - raw_pos_, MSG_NOSIGNAL);
-            if (n < 0) {
-                if (errno == EAGAIN || errno == EINTR) return true;
-                close(std::string("write: ") + strerror(errno));
-                return false;
-            }
-            stats.tx_bytes += uint64_t(n);
+            // The Hello alone in its record (integrity mode switches to
+            // frames right after it).
+            const size_t end = hello_sent_ ? raw_.size() : sizeof(Hello);
+            ssize_t n = send_bytes(raw_.data() + raw_pos_, end - raw_pos_);
+            if (n <= 0) return n == 0;
             raw_pos_ += size_t(n);
+            if (raw_pos_ == sizeof(Hello) && !hello_sent_) {
+                hello_sent_ = true;
+                if (tls_ctx_.mode() == CryptoMode::Integrity) {
+                    if (!integrity_ && !start_integrity()) return false;
+                    send_frames_ = true;
+                }
+            }
             if (raw_pos_ == raw_.size()) {
                 raw_.clear();
                 raw_pos_ = 0;
             }
+            continue;
+        }
+        if (stage_pos_ < stage_len_) {
+            ssize_t n = send_bytes(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
+            if (n <= 0) return n == 0;
+            stage_pos_ += size_t(n);
+            if (stage_pos_ == stage_len_) stage_pos_ = stage_len_ = 0;
+            continue;
+        }
+        if (iov_pos_ < iov_.size()) {
+            iovec& v = iov_[iov_pos_];
+            OutMsg* m = iov_msg_[iov_pos_];
+            if (v.iov_len >= kDirectWriteMin && !(m && m->fragile && !m->faulted)) {
+                ssize_t n = send_bytes(v.iov_base, v.iov_len);
+                if (n <= 0) return n == 0;
+                v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
+                v.iov_len -= size_t(n);
+                if (v.iov_len == 0) ++iov_pos_;
+            } else {
+                fill_stage();
+            }
+            // Every piece is out or copied: the messages may leave their
+            // queues (the staged bytes are written first, in order).
+            if (iov_pos_ == iov_.size()) batch_done();
             continue;
         }
         if (close_after_flush_) {

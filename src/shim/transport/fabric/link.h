@@ -1,12 +1,16 @@
-// One TCP connection to a peer shim: the handshake, then segments both
-// ways (wire.h). Non-blocking in every direction:
+// One TCP connection to a peer shim: the TLS handshake and the Hellos, then
+// segments both ways (wire.h), every byte through the secure channel
+// (tls_channel.h). Non-blocking in every direction:
 //   - outgoing messages wait in per-QP queues (bounded: a full queue is
 //     back-pressure for that QP only) and leave round-robin, one segment of
-//     at most 64 KiB per QP per turn, gathered by writev straight from the
-//     guests' memory;
+//     at most 64 KiB per QP per turn; large payload pieces are handed to the
+//     channel straight from the guests' memory, headers and small pieces
+//     are gathered into one staging buffer first (one record, not one per
+//     32-byte header), and so is memory the guest may truncate (copied
+//     under the fault guard: OpenSSL must never touch a vanished page);
 //   - incoming segments are parsed from a receive buffer; a payload's bytes
 //     that arrived with its header are copied from there into the target
-//     memory, the rest is read from the socket straight into it (readv).
+//     memory, the rest is read from the channel straight into it.
 // Requests reach the responder (responder.h) of this shim; responses reach
 // the requester (requester.h).
 #pragma once
@@ -20,9 +24,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "fabric_key.h"
+#include "integrity_channel.h"
 #include "request.h"
 #include "responder.h"
+#include "tls_channel.h"
 #include "vrdma/abi.h"
 #include "vrdma_common/unique_fd.h"
 #include "wire.h"
@@ -41,6 +46,8 @@ struct LinkStats {
     uint64_t tx_msgs = 0, rx_msgs = 0;
     uint64_t retries = 0;  // requests this shim sent again (RNR, timeouts)
     uint64_t errors = 0;   // malformed or misrouted input, NAKs sent
+    uint64_t foreign_lid = 0;   // requests claiming a source LID the peer does not own (dropped)
+    uint64_t foreign_pkey = 0;  // requests with a P_Key the source guest is not a member of (dropped)
 };
 
 // A message waiting to leave: its fixed part and where its payload is.
@@ -74,9 +81,10 @@ struct OutMsg {
 // The outgoing queue of one local QP (as requester and as responder).
 struct QpSender {
     // 64 messages (about 140 KiB with their inline bytes and scatter
-    // lists, only while the QP has output): a stream of small writes is
-    // written 63 to a writev (16 measured 0.76 M 64-byte writes/s across
-    // the fabric, 64 measured 1.0 M/s).
+    // lists, only while the QP has output): a stream of small writes goes
+    // out many to a batch (before TLS, one writev: 16 measured 0.76 M
+    // 64-byte writes/s across the fabric, 64 measured 1.0 M/s; now up to
+    // 16 KiB of them share one record).
     static constexpr uint32_t kDepth = 64;
     uint64_t key = 0;
     OutMsg msgs[kDepth];
@@ -91,10 +99,10 @@ enum class LinkState { Handshake, Up, Closed };
 
 class Link {
 public:
-    // `dialed`: this shim opened the connection. `my_lids`: the range this
-    // shim owns, announced in the Hello.
-    Link(Engine& eng, const FabricKey& key, UniqueFd fd, bool dialed, uint64_t instance, uint16_t lid_first,
-         uint16_t lid_last, uint16_t listen_port, std::string remote);
+    // `dialed`: this shim opened the connection (the TLS client).
+    // `lid_first`..`lid_last`: the range this shim owns, announced in the Hello.
+    Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const InstanceId& instance,
+         uint16_t lid_first, uint16_t lid_last, uint16_t listen_port, std::string remote);
     ~Link();
 
     int fd() const { return fd_.get(); }
@@ -103,7 +111,17 @@ public:
     const std::string& remote() const { return remote_; }
     const Hello& peer_hello() const { return peer_; }
     const std::string& close_reason() const { return close_reason_; }
+    // The TLS handshake failed: the peer does not know the fabric key, or
+    // someone between changed or replayed its bytes.
     bool auth_failed() const { return auth_failed_; }
+    // A record or frame failed its authentication after the handshake.
+    bool tampered() const { return tampered_; }
+    // The peer's Hello asked for the other --fabric-crypto mode.
+    bool mode_mismatch() const { return mode_mismatch_; }
+    // Whether the kernel took the TLS records over (kTLS), sending and receiving.
+    bool ktls() const { return tls_.ktls_send() && tls_.ktls_recv(); }
+    // Decrypted input waits in the channel (epoll will not report it).
+    bool input_buffered() const;
     // When bytes last arrived from the peer (monotonic ns).
     uint64_t last_rx_ns() const { return last_rx_ns_; }
     LinkStats stats;
@@ -145,16 +163,35 @@ public:
     // sends the reason and closes once it is written.
     void refuse(const std::string& reason);
     void close(const std::string& reason);
-    // The LIDs the peer announced; segments from other source LIDs are a
-    // protocol violation.
+    // Writes bytes through the channel as they are, outside the segment
+    // framing (the tests and the fuzz harness play a hostile but
+    // authenticated peer with it). Returns the bytes taken.
+    size_t write_unframed(const void* p, size_t n);
+    // The LIDs the peer announced: requests from other source LIDs are
+    // dropped and counted (stats.foreign_lid), other segments from them are
+    // a protocol violation.
     bool peer_owns(uint16_t lid) const { return lid >= peer_.lid_first && lid <= peer_.lid_last; }
+    // Whether the peer's guest at `lid` is a member of the partition of
+    // `pkey` (as a full member if `pkey` says full), by the P_Key table the
+    // peer announced for it (none announced: the default partition only).
+    bool peer_member(uint16_t lid, uint16_t pkey) const;
+    // Announces the P_Key table of this shim's guest at `lid` (at most
+    // kMaxPkeys entries are sent).
+    void send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys);
 
 private:
-    enum class RxState { Hello, Auth, Header, Fixed, Payload };
+    enum class RxState { Hello, Header, Fixed, Payload };
     struct InMsg;
 
     bool fill_buffer();
-    bool took(ssize_t r);
+    // Drives the TLS handshake; true once it is done.
+    bool drive_handshake();
+    // Through the channel: >0 bytes, 0 not now, -1 the link closed.
+    ssize_t send_bytes(const void* p, size_t n);
+    ssize_t recv_bytes(void* p, size_t n);
+    void fill_stage();
+    bool on_hello();
+    bool start_integrity();
     bool parse();
     bool on_header();
     bool on_fixed();
@@ -179,16 +216,21 @@ private:
     bool write_fault();
     void target_fault();
     void send_raw(const void* p, size_t n);
-    void flush_raw();
 
     Engine& eng_;
-    const FabricKey& key_;
+    const TlsContext& tls_ctx_;
     UniqueFd fd_;
+    TlsChannel tls_;
+    // Integrity mode, once the Hellos are through: the frames in each direction.
+    std::unique_ptr<IntegrityChannel> integrity_;
+    bool send_frames_ = false, recv_frames_ = false;
     bool dialed_;
     std::string remote_;
     LinkState state_ = LinkState::Handshake;
     bool became_up_ = false;
     bool auth_failed_ = false;
+    bool tampered_ = false;
+    bool mode_mismatch_ = false;
     bool close_after_flush_ = false;
     std::string close_reason_;
     Hello mine_{}, peer_{};
@@ -206,17 +248,27 @@ private:
     uint64_t last_rx_ns_ = 0;
     std::vector<std::unique_ptr<InMsg>> inbound_, free_inbound_;
     std::vector<uint8_t> discard_;
+    // The P_Key tables the peer announced, by LID (at most one per LID it owns).
+    struct PkeyTable {
+        uint16_t keys[kMaxPkeys];
+        uint32_t count = 0;
+    };
+    std::unordered_map<uint16_t, PkeyTable> peer_pkeys_;
+    uint8_t announce_[2 * kMaxPkeys] = {};  // the announcement being received
 
     // Sending.
-    std::vector<uint8_t> raw_;   // handshake and error bytes, before any segment
+    std::vector<uint8_t> raw_;   // the Hello and error bytes, before any segment
     size_t raw_pos_ = 0;
+    bool hello_sent_ = false;
+    // Headers and small or fragile pieces of the batch, copied for one write.
+    std::vector<uint8_t> stage_;
+    size_t stage_len_ = 0, stage_pos_ = 0;
     std::unordered_map<uint64_t, std::unique_ptr<QpSender>> senders_;
     std::vector<std::unique_ptr<QpSender>> idle_senders_;  // emptied queues, reused
     std::deque<QpSender*> rr_;
     std::vector<iovec> iov_;
     std::vector<OutMsg*> iov_msg_;  // parallel to iov_: whose payload (null: a header or fixed part)
     size_t iov_pos_ = 0;
-    bool probing_ = false;  // writing one iovec at a time to find the one whose memory is gone
     std::vector<SegHeader> seg_hdrs_;
     std::vector<OutMsg*> seg_msg_;  // parallel to seg_hdrs_
     std::vector<QpSender*> batch_senders_;

@@ -1,20 +1,21 @@
 // The fabric protocol between shims over TCP (docs/protocol.md "Fabric").
 //
-// A connection starts with a handshake (Hello both ways, then Auth both
-// ways: each side proves it knows the fabric key with an HMAC-SHA256 over
-// both nonces, the key itself is never sent). After it, the stream is a
-// sequence of segments: a SegHeader, then `fixed_len` bytes of fixed part
-// (the first segment of a message: its encoded Request or Response), then
-// `payload_len` bytes of payload. A message's payload may be cut into
-// several segments (at most kMaxSegmentPayload each) so that small messages
-// of other QPs are not stuck behind a large one; the segments of one QP's
-// messages are never reordered. Integers are little-endian (fixed-width
-// structs, checked at compile time; every host of a fabric is x86-64 or
-// another little-endian machine).
+// A connection starts with a TLS 1.3 handshake (tls_channel.h: the fabric
+// key as pre-shared key). Everything after it goes through the channel:
+// first a Hello each way, then a sequence of segments: a SegHeader, then
+// `fixed_len` bytes of fixed part (the first segment of a message: its
+// encoded Request or Response), then `payload_len` bytes of payload. A
+// message's payload may be cut into several segments (at most
+// kMaxSegmentPayload each) so that small messages of other QPs are not
+// stuck behind a large one; the segments of one QP's messages are never
+// reordered. Integers are little-endian (fixed-width structs, checked at
+// compile time; every host of a fabric is x86-64 or another little-endian
+// machine).
 //
 // Everything read from a peer is validated like guest input.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -23,31 +24,31 @@
 namespace vrdma::shim::fabric {
 
 constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
-// 2: incarnations and the P_Key in requests; 3: device GIDs; 4: UD QPs on devices
-constexpr uint32_t kProtocolVersion = 4;
+// 2: incarnations and the P_Key in requests; 3: device GIDs; 4: UD QPs on
+// devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode,
+// partition announcements
+constexpr uint32_t kProtocolVersion = 5;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
-constexpr uint32_t kNonceBytes = 32;
-constexpr uint32_t kMacBytes = 32;
 
+// Random per shim start: tells a restarted peer apart, and a connection of
+// a shim to itself (both ends compare it).
+using InstanceId = std::array<uint8_t, 16>;
+
+// Sent by both ends as the first bytes inside the TLS channel.
 struct Hello {
     uint32_t magic;
     uint32_t version;
-    uint8_t nonce[kNonceBytes];
-    uint64_t instance;     // random per shim start: tells a restarted peer apart
+    uint8_t instance[16];
     uint16_t lid_first;    // the LIDs this shim owns
     uint16_t lid_last;
     uint16_t listen_port;  // where this shim accepts fabric connections (0: nowhere)
-    uint16_t reserved;
+    uint8_t crypto_mode;   // CryptoMode (tls_channel.h): both ends must use the same
+    uint8_t reserved;
     // The GID of this shim's RDMA device (--hca), all zeros if it has none:
     // guests of two shims with devices talk through them (hca_bind.h).
     uint8_t device_gid[16];
 };
-static_assert(sizeof(Hello) == 72);
-
-struct Auth {
-    uint8_t mac[kMacBytes];  // HMAC(key, label | sender's Hello | receiver's Hello)
-};
-static_assert(sizeof(Auth) == 32);
+static_assert(sizeof(Hello) == 48);
 
 enum class SegType : uint8_t {
     Request = 1,   // requester -> responder shim: fixed part = WireRequest
@@ -58,7 +59,10 @@ enum class SegType : uint8_t {
     UdQp = 5,      // the source QP is a UD QP on the sending shim's device,
                    // of the guest whose port GUID is the header's offset
                    // (hca_ud.h: who sent a datagram the device delivered)
+    Partitions = 6,  // the P_Key table of the sending shim's guest at the
+                     // header's source LID: payload = 1 to kMaxPkeys u16
 };
+constexpr uint32_t kMaxPkeys = 16;
 
 // kSegAbort: only on the last segment of a message (no payload) whose
 // payload came from memory its guest may truncate: the sender lost a page
