@@ -214,6 +214,7 @@ std::string Daemon::load_report_all() {
 std::string Daemon::metrics_text() {
     std::string samples = ask_workers([](Worker& w, std::string& text, std::string&) {
         metrics_samples(w.engine(), w.index(), w.asleep_ns(), text);
+        if (w.fabric().enabled()) fabric_metrics_samples(w.fabric(), text);
     });
     return metrics_exposition(samples, monotonic_ns() - started_ns_);
 }

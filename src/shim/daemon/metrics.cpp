@@ -45,6 +45,19 @@ const std::map<std::string, Family>& families() {
         {"vrdma_guest_throttled_requests_total",
          {"counter", "RDMA and atomic requests dropped from sources that keep guessing keys."}},
         {"vrdma_guest_qkey_violations_total", {"counter", "UD datagrams to the guest with a wrong qkey, dropped."}},
+        {"vrdma_fabric_peer_up", {"gauge", "1 while the link to the peer shim is up and authenticated."}},
+        {"vrdma_fabric_peer_tx_bytes_total", {"counter", "Bytes sent to the peer shim (its connections together)."}},
+        {"vrdma_fabric_peer_rx_bytes_total", {"counter", "Bytes received from the peer shim."}},
+        {"vrdma_fabric_peer_tx_messages_total", {"counter", "Messages sent to the peer shim."}},
+        {"vrdma_fabric_peer_rx_messages_total", {"counter", "Messages received from the peer shim."}},
+        {"vrdma_fabric_peer_retries_total", {"counter", "Requests sent to the peer again (RNR, timeouts)."}},
+        {"vrdma_fabric_peer_errors_total", {"counter", "Malformed or misrouted input from the peer, NAKs sent."}},
+        {"vrdma_fabric_peer_foreign_lid_total", {"counter", "Requests from the peer for LIDs it does not own, dropped."}},
+        {"vrdma_fabric_peer_foreign_pkey_total",
+         {"counter", "Requests from the peer with a P_Key its guest is not a member of, dropped."}},
+        {"vrdma_fabric_refusals_total",
+         {"counter", "Connections refused or closed by the fabric, by reason (handshake failed or timed out, "
+                     "crypto mode mismatch, tampered data, handshake flood, live link kept)."}},
         {"vrdma_guest_throttled_datagrams_total",
          {"counter", "UD datagrams dropped unexamined from sources that keep guessing the guest's qkeys."}},
     };
@@ -125,6 +138,28 @@ void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::stri
         add(out, "vrdma_guest_qkey_violations_total", gl, s.qkey_violations);
         add(out, "vrdma_guest_throttled_datagrams_total", gl, s.throttled_datagrams);
     }
+}
+
+void fabric_metrics_samples(const fabric::Fabric& fab, std::string& out) {
+    for (const auto& p : fab.peer_info()) {
+        const std::string pl = "peer=\"" + label_value(p.address) + "\"";
+        const fabric::LinkStats& t = p.totals;
+        add(out, "vrdma_fabric_peer_up", pl, uint64_t(std::string(p.state) == "up"));
+        add(out, "vrdma_fabric_peer_tx_bytes_total", pl, t.tx_bytes);
+        add(out, "vrdma_fabric_peer_rx_bytes_total", pl, t.rx_bytes);
+        add(out, "vrdma_fabric_peer_tx_messages_total", pl, t.tx_msgs);
+        add(out, "vrdma_fabric_peer_rx_messages_total", pl, t.rx_msgs);
+        add(out, "vrdma_fabric_peer_retries_total", pl, t.retries);
+        add(out, "vrdma_fabric_peer_errors_total", pl, t.errors);
+        add(out, "vrdma_fabric_peer_foreign_lid_total", pl, t.foreign_lid);
+        add(out, "vrdma_fabric_peer_foreign_pkey_total", pl, t.foreign_pkey);
+    }
+    const fabric::FabricCounters& c = fab.counters();
+    const std::pair<const char*, uint64_t> reasons[] = {
+        {"handshake_failed", c.handshake_failed}, {"handshake_timeout", c.handshake_timeout},
+        {"mode_mismatch", c.mode_mismatch},       {"tampered", c.tampered},
+        {"flood_refused", c.flood_refused},       {"replace_refused", c.replace_refused}};
+    for (const auto& [reason, n] : reasons) add(out, "vrdma_fabric_refusals_total", std::string("reason=\"") + reason + "\"", n);
 }
 
 std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns) {

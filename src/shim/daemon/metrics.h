@@ -13,11 +13,15 @@
 #include <string>
 
 #include "engine.h"
+#include "fabric.h"
 
 namespace vrdma::shim {
 
 // Appends worker `worker`'s samples, one "NAME\tLABELS\tVALUE" line each.
 void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::string& out);
+// Appends the fabric's samples (its peers' links and its refusals), in the
+// thread of the worker that drives it.
+void fabric_metrics_samples(const fabric::Fabric& fab, std::string& out);
 
 // The exposition of the samples of every worker: HELP and TYPE once per
 // family, then its samples, and the shim's own (vrdma_up, uptime).

@@ -46,6 +46,7 @@ const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_
     engine_.set_weight(id, s.weight);
     guests_[guest_index] = &id;
     access_[guest_index] = s.access;
+    if (fabric_.enabled()) fabric_.announce_partitions(lid, id.pkeys);  // added at run time: peers that are up
     return id;
 }
 

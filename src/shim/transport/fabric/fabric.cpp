@@ -588,20 +588,35 @@ LinkStats Fabric::totals() const {
     return sum;
 }
 
-std::string Fabric::status() const {
-    std::string out;
+std::vector<Fabric::PeerInfo> Fabric::peer_info() const {
+    std::vector<PeerInfo> out;
     for (auto& p : peers_) {
         const char* state = p->up() ? "up" : p->refused_ ? "refused" : (p->configured_ ? "connecting" : "down");
-        LinkStats t = p->totals();
+        out.push_back({p->address_, state, p->lid_first_, p->lid_last_, p->totals()});
+    }
+    return out;
+}
+
+void Fabric::announce_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys) {
+    for (auto& p : peers_)
+        if (p->up()) p->link_->send_partitions(lid, pkeys);
+}
+
+std::string Fabric::status() const {
+    std::string out;
+    const std::vector<PeerInfo> info = peer_info();
+    for (size_t i = 0; i < info.size(); ++i) {
+        const PeerInfo& p = info[i];
+        const LinkStats& t = p.totals;
         char line[512];
         std::snprintf(line, sizeof(line),
                       "peer %s state %s lids %u-%u tx_bytes %llu rx_bytes %llu tx_msgs %llu rx_msgs %llu retries %llu "
                       "errors %llu",
-                      p->address_.c_str(), state, p->lid_first_, p->lid_last_, (unsigned long long)t.tx_bytes,
+                      p.address.c_str(), p.state, p.lid_first, p.lid_last, (unsigned long long)t.tx_bytes,
                       (unsigned long long)t.rx_bytes, (unsigned long long)t.tx_msgs, (unsigned long long)t.rx_msgs,
                       (unsigned long long)t.retries, (unsigned long long)t.errors);
         out += line;
-        if (!p->up() && !p->last_error_.empty()) out += " last_error \"" + p->last_error_ + "\"";
+        if (!peers_[i]->up() && !peers_[i]->last_error_.empty()) out += " last_error \"" + peers_[i]->last_error_ + "\"";
         out += "\n";
     }
     if (out.empty()) out = "no peers\n";

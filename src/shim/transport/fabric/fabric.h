@@ -132,6 +132,18 @@ public:
     uint64_t next_deadline_ns() const;
     // One line per peer (vrdmactl peers).
     std::string status() const;
+    // What status() says of each peer, for the metrics.
+    struct PeerInfo {
+        std::string address;
+        const char* state;  // up, refused, connecting or down
+        uint16_t lid_first, lid_last;
+        LinkStats totals;
+    };
+    std::vector<PeerInfo> peer_info() const;
+    CryptoMode crypto() const { return cfg_.crypto; }
+    // A guest added at run time (vrdmactl guest add): the peers that are up
+    // learn its partitions now, later ones with their Hello.
+    void announce_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys);
     // Of every peer's connections together.
     LinkStats totals() const;
     const FabricCounters& counters() const { return counters_; }
