@@ -3,7 +3,7 @@
 # and its libFuzzer runtime: scripts/fuzz.sh; python3-pyverbs: rdma-core's
 # own test suite, integration.rdma_core_tests; libtoml11-dev: the shim's
 # --config; python3-prometheus-client: integration.metrics; lintian:
-# integration.package; iptables: packet loss in the
+# integration.package; podman and runc: integration.cdi; iptables: packet loss in the
 # fabric tests where the kernel has no tc netem; iperf3: the baseline of
 # scripts/bench-fabric.sh) and run its demo. Only what is missing is
 # installed. Needs root.
@@ -14,7 +14,7 @@ packages=(
     libibverbs-dev ibverbs-utils rdma-core perftest python3-pyverbs
     openmpi-bin libopenmpi-dev ucx-utils
     libfmt-dev catch2 libssl-dev libtoml11-dev python3-prometheus-client
-    iproute2 procps iptables iperf3 lintian
+    iproute2 procps iptables iperf3 lintian podman runc
     clang libclang-rt-14-dev
 )
 

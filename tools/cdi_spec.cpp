@@ -81,7 +81,7 @@ int print_cdi_spec(const std::string& run_dir, const std::vector<std::string>& g
 }
 
 std::string cdi_spec(const std::vector<CdiGuest>& guests, const std::string& provider) {
-    std::string out = "{\n  \"cdiVersion\": \"0.6.0\",\n  \"kind\": \"vrdma.dev/guest\",\n  \"devices\": [";
+    std::string out = "{\n  \"cdiVersion\": \"0.5.0\",\n  \"kind\": \"vrdma.dev/guest\",\n  \"devices\": [";
     for (size_t i = 0; i < guests.size(); ++i) {
         const CdiGuest& g = guests[i];
         out += i ? ",\n" : "\n";

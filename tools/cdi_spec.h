@@ -18,7 +18,8 @@ struct CdiGuest {
     std::vector<std::pair<std::string, std::string>> env;  // as vrdma-run sets it
 };
 
-// The spec (JSON, CDI 0.6.0, kind vrdma.dev/guest): one device per guest,
+// The spec (JSON, CDI 0.5.0: what Debian 12's podman 4.3 reads; nothing newer
+// is used; kind vrdma.dev/guest): one device per guest,
 // each with its environment, its directory mounted read-only at the same
 // path, the provider library mounted read-only at the same path, and the
 // uverbs node libibverbs opens (a character device 1:3, as on the host).

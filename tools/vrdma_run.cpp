@@ -92,7 +92,7 @@ constexpr const char* kHelp =
     "        SLURM_PROCID, the first one set; none set is an error. Write\n"
     "        a,a,b,b for blocks of two. Overrides --guest.\n"
     "    --cdi\n"
-    "        Print a Container Device Interface spec (JSON, CDI 0.6.0) with\n"
+    "        Print a Container Device Interface spec (JSON, CDI 0.5.0) with\n"
     "        one device per guest given, kind vrdma.dev/guest, named as the\n"
     "        guest, instead of running a program: saved in /etc/cdi (for\n"
     "        example /etc/cdi/vrdma.json), it lets podman, containerd or\n"

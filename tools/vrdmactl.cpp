@@ -93,7 +93,7 @@ constexpr const char* kHelp =
     "            applied, 1 if anything was refused or the file is wrong\n"
     "            (then nothing changed), 3 if no shim answers.\n"
     "    cdi [GUEST...]\n"
-    "            Prints a Container Device Interface spec (JSON, CDI 0.6.0,\n"
+    "            Prints a Container Device Interface spec (JSON, CDI 0.5.0,\n"
     "            kind vrdma.dev/guest) with one device per guest named, or per\n"
     "            guest published in DIR: saved as /etc/cdi/vrdma.json, a\n"
     "            container gets guest NAME's vrdma0 with --device\n"
