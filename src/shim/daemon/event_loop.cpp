@@ -235,24 +235,32 @@ bool Daemon::open_metrics(std::string& error) {
     return true;
 }
 
-void Daemon::accept_metrics() {
+void Daemon::accept_watched(int listener, const char* what, Kind kind, const std::function<size_t()>& held,
+                            const std::function<void(uint64_t, int)>& keep) {
     for (;;) {
-        int fd = ::accept4(metrics_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (metrics): %s", strerror(errno));
+            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (%s): %s", what, strerror(errno));
             return;
         }
-        if (metrics_conns_.size() >= 16) {  // a scraper asks once in a while
+        // One request at a time is all an operator's tool or a scraper sends.
+        if (held() >= 16) {
             ::close(fd);
             continue;
         }
         const uint64_t id = next_conn_id_++;
-        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kMetricsConn, id))) {
+        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kind, id))) {
             ::close(fd);
             continue;
         }
-        metrics_conns_[id].fd.reset(fd);
+        keep(id, fd);
     }
+}
+
+void Daemon::accept_metrics() {
+    accept_watched(
+        metrics_.get(), "metrics", kMetricsConn, [this] { return metrics_conns_.size(); },
+        [this](uint64_t id, int fd) { metrics_conns_[id].fd.reset(fd); });
 }
 
 void Daemon::on_metrics(uint64_t id) {
@@ -371,24 +379,12 @@ void Daemon::accept_all(size_t guest_index) {
 }
 
 void Daemon::accept_control() {
-    for (;;) {
-        int fd = ::accept4(control_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (control): %s", strerror(errno));
-            return;
-        }
-        if (control_conns_.size() >= 16) {  // the operator's tool sends one request at a time
-            ::close(fd);
-            continue;
-        }
-        uint64_t id = next_conn_id_++;
-        if (!epoll_add(fd, EPOLLIN | EPOLLRDHUP, tag(kControlConn, id))) {
-            ::close(fd);
-            continue;
-        }
-        control_conns_[id].reset(fd);
-        on_control(id);  // the request may be there already
-    }
+    accept_watched(
+        control_.get(), "control", kControlConn, [this] { return control_conns_.size(); },
+        [this](uint64_t id, int fd) {
+            control_conns_[id].reset(fd);
+            on_control(id);  // the request may be there already
+        });
 }
 
 void Daemon::on_control(uint64_t id) {

@@ -56,6 +56,11 @@ private:
     void epoll_del(int fd);
     void poll_events(int timeout_ms);
     void accept_all(size_t guest_index);
+    // Accepts what waits on `listener` (the control socket, the metrics
+    // port): each connection gets an id, is watched as `kind` and is handed
+    // to `keep`; past 16 held (`held`) it is closed at once.
+    void accept_watched(int listener, const char* what, Kind kind, const std::function<size_t()>& held,
+                        const std::function<void(uint64_t, int)>& keep);
     void accept_control();
     void on_control(uint64_t id);
     // The options' index of guest `name`, or -1 with `error` set.
