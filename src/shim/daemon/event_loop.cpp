@@ -349,6 +349,7 @@ void Daemon::poll_events(int timeout_ms) {
 }
 
 void Daemon::accept_all(size_t guest_index) {
+    if (guest_index >= listeners_.size() || !listeners_[guest_index]) return;  // removed in this same wake-up
     // At the fd limit the kernel keeps the connection queued and the
     // listener stays readable: the loop would spin. A spare fd is given up
     // to accept the connection and close it (the guest sees it refused).
