@@ -225,6 +225,9 @@ TEST_CASE("type 1: a bound window grants its access to its range, and only that"
 TEST_CASE("a bind that also names local write binds and grants only the remote access; a bind of length 0 unbinds", "[mw]") {
     // Applications (rdma-core's own test suite among them) pass the MR's
     // flags, local write included, when they bind: a device ignores it.
+    // Through rxe (scripts/test-hca.sh) the device decides, and Debian 12's
+    // rxe refuses such a bind: this is the shim's own behaviour.
+    if (through_rxe()) return;
     for (ibv_mw_type type : {IBV_MW_TYPE_1, IBV_MW_TYPE_2}) {
         INFO("type " << int(type));
         Windows t(type, 8192);

@@ -1009,7 +1009,9 @@ void Link::build_batch() {
         iov_.insert(iov_.end(), pieces, pieces + k);
         iov_msg_.insert(iov_msg_.end(), k, &m);
         bytes += sizeof(h) + h.fixed_len + n;
-        stats.tx_payload += n;
+        // Guests' payload only: what the shim's CPU copies of their memory
+        // (a refusal's text and a P_Key table are the shim's own).
+        if (m.type == SegType::Request || m.type == SegType::Response) stats.tx_payload += n;
         m.header_sent = true;
         m.sent += n;
         if (std::find(batch_senders_.begin(), batch_senders_.end(), s) == batch_senders_.end())
