@@ -110,7 +110,7 @@ if command -v podman >/dev/null && command -v runc >/dev/null; then
         timeout 120 podman --log-level=error --runtime runc --cgroup-manager=cgroupfs run --rm --network=host \
             --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --device vrdma.dev/guest=a --rootfs "$ctr" "$@"
     }
-    unmount_rootfs() { umount "$ctr/usr" "$ctr/etc" 2>/dev/null; rm -f "$cdi_file"; }
+    unmount_rootfs() { umount "$ctr/usr" "$ctr/etc" 2>/dev/null || true; rm -f "$cdi_file"; }
     trap 'rc=$?; unmount_rootfs; (exit $rc); stop_shim' EXIT
     podman_run ibv_devinfo >"$RUN_DIR.c.info" 2>&1 || true
     grep -q 'hca_id:.*vrdma0' "$RUN_DIR.c.info" && grep -q PORT_ACTIVE "$RUN_DIR.c.info" ||
