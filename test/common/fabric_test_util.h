@@ -129,8 +129,8 @@ inline fabric::InstanceId instance(uint8_t fill) {
     return id;
 }
 
-// Writes all of [p, p+n) through a TLS channel, calling `pump` whenever the
-// socket is full. False if the channel failed.
+// Writes all of [p, p+n) through a TLS channel and sends it, calling `pump`
+// whenever the socket is full. False if the channel failed.
 template <typename Pump>
 bool channel_write_all(fabric::TlsChannel& ch, const void* p, size_t n, Pump&& pump) {
     auto* b = static_cast<const uint8_t*>(p);
@@ -147,7 +147,13 @@ bool channel_write_all(fabric::TlsChannel& ch, const void* p, size_t n, Pump&& p
         if (++stuck > 1000) return false;
         pump();
     }
-    return true;
+    // A batched channel holds the records until they are flushed.
+    for (;;) {
+        const int f = ch.flush_output();
+        if (f != 0) return f > 0;
+        if (++stuck > 1000) return false;
+        pump();
+    }
 }
 
 // The peer's side of the connection to `link` (whose other end is `fd`),

@@ -1,7 +1,6 @@
 #include "integrity_channel.h"
 
 #include <sys/socket.h>
-#include <sys/uio.h>
 
 #include <openssl/crypto.h>
 
@@ -26,6 +25,7 @@ uint32_t get_u32(const uint8_t* p) {
 IntegrityChannel::IntegrityChannel(int fd, const IntegrityKeys& send, const IntegrityKeys& recv)
     : fd_(fd), send_(send), recv_(recv), seal_(EVP_CIPHER_CTX_new()), open_(EVP_CIPHER_CTX_new()) {
     in_.resize(4 * kFrameMax);
+    out_.resize(4 * kFrameMax);
     if (!seal_ || !open_ || EVP_EncryptInit_ex(seal_, EVP_aes_128_gcm(), nullptr, send_.key, nullptr) != 1 ||
         EVP_DecryptInit_ex(open_, EVP_aes_128_gcm(), nullptr, recv_.key, nullptr) != 1)
         error_ = "cannot set up AES-GCM";
@@ -70,51 +70,43 @@ ssize_t IntegrityChannel::failed(const std::string& why) {
 
 ssize_t IntegrityChannel::write(const void* p, size_t n) {
     if (!error_.empty()) return -1;
-    if (!out_busy_) {
-        if (n == 0) return 0;
-        out_len_ = std::min(n, kMaxFrameData);
-        out_data_ = static_cast<const uint8_t*>(p);
-        const uint32_t len = uint32_t(out_len_);
-        std::memcpy(out_hdr_, &len, 4);
-        if (!tag(seal_, true, send_, send_seq_, out_hdr_, out_data_, out_len_, out_tag_))
-            return failed("AES-GCM failed");
-        out_done_ = 0;
-        out_busy_ = true;
+    if (n == 0) return 0;
+    const size_t len = std::min(n, kMaxFrameData);
+    const size_t frame = kHdrBytes + len + kIntegrityTagBytes;
+    if (out_.size() - out_end_ < frame) {
+        const int out = flush_output();
+        if (out < 0) return -1;
+        if (out == 0) return 0;
     }
-    const size_t total = kHdrBytes + out_len_ + kIntegrityTagBytes;
-    while (out_done_ < total) {
-        iovec v[3];
-        int k = 0;
-        size_t at = out_done_;
-        auto add = [&](const uint8_t* b, size_t len) {
-            if (at >= len) {
-                at -= len;
-                return;
-            }
-            v[k++] = iovec{const_cast<uint8_t*>(b) + at, len - at};
-            at = 0;
-        };
-        add(out_hdr_, kHdrBytes);
-        add(out_data_, out_len_);
-        add(out_tag_, kIntegrityTagBytes);
-        msghdr mh{};
-        mh.msg_iov = v;
-        mh.msg_iovlen = size_t(k);
-        ssize_t w = ::sendmsg(fd_, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    uint8_t* f = out_.data() + out_end_;
+    const uint32_t len32 = uint32_t(len);
+    std::memcpy(f, &len32, kHdrBytes);
+    std::memcpy(f + kHdrBytes, p, len);
+    if (!tag(seal_, true, send_, send_seq_, f, f + kHdrBytes, len, f + kHdrBytes + len))
+        return failed("AES-GCM failed");
+    out_end_ += frame;
+    ++send_seq_;
+    return ssize_t(len);
+}
+
+int IntegrityChannel::flush_output() {
+    if (!error_.empty()) return -1;
+    while (out_pos_ < out_end_) {
+        const ssize_t w = ::send(fd_, out_.data() + out_pos_, out_end_ - out_pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
-            if (errno == EAGAIN || errno == EINTR) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 want_write_ = true;
                 return 0;
             }
             if (errno == EPIPE || errno == ECONNRESET) closed_ = true;
-            return failed(closed_ ? "the peer closed the connection" : std::string("socket: ") + strerror(errno));
+            return int(failed(closed_ ? "the peer closed the connection" : std::string("socket: ") + strerror(errno)));
         }
-        out_done_ += size_t(w);
+        out_pos_ += size_t(w);
     }
+    out_pos_ = out_end_ = 0;
     want_write_ = false;
-    out_busy_ = false;
-    ++send_seq_;
-    return ssize_t(out_len_);
+    return 1;
 }
 
 bool IntegrityChannel::open_frame() {

@@ -12,7 +12,11 @@
 // channel (tampered()).
 //
 // The same non-blocking contract as TlsChannel: write() is called again
-// with the same bytes until it takes them.
+// with the same bytes until it takes them. A taken frame is sealed in the
+// output buffer (its tag over that copy, so a guest that changes its
+// memory mid-send cannot make the frame fail), and frames leave in
+// batches of up to four with one send: when the next would not fit, or at
+// flush_output().
 #pragma once
 
 #include <openssl/evp.h>
@@ -41,8 +45,11 @@ public:
     IntegrityChannel& operator=(const IntegrityChannel&) = delete;
     ~IntegrityChannel();
 
-    // >0: bytes taken (a whole frame written); 0: not now; -1: failed.
+    // >0: bytes taken (a whole frame sealed); 0: not now; -1: failed.
     ssize_t write(const void* p, size_t n);
+    // Sends the sealed frames: 1 all out, 0 the socket is full, -1 failed.
+    int flush_output();
+    bool output_pending() const { return out_pos_ < out_end_; }
     // >0: verified bytes; 0: not now; -1: closed, failed or tampered.
     ssize_t read(void* p, size_t n);
     bool want_write() const { return want_write_; }
@@ -66,13 +73,9 @@ private:
     EVP_CIPHER_CTX* open_ = nullptr;
     uint64_t send_seq_ = 0, recv_seq_ = 0;
 
-    // The frame being written: its header, its data (the caller's, unchanged
-    // until taken) and its tag; `out_done_` bytes of the three are out.
-    bool out_busy_ = false;
-    uint8_t out_hdr_[4] = {};
-    const uint8_t* out_data_ = nullptr;
-    size_t out_len_ = 0, out_done_ = 0;
-    uint8_t out_tag_[kIntegrityTagBytes] = {};
+    // Sealed frames [out_pos_, out_end_) not yet sent.
+    std::vector<uint8_t> out_;
+    size_t out_pos_ = 0, out_end_ = 0;
 
     // Received bytes [in_pos_, in_end_); of them, verified data [plain_pos_, plain_end_).
     std::vector<uint8_t> in_;

@@ -205,6 +205,12 @@ ssize_t Link::recv_bytes(void* p, size_t n) {
     return -1;
 }
 
+int Link::flush_channel() {
+    const int r = send_frames_ ? integrity_->flush_output() : tls_.flush_output();
+    if (r < 0) close(send_frames_ ? "write: " + integrity_->error() : "write: " + tls_.error());
+    return r;
+}
+
 size_t Link::write_unframed(const void* p, size_t n) {
     size_t done = 0;
     for (int tries = 0; done < n && state_ != LinkState::Closed && tries < 1000; ++tries) {
@@ -212,6 +218,8 @@ size_t Link::write_unframed(const void* p, size_t n) {
         if (r < 0) break;
         done += size_t(r);
     }
+    for (int tries = 0; state_ != LinkState::Closed && tries < 1000; ++tries)
+        if (flush_channel() != 0) break;
     return done;
 }
 
@@ -951,8 +959,9 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
 
 bool Link::wants_write() const {
     if (state_ == LinkState::Closed) return false;
-    if (!tls_.handshake_done()) return tls_.want_write();
-    return iov_pos_ < iov_.size() || stage_pos_ < stage_len_ || raw_pos_ < raw_.size() ||
+    if (!tls_.handshake_done()) return tls_.want_write() || tls_.output_pending();
+    const bool held = send_frames_ ? integrity_->output_pending() : tls_.output_pending();
+    return iov_pos_ < iov_.size() || stage_pos_ < stage_len_ || raw_pos_ < raw_.size() || held ||
            (state_ == LinkState::Up && !rr_.empty());
 }
 
@@ -1124,6 +1133,18 @@ void Link::fill_stage() {
 bool Link::flush() {
     if (state_ == LinkState::Closed) return false;
     if (!drive_handshake()) return wants_write();
+    write_batches();
+    if (state_ == LinkState::Closed) return false;
+    // What the channel holds back to send in one call goes now.
+    if (flush_channel() < 0) return false;
+    if (close_after_flush_ && !wants_write()) {
+        close(close_reason_);
+        return false;
+    }
+    return wants_write();
+}
+
+void Link::write_batches() {
     // Bounded: a link never holds the shim's thread for long (and a
     // zero-progress write can never spin it).
     for (int round = 0; round < 64 && state_ != LinkState::Closed; ++round) {
@@ -1132,12 +1153,14 @@ bool Link::flush() {
             // frames right after it).
             const size_t end = hello_sent_ ? raw_.size() : sizeof(Hello);
             ssize_t n = send_bytes(raw_.data() + raw_pos_, end - raw_pos_);
-            if (n <= 0) return n == 0;
+            if (n <= 0) return;
             raw_pos_ += size_t(n);
             if (raw_pos_ == sizeof(Hello) && !hello_sent_) {
                 hello_sent_ = true;
+                // (Integrity mode's TLS channel writes straight to the
+                // socket, so the Hello is out before the first frame.)
                 if (tls_ctx_.mode() == CryptoMode::Integrity) {
-                    if (!integrity_ && !start_integrity()) return false;
+                    if (!integrity_ && !start_integrity()) return;
                     send_frames_ = true;
                 }
             }
@@ -1149,7 +1172,7 @@ bool Link::flush() {
         }
         if (stage_pos_ < stage_len_) {
             ssize_t n = send_bytes(stage_.data() + stage_pos_, stage_len_ - stage_pos_);
-            if (n <= 0) return n == 0;
+            if (n <= 0) return;
             stage_pos_ += size_t(n);
             if (stage_pos_ == stage_len_) stage_pos_ = stage_len_ = 0;
             continue;
@@ -1159,7 +1182,7 @@ bool Link::flush() {
             OutMsg* m = iov_msg_[iov_pos_];
             if (v.iov_len >= kDirectWriteMin && !(m && m->fragile && !m->faulted)) {
                 ssize_t n = send_bytes(v.iov_base, v.iov_len);
-                if (n <= 0) return n == 0;
+                if (n <= 0) return;
                 v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
                 v.iov_len -= size_t(n);
                 if (v.iov_len == 0) ++iov_pos_;
@@ -1171,15 +1194,10 @@ bool Link::flush() {
             if (iov_pos_ == iov_.size()) batch_done();
             continue;
         }
-        if (close_after_flush_) {
-            close(close_reason_);
-            return false;
-        }
-        if (state_ != LinkState::Up || rr_.empty()) return false;
+        if (close_after_flush_ || state_ != LinkState::Up || rr_.empty()) return;
         build_batch();
-        if (iov_.empty()) return false;
+        if (iov_.empty()) return;
     }
-    return wants_write();
 }
 
 }  // namespace vrdma::shim::fabric

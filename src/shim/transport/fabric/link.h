@@ -190,6 +190,11 @@ private:
     ssize_t send_bytes(const void* p, size_t n);
     ssize_t recv_bytes(void* p, size_t n);
     void fill_stage();
+    // Hands the queued output to the channel: up to 64 rounds of writes.
+    void write_batches();
+    // Sends what the sending channel holds back (as flush_output; -1 also
+    // closes the link).
+    int flush_channel();
     bool on_hello();
     bool start_integrity();
     bool parse();
