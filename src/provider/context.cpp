@@ -29,6 +29,7 @@ void free_context(ibv_context* ibctx);
 
 const verbs_context_ops kContextOps = {
     .alloc_mw = alloc_mw,
+    .alloc_parent_domain = alloc_parent_domain,
     .alloc_pd = alloc_pd,
     .async_event = async_event,
     .bind_mw = bind_mw,

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -13,6 +14,17 @@
 #include "vrdma/abi.h"
 
 namespace vrdma::prov {
+
+// A protection domain, or a parent domain (ibv_alloc_parent_domain) over
+// one: a parent domain carries its protection domain's handle, so every
+// verb that takes a PD works on it unchanged.
+struct Pd {
+    ibv_pd ibv;
+    Pd* protection = nullptr;  // set in a parent domain
+    std::atomic<uint32_t> parent_domains{0};  // in a protection domain: those over it
+};
+inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+static_assert(std::is_standard_layout_v<Pd> && offsetof(Pd, ibv) == 0);
 
 struct Mr {
     verbs_mr vmr;

@@ -9,6 +9,10 @@ namespace vrdma::prov {
 int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t);
 int query_port(ibv_context*, uint8_t, ibv_port_attr*);
 
+// verbs_parent_domain.cpp
+ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);
+bool is_parent_domain(ibv_context*, ibv_pd*);
+
 // verbs_pd_mr_ah.cpp
 ibv_pd* alloc_pd(ibv_context*);
 int dealloc_pd(ibv_pd*);

@@ -108,11 +108,16 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) {
         return nullptr;
     }
     // Single-threaded use is a hint (polling is locked anyway); ignoring
-    // overruns and parent domains are not offered.
+    // overruns is not offered. A parent domain adds nothing to a CQ here
+    // (its allocators are not called: verbs_parent_domain.cpp), but it
+    // must be one.
     uint32_t flags = (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) ? attr->flags : 0;
-    if ((flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) || (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ||
-        (attr->wc_flags & ~kCqExWcFlags)) {
+    if ((flags & ~uint32_t(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) || (attr->wc_flags & ~kCqExWcFlags)) {
         errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) && !is_parent_domain(ibctx, attr->parent_domain)) {
+        errno = EINVAL;
         return nullptr;
     }
     if (attr->cqe > uint32_t(INT32_MAX)) {

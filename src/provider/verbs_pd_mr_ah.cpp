@@ -19,21 +19,28 @@ ibv_pd* alloc_pd(ibv_context* ibctx) {
         errno = rc;
         return nullptr;
     }
-    auto* pd = new (std::nothrow) ibv_pd{};
+    auto* pd = new (std::nothrow) Pd{};
     if (!pd) {
         abi::CmdHandleReq req{resp.pd_handle};
         command(ctx, abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
         errno = ENOMEM;
         return nullptr;
     }
-    pd->context = ibctx;
-    pd->handle = resp.pd_handle;
-    return pd;
+    pd->ibv.context = ibctx;
+    pd->ibv.handle = resp.pd_handle;
+    return &pd->ibv;
 }
 
-int dealloc_pd(ibv_pd* pd) {
-    abi::CmdHandleReq req{pd->handle};
-    int rc = command(ctx_of(pd->context), abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
+int dealloc_pd(ibv_pd* ibpd) {
+    Pd* pd = to_pd(ibpd);
+    if (pd->protection) {  // a parent domain: the protection domain stays
+        pd->protection->parent_domains.fetch_sub(1);
+        delete pd;
+        return 0;
+    }
+    if (pd->parent_domains.load() != 0) return EBUSY;
+    abi::CmdHandleReq req{ibpd->handle};
+    int rc = command(ctx_of(ibpd->context), abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
     if (rc && rc != EIO) return rc;  // shim gone: nothing left to free there
     delete pd;
     return 0;
