@@ -12,6 +12,7 @@
 #include "events.h"
 #include "vrdma/ring.h"
 #include "vrdma_common/fd_passing.h"
+#include "vrdma_common/log.h"
 
 namespace vrdma::prov {
 namespace {
@@ -63,8 +64,8 @@ bool shim_lost(Context& ctx) {
 
 void mark_dead(Context& ctx, const char* why) {
     if (!ctx.dead.exchange(true))
-        std::fprintf(stderr, "libvrdma: connection to the vrdma shim (%s) lost: %s; device unusable\n",
-                     ctx.socket_path.c_str(), why);
+        LOG_ERR("connection to the vrdma shim (%s) lost: %s; device unusable",
+                ctx.socket_path.c_str(), why);
 }
 
 int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* resp,

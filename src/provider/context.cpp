@@ -19,6 +19,7 @@
 #include "verbs.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/trusted_dir.h"
+#include "vrdma_common/log.h"
 
 namespace vrdma::prov {
 namespace {
@@ -84,11 +85,11 @@ int attach(Context& ctx) {
     case ShimConnect::Ok:
         break;
     case ShimConnect::Untrusted:
-        std::fprintf(stderr, "libvrdma: not attaching to %s: %s\n", path, why.c_str());
+        LOG_ERR("not attaching to %s: %s", path, why.c_str());
         return EPERM;
     case ShimConnect::ConnectFailed:
-        std::fprintf(stderr, "libvrdma: cannot connect to the vrdma shim at %s: %s (is vrdma-shim running?)\n", path,
-                     why.c_str());
+        LOG_ERR("cannot connect to the vrdma shim at %s: %s (is vrdma-shim running?)", path,
+                why.c_str());
         return err ? err : ECONNREFUSED;
     }
 
@@ -114,8 +115,8 @@ int attach(Context& ctx) {
     abi::SockReply reply{};
     int rc = sock_request(ctx, &msg, sizeof(msg), fds, &reply);
     if (rc) {
-        std::fprintf(stderr, "libvrdma: the vrdma shim at %s refused to attach: %s\n", path,
-                     reply.message[0] ? reply.message : std::strerror(rc));
+        LOG_ERR("the vrdma shim at %s refused to attach: %s", path,
+                reply.message[0] ? reply.message : std::strerror(rc));
         return rc;
     }
     ctx.lid = reply.guest_lid;
@@ -126,8 +127,8 @@ int attach(Context& ctx) {
 
     rc = command(ctx, abi::CmdOp::QueryDevice, nullptr, 0, &ctx.dev_attr, sizeof(ctx.dev_attr));
     if (rc) {
-        std::fprintf(stderr, "libvrdma: querying the vrdma device at %s failed: %s\n", path,
-                     std::strerror(rc));
+        LOG_ERR("querying the vrdma device at %s failed: %s", path,
+                std::strerror(rc));
         return rc;
     }
     ctx.vctx->context.async_fd = async_r.release();
@@ -158,8 +159,8 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
     auto* vdev = reinterpret_cast<verbs_device*>(device);
     std::string sock_path;
     if (!vdev->sysfs || !read_socket_attr(vdev->sysfs->ibdev_path, sock_path)) {
-        std::fprintf(stderr, "libvrdma: %s has no readable %s attribute\n",
-                     vdev->sysfs ? vdev->sysfs->ibdev_path : "device", abi::kSocketAttr);
+        LOG_ERR("%s has no readable %s attribute",
+                vdev->sysfs ? vdev->sysfs->ibdev_path : "device", abi::kSocketAttr);
         if (cmd_fd >= 0) ::close(cmd_fd);
         errno = ENODEV;
         return nullptr;

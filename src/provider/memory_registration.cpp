@@ -23,6 +23,7 @@
 #include "proc_maps.h"
 #include "shared_object.h"
 #include "vrdma/abi.h"
+#include "vrdma_common/log.h"
 
 namespace vrdma::prov {
 namespace {
@@ -152,10 +153,9 @@ int share_object(Context& ctx, const MapEntry& e, uintptr_t addr, size_t len, ui
     Segment s;
     std::string why;
     if (int rc = open_mapped_object(e, s.fd, why)) {
-        std::fprintf(stderr,
-                     "libvrdma: ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                     " is shared memory (%s) the shim cannot reach: %s\n",
-                     addr, len, e.start, e.path.empty() ? "anonymous" : e.path.c_str(), why.c_str());
+        LOG_ERR("ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                " is shared memory (%s) the shim cannot reach: %s",
+                addr, len, e.start, e.path.empty() ? "anonymous" : e.path.c_str(), why.c_str());
         return rc;
     }
     if (int rc = fill_identity(s)) return rc;
@@ -188,8 +188,8 @@ int announce_segment(Context& ctx, Segment& s) {
     int fds[1] = {s.fd.get()};
     int rc = sock_request(ctx, &msg, sizeof(msg), fds, &reply);
     if (rc)
-        std::fprintf(stderr, "libvrdma: the shim refused memory segment [0x%" PRIxPTR ", +%zu): %s\n",
-                     s.gva, s.len, reply.message[0] ? reply.message : std::strerror(rc));
+        LOG_ERR("the shim refused memory segment [0x%" PRIxPTR ", +%zu): %s",
+                s.gva, s.len, reply.message[0] ? reply.message : std::strerror(rc));
     return rc;
 }
 
@@ -310,7 +310,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
 
     std::vector<MapEntry> maps = read_maps(false);
     if (maps.empty()) {
-        std::fprintf(stderr, "libvrdma: ibv_reg_mr: cannot read /proc/self/maps\n");
+        LOG_ERR("ibv_reg_mr: cannot read /proc/self/maps");
         return EFAULT;
     }
     sweep(ctx, maps);
@@ -354,10 +354,9 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
         }
         if (!found) {
             if (!movable(e)) {
-                std::fprintf(stderr,
-                             "libvrdma: ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                             " is %s (%s), which cannot be shared with the vrdma shim\n",
-                             addr, len, s, why_not_movable(e), e.path.empty() ? "anonymous" : e.path.c_str());
+                LOG_ERR("ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                        " is %s (%s), which cannot be shared with the vrdma shim",
+                        addr, len, s, why_not_movable(e), e.path.empty() ? "anonymous" : e.path.c_str());
                 return EINVAL;
             }
             need_move = true;
@@ -366,10 +365,9 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
         cur = t;
     }
     if (cur < end) {
-        std::fprintf(stderr,
-                     "libvrdma: ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                     " is not mapped\n",
-                     addr, len, cur);
+        LOG_ERR("ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                " is not mapped",
+                addr, len, cur);
         return EFAULT;
     }
 
@@ -388,10 +386,9 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
             uint32_t id = 0;
             int rc = move_run(ctx, run, &id);
             if (rc) {
-                std::fprintf(stderr,
-                             "libvrdma: ibv_reg_mr: moving [0x%" PRIxPTR ", 0x%" PRIxPTR
-                             ") onto shared memory failed: %s\n",
-                             run.front().start, run.back().end, std::strerror(rc));
+                LOG_ERR("ibv_reg_mr: moving [0x%" PRIxPTR ", 0x%" PRIxPTR
+                        ") onto shared memory failed: %s",
+                        run.front().start, run.back().end, std::strerror(rc));
                 return rc;
             }
             for (Part& p : parts)

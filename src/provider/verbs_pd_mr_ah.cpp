@@ -9,6 +9,7 @@
 #include "context.h"
 #include "objects.h"
 #include "verbs.h"
+#include "vrdma_common/log.h"
 
 namespace vrdma::prov {
 
@@ -49,7 +50,7 @@ int dealloc_pd(ibv_pd* ibpd) {
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access) {
     Context& ctx = ctx_of(pd->context);
     if (hca_va != reinterpret_cast<uintptr_t>(addr)) {
-        std::fprintf(stderr, "libvrdma: ibv_reg_mr with an iova other than the address is not supported\n");
+        LOG_ERR("ibv_reg_mr with an iova other than the address is not supported");
         errno = EOPNOTSUPP;
         return nullptr;
     }

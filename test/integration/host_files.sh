@@ -138,9 +138,14 @@ rc=0
 (eval "$("$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --print-env)" && SYSFS_PATH="$forged/a/sys" ibv_devinfo) \
     >"$scratch/provider.out" 2>&1 || rc=$?
 sed 's/^/  ibv_devinfo| /' "$scratch/provider.out"
-grep -q "libvrdma: not attaching to $forged/a/vrdma.sock: $forged/a belongs to uid $(id -u "$user")" \
+grep -q "libvrdma: error: not attaching to $forged/a/vrdma.sock: $forged/a belongs to uid $(id -u "$user")" \
     "$scratch/provider.out" || fail "the provider did not refuse the forged socket with the reason"
 grep -q PORT_ACTIVE "$scratch/provider.out" && fail "the provider opened the forged device"
+# VRDMA_LOG_LEVEL=none silences the provider's messages, not its refusal.
+(eval "$("$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a --print-env)" &&
+    VRDMA_LOG_LEVEL=none SYSFS_PATH="$forged/a/sys" ibv_devinfo) >"$scratch/provider-quiet.out" 2>&1 || true
+grep -q "libvrdma" "$scratch/provider-quiet.out" && fail "VRDMA_LOG_LEVEL=none: the provider still printed"
+grep -q PORT_ACTIVE "$scratch/provider-quiet.out" && fail "the provider opened the forged device (quiet)"
 sed 's/^/  forged listener| /' "$received"
 grep -q "accepted\|message" "$received" && fail "the forged listener got a connection or a message"
 
