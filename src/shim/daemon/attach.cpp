@@ -9,6 +9,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <vector>
 
 #include "vrdma/abi.h"
@@ -85,6 +86,107 @@ void read_peer_credentials(Connection& c) {
              int(c.pid), unsigned(c.uid));
 }
 
+namespace {
+
+// One message of the socket protocol, its bytes and fds already checked
+// against its row of kSockOps. True: keep the connection.
+using SockHandler = bool (*)(Engine& eng, Connection& c, Context* ctx, const uint8_t* msg,
+                             std::vector<UniqueFd>& fds);
+
+bool on_attach(Engine& eng, Connection& c, Context*, const uint8_t* msg, std::vector<UniqueFd>& fds) {
+    abi::SockAttach a;
+    std::memcpy(&a, msg, sizeof(a));
+    if (!is_eventfd(fds[1].get()) || !is_eventfd(fds[2].get()))
+        return reply(c, EINVAL, 0, "kick and cmd-done fds must be eventfds"), false;
+    // The shim writes async event records into fds[3]: only a pipe or a
+    // socket (a file could live on a file system the guest serves, where
+    // a write may block whatever O_NONBLOCK says).
+    struct stat ast;
+    if (::fstat(fds[3].get(), &ast) != 0 || !(S_ISFIFO(ast.st_mode) || S_ISSOCK(ast.st_mode)))
+        return reply(c, EINVAL, 0, "the async event fd must be a pipe or a socket"), false;
+    // The context's kick and cmd-done eventfds and async pipe (the
+    // connection's own socket is charged at accept).
+    if (!c.charges.take(Res::Fds, 3, "Attach"))
+        return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)"), false;
+    int err = 0;
+    std::string why;
+    Context* ctx = eng.attach(*c.guest, std::move(fds[0]), a.arena_gva, a.arena_len, std::move(fds[1]),
+                              std::move(fds[2]), std::move(fds[3]), err, &why);
+    if (!ctx) return reply(c, err, 0, "cannot map the arena: %s", why.empty() ? strerror(err) : why.c_str()), false;
+    c.ctx_id = ctx->id();
+    LOG_INFO("guest %s: pid %d attached (context %llu, arena %llu KiB)", c.guest->name.c_str(), int(c.pid),
+             (unsigned long long)ctx->id(), (unsigned long long)(a.arena_len >> 10));
+    return reply(c, 0, c.guest->lid, nullptr);
+}
+
+bool on_add_segment(Engine&, Connection& c, Context* ctx, const uint8_t* msg, std::vector<UniqueFd>& fds) {
+    abi::SockAddSegment s;
+    std::memcpy(&s, msg, sizeof(s));
+    if (s.seg_id == 0 || ctx->segments.has(s.seg_id)) return reply(c, EEXIST, 0, "segment id %u in use", s.seg_id);
+    if (ctx->segments.piece_count() >= 65536) return reply(c, ENOMEM, 0, "too many segments");
+    std::shared_ptr<Mapping> map;
+    std::string why;
+    if (int err = map_segment(std::move(fds[0]), s.gva, s.len, s.offset, map, ctx->charges.usage(), &why))
+        return reply(c, err, 0, "cannot map segment %u: %s", s.seg_id, why.empty() ? strerror(err) : why.c_str());
+    ctx->segments.insert(s.seg_id, std::move(map));
+    return reply(c, 0, 0, nullptr);
+}
+
+bool on_remove_segment(Engine&, Connection& c, Context* ctx, const uint8_t* msg, std::vector<UniqueFd>&) {
+    abi::SockRemoveSegment s;
+    std::memcpy(&s, msg, sizeof(s));
+    if (s.seg_id == 0 || !ctx->segments.remove(s.seg_id)) return reply(c, ENOENT, 0, "no segment %u", s.seg_id);
+    return reply(c, 0, 0, nullptr);
+}
+
+bool on_create_channel(Engine&, Connection& c, Context* ctx, const uint8_t* msg, std::vector<UniqueFd>& fds) {
+    abi::SockChannel m;
+    std::memcpy(&m, msg, sizeof(m));
+    if (!ctx->charges.take(Res::Fds, 1, "CreateChannel"))
+        return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)");
+    if (int err = ctx->add_channel(m.channel_id, std::move(fds[0]))) {
+        ctx->charges.give(Res::Fds, 1);
+        return reply(c, err, 0, "cannot add completion channel %u: %s", m.channel_id,
+                     err == EINVAL ? "id 0 or not the write end of a pipe" : strerror(err));
+    }
+    return reply(c, 0, 0, nullptr);
+}
+
+bool on_destroy_channel(Engine&, Connection& c, Context* ctx, const uint8_t* msg, std::vector<UniqueFd>&) {
+    abi::SockChannel m;
+    std::memcpy(&m, msg, sizeof(m));
+    if (!ctx->remove_channel(m.channel_id)) return reply(c, ENOENT, 0, "no completion channel %u", m.channel_id);
+    ctx->charges.give(Res::Fds, 1);
+    return reply(c, 0, 0, nullptr);
+}
+
+// The socket protocol (abi::SockOp), one row per operation in the enum's
+// order: a message must have exactly `bytes` bytes and `fds` descriptors.
+struct SockOpSpec {
+    abi::SockOp op;
+    const char* name;
+    size_t bytes;
+    size_t fds;
+    bool needs_context;     // the connection must have attached first (or, if false, must not have)
+    bool malformed_closes;  // a wrong size or fd count ends the connection
+    SockHandler handle;
+};
+constexpr SockOpSpec kSockOps[] = {
+    {abi::SockOp::Attach, "Attach", sizeof(abi::SockAttach), 4, false, true, on_attach},
+    {abi::SockOp::AddSegment, "AddSegment", sizeof(abi::SockAddSegment), 1, true, false, on_add_segment},
+    {abi::SockOp::RemoveSegment, "RemoveSegment", sizeof(abi::SockRemoveSegment), 0, true, false, on_remove_segment},
+    {abi::SockOp::CreateChannel, "CreateChannel", sizeof(abi::SockChannel), 1, true, false, on_create_channel},
+    {abi::SockOp::DestroyChannel, "DestroyChannel", sizeof(abi::SockChannel), 0, true, false, on_destroy_channel},
+};
+constexpr bool sock_ops_in_order() {
+    for (size_t i = 0; i < std::size(kSockOps); ++i)
+        if (uint32_t(kSockOps[i].op) != i + 1) return false;
+    return true;
+}
+static_assert(sock_ops_in_order(), "kSockOps: one row per abi::SockOp, in order from 1");
+
+}  // namespace
+
 bool handle_connection_message(Engine& eng, Connection& c) {
     alignas(8) uint8_t buf[256];
     std::vector<UniqueFd> fds;
@@ -100,93 +202,18 @@ bool handle_connection_message(Engine& eng, Connection& c) {
     std::memcpy(&hdr, buf, sizeof(hdr));
     if (hdr.magic != abi::kMagic || hdr.version != abi::kVersion)
         return reply(c, EPROTO, 0, "bad magic or ABI version %u (shim speaks %u)", hdr.version, abi::kVersion), false;
-
-    switch (hdr.op) {
-    case abi::SockOp::Attach: {
-        if (c.ctx_id) return reply(c, EBUSY, 0, "already attached");
-        abi::SockAttach a;
-        if (size_t(n) != sizeof(a) || fds.size() != 4)
-            return reply(c, EINVAL, 0, "Attach needs %zu bytes and 4 fds", sizeof(a)), false;
-        std::memcpy(&a, buf, sizeof(a));
-        if (!is_eventfd(fds[1].get()) || !is_eventfd(fds[2].get()))
-            return reply(c, EINVAL, 0, "kick and cmd-done fds must be eventfds"), false;
-        // The shim writes async event records into fds[3]: only a pipe or a
-        // socket (a file could live on a file system the guest serves, where
-        // a write may block whatever O_NONBLOCK says).
-        struct stat ast;
-        if (::fstat(fds[3].get(), &ast) != 0 || !(S_ISFIFO(ast.st_mode) || S_ISSOCK(ast.st_mode)))
-            return reply(c, EINVAL, 0, "the async event fd must be a pipe or a socket"), false;
-        // The context's kick and cmd-done eventfds and async pipe (the
-        // connection's own socket is charged at accept).
-        if (!c.charges.take(Res::Fds, 3, "Attach"))
-            return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)"), false;
-        int err = 0;
-        std::string why;
-        Context* ctx = eng.attach(*c.guest, std::move(fds[0]), a.arena_gva, a.arena_len, std::move(fds[1]),
-                                  std::move(fds[2]), std::move(fds[3]), err, &why);
-        if (!ctx)
-            return reply(c, err, 0, "cannot map the arena: %s", why.empty() ? strerror(err) : why.c_str()), false;
-        c.ctx_id = ctx->id();
-        LOG_INFO("guest %s: pid %d attached (context %llu, arena %llu KiB)", c.guest->name.c_str(), int(c.pid),
-                 (unsigned long long)ctx->id(), (unsigned long long)(a.arena_len >> 10));
-        return reply(c, 0, c.guest->lid, nullptr);
+    const uint32_t op = uint32_t(hdr.op);
+    if (op == 0 || op > std::size(kSockOps)) return reply(c, EINVAL, 0, "unknown operation %u", op);
+    const SockOpSpec& spec = kSockOps[op - 1];
+    Context* ctx = nullptr;
+    if (spec.needs_context && !(ctx = eng.find_context(c.ctx_id))) return reply(c, EINVAL, 0, "not attached"), false;
+    if (!spec.needs_context && c.ctx_id) return reply(c, EBUSY, 0, "already attached");
+    if (size_t(n) != spec.bytes || fds.size() != spec.fds) {
+        const bool keep = reply(c, EINVAL, 0, "%s needs %zu bytes and %zu fd%s", spec.name, spec.bytes, spec.fds,
+                                spec.fds == 1 ? "" : "s");
+        return keep && !spec.malformed_closes;
     }
-    case abi::SockOp::AddSegment: {
-        Context* ctx = eng.find_context(c.ctx_id);
-        if (!ctx) return reply(c, EINVAL, 0, "not attached"), false;
-        abi::SockAddSegment s;
-        if (size_t(n) != sizeof(s) || fds.size() != 1)
-            return reply(c, EINVAL, 0, "AddSegment needs %zu bytes and 1 fd", sizeof(s));
-        std::memcpy(&s, buf, sizeof(s));
-        if (s.seg_id == 0 || ctx->segments.has(s.seg_id)) return reply(c, EEXIST, 0, "segment id %u in use", s.seg_id);
-        if (ctx->segments.piece_count() >= 65536) return reply(c, ENOMEM, 0, "too many segments");
-        std::shared_ptr<Mapping> map;
-        std::string why;
-        if (int err = map_segment(std::move(fds[0]), s.gva, s.len, s.offset, map, ctx->charges.usage(), &why))
-            return reply(c, err, 0, "cannot map segment %u: %s", s.seg_id, why.empty() ? strerror(err) : why.c_str());
-        ctx->segments.insert(s.seg_id, std::move(map));
-        return reply(c, 0, 0, nullptr);
-    }
-    case abi::SockOp::RemoveSegment: {
-        Context* ctx = eng.find_context(c.ctx_id);
-        if (!ctx) return reply(c, EINVAL, 0, "not attached"), false;
-        abi::SockRemoveSegment s;
-        if (size_t(n) != sizeof(s) || !fds.empty())
-            return reply(c, EINVAL, 0, "RemoveSegment needs %zu bytes and no fd", sizeof(s));
-        std::memcpy(&s, buf, sizeof(s));
-        if (s.seg_id == 0 || !ctx->segments.remove(s.seg_id))
-            return reply(c, ENOENT, 0, "no segment %u", s.seg_id);
-        return reply(c, 0, 0, nullptr);
-    }
-    case abi::SockOp::CreateChannel: {
-        Context* ctx = eng.find_context(c.ctx_id);
-        if (!ctx) return reply(c, EINVAL, 0, "not attached"), false;
-        abi::SockChannel m;
-        if (size_t(n) != sizeof(m) || fds.size() != 1)
-            return reply(c, EINVAL, 0, "CreateChannel needs %zu bytes and 1 fd", sizeof(m));
-        std::memcpy(&m, buf, sizeof(m));
-        if (!ctx->charges.take(Res::Fds, 1, "CreateChannel"))
-            return reply(c, ENOMEM, 0, "the guest holds its quota of file descriptors (--quota fds)");
-        if (int err = ctx->add_channel(m.channel_id, std::move(fds[0]))) {
-            ctx->charges.give(Res::Fds, 1);
-            return reply(c, err, 0, "cannot add completion channel %u: %s", m.channel_id,
-                         err == EINVAL ? "id 0 or not the write end of a pipe" : strerror(err));
-        }
-        return reply(c, 0, 0, nullptr);
-    }
-    case abi::SockOp::DestroyChannel: {
-        Context* ctx = eng.find_context(c.ctx_id);
-        if (!ctx) return reply(c, EINVAL, 0, "not attached"), false;
-        abi::SockChannel m;
-        if (size_t(n) != sizeof(m) || !fds.empty())
-            return reply(c, EINVAL, 0, "DestroyChannel needs %zu bytes and no fd", sizeof(m));
-        std::memcpy(&m, buf, sizeof(m));
-        if (!ctx->remove_channel(m.channel_id)) return reply(c, ENOENT, 0, "no completion channel %u", m.channel_id);
-        ctx->charges.give(Res::Fds, 1);
-        return reply(c, 0, 0, nullptr);
-    }
-    }
-    return reply(c, EINVAL, 0, "unknown operation %u", uint32_t(hdr.op));
+    return spec.handle(eng, c, ctx, buf, fds);
 }
 
 }  // namespace vrdma::shim
