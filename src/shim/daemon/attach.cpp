@@ -59,12 +59,12 @@ bool open_guest_socket(int dir_fd, const std::string& path, const GuestAccess& a
 
 void refuse_connection(Connection& c, const GuestAccess& access, GuestSecurity& security) {
     ++security.refused_connections;
-    if (security.refusal_log.due(monotonic_ns())) {
+    unsigned long long more = 0;
+    if (security.refusal_log.due(monotonic_ns(), more)) {
         LOG_WARN("guest %s: connection from pid %d uid %u gid %u refused: only %s and root may use this guest "
                  "(%llu more since the last warning)",
                  c.guest->name.c_str(), int(c.pid), unsigned(c.uid), unsigned(c.gid), access.describe().c_str(),
-                 (unsigned long long)security.refusal_log.unlogged);
-        security.refusal_log.unlogged = 0;
+                 more);
     }
     abi::SockReply r{};
     r.magic = abi::kMagic;

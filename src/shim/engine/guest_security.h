@@ -23,10 +23,10 @@ struct GuestSecurity {
     struct Limiter {
         uint64_t last_ns = 0;
         uint64_t unlogged = 0;
-        // Counts one event. True when a warning is due now: it covers
-        // `unlogged` earlier events besides this one (the caller logs and
-        // sets it to 0).
-        bool due(uint64_t now_ns);
+        // Counts one event. True when a warning is due now (at most one a
+        // second); `more` is then how many earlier events it covers besides
+        // this one, the ones not logged since the last warning.
+        bool due(uint64_t now_ns, unsigned long long& more);
     };
     Limiter access_log, stranger_log, refusal_log, pkey_log, throttle_log, qkey_log, datagram_throttle_log;
 };

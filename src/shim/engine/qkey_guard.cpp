@@ -8,12 +8,12 @@ namespace vrdma::shim::qkey_guard_detail {
 bool note_throttled(Engine& eng, Context& ctx, const Request& req) {
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.throttled_datagrams;
-    if (!s.datagram_throttle_log.due(eng.now())) return false;
+    unsigned long long more = 0;
+    if (!s.datagram_throttle_log.due(eng.now(), more)) return false;
     LOG_WARN("guest %s: UD datagram from lid %u QPN %u dropped unexamined: that source sent it over %u datagrams "
              "a second with a wrong qkey (guessing qkeys?) (%llu more since the last warning)",
              ctx.guest().name.c_str(), req.slid, req.sqpn, eng.qkey_throttle().limit(),
-             (unsigned long long)s.datagram_throttle_log.unlogged);
-    s.datagram_throttle_log.unlogged = 0;
+             more);
     return false;
 }
 
@@ -24,12 +24,12 @@ bool note_violation(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.qkey_violations;
     eng.qkey_throttle().charge(GuessThrottle::pair(req.slid, ctx.guest().lid), eng.now());
-    if (!s.qkey_log.due(eng.now())) return false;
+    unsigned long long more = 0;
+    if (!s.qkey_log.due(eng.now(), more)) return false;
     LOG_WARN("guest %s: QP %u: UD datagram from lid %u QPN %u with a wrong qkey (0x%08x) dropped "
              "(%llu more since the last warning)",
              ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.qkey,
-             (unsigned long long)s.qkey_log.unlogged);
-    s.qkey_log.unlogged = 0;
+             more);
     return false;
 }
 

@@ -71,12 +71,12 @@ bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
     if (di < dk.size() && pkeys_match(req.pkey, dk[di])) return true;
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.pkey_violations;
-    if (s.pkey_log.due(eng.now())) {
+    unsigned long long more = 0;
+    if (s.pkey_log.due(eng.now(), more)) {
         LOG_WARN("guest %s: QP %u: request from lid %u QPN %u (P_Key 0x%04x) dropped: no common partition "
                  "(%llu more since the last warning)",
                  ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.pkey,
-                 (unsigned long long)s.pkey_log.unlogged);
-        s.pkey_log.unlogged = 0;
+                 more);
     }
     return false;
 }
@@ -272,11 +272,11 @@ void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
     ++qp.stranger_requests;
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.stranger_requests;
-    if (!s.stranger_log.due(eng.now())) return;
+    unsigned long long more = 0;
+    if (!s.stranger_log.due(eng.now(), more)) return;
     LOG_WARN("guest %s: QP %u: request from lid %u QPN %u dropped: not the QP it is connected to "
              "(%llu more since the last warning)",
-             ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, (unsigned long long)s.stranger_log.unlogged);
-    s.stranger_log.unlogged = 0;
+             ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, more);
 }
 
 // A request with an rkey, range or access the responder refuses: counted.
@@ -288,23 +288,23 @@ void note_access_error(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
         LOG_WARN("lid %u: over %u remote access errors a second (guessing keys?): its RDMA and atomic requests "
                  "are dropped while it goes on",
                  req.slid, eng.guess_throttle().limit());
-    if (!s.access_log.due(eng.now())) return;
+    unsigned long long more = 0;
+    if (!s.access_log.due(eng.now(), more)) return;
     LOG_WARN("guest %s: QP %u: remote access error from lid %u QPN %u (rkey 0x%x addr 0x%llx length %llu) "
              "(%llu more since the last warning)",
              ctx.guest().name.c_str(), qp.qpn, req.slid, req.sqpn, req.rkey, (unsigned long long)req.remote_addr,
-             (unsigned long long)req.length, (unsigned long long)s.access_log.unlogged);
-    s.access_log.unlogged = 0;
+             (unsigned long long)req.length, more);
 }
 
 // An RDMA request from a source that keeps guessing keys: dropped, counted.
 void note_throttled(Engine& eng, Context& ctx, const Request& req) {
     GuestSecurity& s = eng.security_of(ctx.guest());
     ++s.throttled_requests;
-    if (!s.throttle_log.due(eng.now())) return;
+    unsigned long long more = 0;
+    if (!s.throttle_log.due(eng.now(), more)) return;
     LOG_WARN("guest %s: RDMA request from lid %u QPN %u dropped: that source is throttled for guessing keys "
              "(%llu more since the last warning)",
-             ctx.guest().name.c_str(), req.slid, req.sqpn, (unsigned long long)s.throttle_log.unlogged);
-    s.throttle_log.unlogged = 0;
+             ctx.guest().name.c_str(), req.slid, req.sqpn, more);
 }
 
 // The responder QP fails with `event` and the requester gets `syndrome`.

@@ -792,9 +792,18 @@ QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
     return p;
 }
 
-OutMsg* Link::reserve(QpSender& s) {
+OutMsg* Link::reserve(QpSender& s, SegType type, uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid,
+                      uint32_t dst_qpn, uint32_t psn) {
     if (s.count == QpSender::kDepth) return nullptr;
     OutMsg& m = s.at(s.count);
+    m.type = type;
+    m.plain_ack = false;
+    m.src_lid = src_lid;
+    m.src_qpn = src_qpn;
+    m.dst_lid = dst_lid;
+    m.dst_qpn = dst_qpn;
+    m.psn = psn;
+    m.fixed_len = 0;
     m.nspans = 0;
     m.total = 0;
     m.sent = 0;
@@ -818,21 +827,16 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
     QpSender* s = sender(req.slid, req.sqpn, true);
     // The last slot is kept for the response of the request this QP may be
     // receiving as responder (parse() checked there was room for it).
-    OutMsg* m = s->count + 1 < QpSender::kDepth ? reserve(*s) : nullptr;
+    OutMsg* m = s->count + 1 < QpSender::kDepth
+                    ? reserve(*s, SegType::Request, req.slid, req.sqpn, req.dlid, req.dqpn, req.psn)
+                    : nullptr;
     if (!m) {
         s->wake_ctx = ctx_id;
         return false;
     }
     if (req.resend) ++stats.retries;
-    m->type = SegType::Request;
-    m->plain_ack = false;
     m->notify_sent = req.qp_type != IBV_QPT_RC;
     m->sq_idx = req.sq_idx;
-    m->src_lid = req.slid;
-    m->src_qpn = req.sqpn;
-    m->dst_lid = req.dlid;
-    m->dst_qpn = req.dqpn;
-    m->psn = req.psn;
     WireRequest w = encode(req);
     std::memcpy(m->fixed, &w, sizeof(w));
     m->fixed_len = sizeof(w);
@@ -862,33 +866,17 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
 void Link::send_qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) {
     if (state_ != LinkState::Up || close_after_flush_) return;
     QpSender* s = sender(lid, qpn, true);
-    OutMsg* m = reserve(*s);
-    if (!m) return;  // its queue is full: the peer's timeouts will tell it
-    m->type = SegType::QpGone;
-    m->plain_ack = false;
-    m->src_lid = lid;
-    m->src_qpn = qpn;
-    m->dst_lid = peer_lid;
-    m->dst_qpn = peer_qpn;
-    m->psn = 0;
-    m->fixed_len = 0;
+    if (!reserve(*s, SegType::QpGone, lid, qpn, peer_lid, peer_qpn, 0))
+        return;  // its queue is full: the peer's timeouts will tell it
     commit(*s);
 }
 
 void Link::send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys) {
     if (state_ != LinkState::Up || close_after_flush_ || pkeys.empty()) return;
     QpSender* s = sender(lid, 0, true);  // QPN 0: no QP of the guest, its own queue
-    OutMsg* m = reserve(*s);
+    OutMsg* m = reserve(*s, SegType::Partitions, lid, 0, 0, 0, 0);
     if (!m) return;
     const uint32_t n = uint32_t(std::min<size_t>(pkeys.size(), kMaxPkeys));
-    m->type = SegType::Partitions;
-    m->plain_ack = false;
-    m->src_lid = lid;
-    m->src_qpn = 0;
-    m->dst_lid = 0;
-    m->dst_qpn = 0;
-    m->psn = 0;
-    m->fixed_len = 0;
     std::memcpy(m->inline_data, pkeys.data(), 2 * n);
     m->spans[0] = Span{m->inline_data, 2 * n};
     m->nspans = 1;
@@ -899,16 +887,8 @@ void Link::send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys) {
 void Link::send_ud_qp(uint16_t lid, uint32_t qpn, uint64_t guid) {
     if (state_ != LinkState::Up || close_after_flush_) return;
     QpSender* s = sender(lid, qpn, true);
-    OutMsg* m = reserve(*s);
+    OutMsg* m = reserve(*s, SegType::UdQp, lid, qpn, 0, 0, 0);
     if (!m) return;  // its queue is full: its datagrams are not named (HcaDevice::Stats::ud_unknown)
-    m->type = SegType::UdQp;
-    m->plain_ack = false;
-    m->src_lid = lid;
-    m->src_qpn = qpn;
-    m->dst_lid = 0;
-    m->dst_qpn = 0;
-    m->psn = 0;
-    m->fixed_len = 0;
     m->notice = guid;
     commit(*s);
 }
@@ -928,18 +908,12 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
             return;
         }
     }
-    OutMsg* m = reserve(*s);
+    OutMsg* m = reserve(*s, SegType::Response, src_lid, src_qpn, dst_lid, dst_qpn, resp.psn);
     if (!m) {  // cannot happen: reading waits for room (parse)
         ++stats.errors;
         return;
     }
-    m->type = SegType::Response;
     m->plain_ack = plain_ack;
-    m->src_lid = src_lid;
-    m->src_qpn = src_qpn;
-    m->dst_lid = dst_lid;
-    m->dst_qpn = dst_qpn;
-    m->psn = resp.psn;
     uint64_t length = read_from ? read_from->length : 0;
     WireResponse w = encode(resp, length);
     std::memcpy(m->fixed, &w, sizeof(w));

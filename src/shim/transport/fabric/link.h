@@ -212,7 +212,10 @@ private:
     InMsg* new_inbound();
     void release_inbound(InMsg* m);
     QpSender* sender(uint16_t lid, uint32_t qpn, bool create);
-    OutMsg* reserve(QpSender& s);
+    // The next free message of `s`, addressed, with nothing else in it;
+    // null if the queue is full. commit() queues it.
+    OutMsg* reserve(QpSender& s, SegType type, uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
+                    uint32_t psn);
     void commit(QpSender& s);
     void queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
                         const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins);
