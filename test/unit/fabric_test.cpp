@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <functional>
@@ -376,14 +377,35 @@ TEST_CASE("fabric: TLS records change their key as they go, and the data arrives
     CHECK(client.key_updates() >= 15);  // one per 64 KiB
 }
 
+namespace {
+// Two integrity channels over a socket pair, each sending with the key the
+// other receives with: a on the sender's side, b on the receiver's.
+std::array<int, 2> connected_pair() {
+    int fds[2] = {-1, -1};
+    REQUIRE(socket_pair(fds));
+    return {fds[0], fds[1]};
+}
+fabric::IntegrityKeys test_keys(uint8_t first) {
+    fabric::IntegrityKeys k{};
+    for (size_t i = 0; i < sizeof(k.key); ++i) k.key[i] = uint8_t(first + i);
+    return k;
+}
+struct IntegrityPair {
+    IntegrityPair() : IntegrityPair(connected_pair()) {}
+    explicit IntegrityPair(std::array<int, 2> fds)
+        : a(fds[0]),
+          b(fds[1]),
+          sender(a.get(), test_keys(0), test_keys(100)),
+          receiver(b.get(), test_keys(100), test_keys(0)) {}
+    UniqueFd a, b;
+    fabric::IntegrityChannel sender, receiver;
+};
+}  // namespace
+
 TEST_CASE("fabric: integrity frames: memory changed after the write does not make its frame fail",
           "[shim][fabric]") {
-    int fds[2];
-    REQUIRE(socket_pair(fds));
-    UniqueFd a(fds[0]), b(fds[1]);
-    fabric::IntegrityKeys k1{}, k2{};
-    for (size_t i = 0; i < sizeof(k1.key); ++i) k1.key[i] = uint8_t(i), k2.key[i] = uint8_t(100 + i);
-    fabric::IntegrityChannel sender(a.get(), k1, k2), receiver(b.get(), k2, k1);
+    IntegrityPair p;
+    fabric::IntegrityChannel &sender = p.sender, &receiver = p.receiver;
     // A guest's buffer, taken by the channel, then rewritten by the guest
     // before the frame went out (the link sends at the end of its flush).
     char buf[] = "the bytes as they were when taken";
@@ -398,12 +420,9 @@ TEST_CASE("fabric: integrity frames: memory changed after the write does not mak
 }
 
 TEST_CASE("fabric: integrity frames: a replayed, reordered, cut or oversized frame fails", "[shim][fabric]") {
-    int fds[2];
-    REQUIRE(socket_pair(fds));
-    UniqueFd a(fds[0]), b(fds[1]);
-    fabric::IntegrityKeys k1{}, k2{};
-    for (size_t i = 0; i < sizeof(k1.key); ++i) k1.key[i] = uint8_t(i), k2.key[i] = uint8_t(100 + i);
-    fabric::IntegrityChannel sender(a.get(), k1, k2), receiver(b.get(), k2, k1);
+    IntegrityPair p;
+    UniqueFd &a = p.a, &b = p.b;
+    fabric::IntegrityChannel &sender = p.sender, &receiver = p.receiver;
     const char one[] = "first frame", two[] = "second frame";
     // The frames as they go on the wire (read back raw, then replayed by hand).
     REQUIRE(sender.write(one, sizeof(one)) == ssize_t(sizeof(one)));
