@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "engine.h"
@@ -129,10 +130,11 @@ inline fabric::InstanceId instance(uint8_t fill) {
     return id;
 }
 
-// Writes all of [p, p+n) through a TLS channel and sends it, calling `pump`
-// whenever the socket is full. False if the channel failed.
-template <typename Pump>
-bool channel_write_all(fabric::TlsChannel& ch, const void* p, size_t n, Pump&& pump) {
+// Writes all of [p, p+n) through a channel (TLS records or frames) and
+// sends it, calling `pump` whenever the socket is full. False if the
+// channel failed.
+template <typename Channel, typename Pump>
+bool channel_write_all(Channel& ch, const void* p, size_t n, Pump&& pump) {
     auto* b = static_cast<const uint8_t*>(p);
     int stuck = 0;
     while (n > 0) {
@@ -147,13 +149,23 @@ bool channel_write_all(fabric::TlsChannel& ch, const void* p, size_t n, Pump&& p
         if (++stuck > 1000) return false;
         pump();
     }
-    // A batched channel holds the records until they are flushed.
-    for (;;) {
-        const int f = ch.flush_output();
-        if (f != 0) return f > 0;
-        if (++stuck > 1000) return false;
-        pump();
+    // Frames are held until they are flushed.
+    if constexpr (requires { ch.flush_output(); }) {
+        for (;;) {
+            const int f = ch.flush_output();
+            if (f != 0) return f > 0;
+            if (++stuck > 1000) return false;
+            pump();
+        }
     }
+    return true;
+}
+
+// The peer's frames after the Hellos, over `fd` (the socket of `ch`), in
+// the mode of `tls`, as the dialer if `dialer`.
+inline std::unique_ptr<fabric::FrameChannel> peer_frames(const fabric::TlsChannel& ch, int fd,
+                                                         fabric::CryptoMode mode, bool dialer) {
+    return std::make_unique<fabric::FrameChannel>(fd, mode, ch.frame_keys(mode, dialer), ch.frame_keys(mode, !dialer));
 }
 
 // The peer's side of the connection to `link` (whose other end is `fd`),

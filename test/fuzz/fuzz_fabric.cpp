@@ -406,10 +406,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ft::drain(peer.get());
     }
 
+    // After the Hellos the stream goes in frames, each a valid frame
+    // holding hostile bytes; a raw stream stays in TLS records.
+    std::unique_ptr<fab::FrameChannel> frames;
+    if (!(flags & kRaw)) frames = ft::peer_frames(channel, peer.get(), w->tls.mode(), true);
     bool shut = false;
     auto write = [&](size_t n) {
         n = std::min(n, left);
-        if (n && !shut && !ft::channel_write_all(channel, stream, n, pump)) shut = true;  // the link closed
+        if (n && !shut) {
+            const bool ok = frames ? ft::channel_write_all(*frames, stream, n, pump)
+                                   : ft::channel_write_all(channel, stream, n, pump);
+            if (!ok) shut = true;  // the link closed
+        }
         stream += n;
         left -= n;
     };

@@ -18,7 +18,7 @@
 #include "device_model.h"
 #include "fabric_test_util.h"
 #include "qp_state.h"
-#include "integrity_channel.h"
+#include "frame_channel.h"
 #include "shim_harness.h"
 
 using namespace vrdma;
@@ -343,69 +343,106 @@ TEST_CASE("fabric: a relay that changes one byte is refused or cut, in both mode
     }
 }
 
-TEST_CASE("fabric: TLS records change their key as they go, and the data arrives whole", "[shim][fabric]") {
-    fabric::TlsContext ca, cb;
-    REQUIRE(make_tls(ca, kKey));
-    REQUIRE(make_tls(cb, kKey));
-    int fds[2];
-    REQUIRE(socket_pair(fds));
-    UniqueFd a(fds[0]), b(fds[1]);
-    fabric::TlsChannel client(ca, a.get(), true), server(cb, b.get(), false);
-    for (int i = 0; i < 100 && !(client.handshake_done() && server.handshake_done()); ++i) {
-        REQUIRE(client.handshake() != fabric::TlsChannel::Step::Failed);
-        REQUIRE(server.handshake() != fabric::TlsChannel::Step::Failed);
-    }
-    REQUIRE(client.handshake_done());
-    REQUIRE(server.handshake_done());
-    client.set_rekey_bytes(64 * 1024);
-    std::vector<uint8_t> data(1 << 20), got(data.size());
-    for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 7 + i / 4096);
-    size_t sent = 0, received = 0;
-    for (int rounds = 0; received < data.size() && rounds < 100000; ++rounds) {
-        if (sent < data.size()) {
-            const ssize_t w = client.write(data.data() + sent, std::min<size_t>(16384, data.size() - sent));
-            REQUIRE(w >= 0);
-            sent += size_t(w);
-        }
-        REQUIRE(client.flush_output() >= 0);
-        const ssize_t r = server.read(got.data() + received, got.size() - received);
-        REQUIRE(r >= 0);
-        received += size_t(r);
-    }
-    REQUIRE(received == data.size());
-    CHECK(got == data);
-    CHECK(client.key_updates() >= 15);  // one per 64 KiB
-}
-
 namespace {
-// Two integrity channels over a socket pair, each sending with the key the
-// other receives with: a on the sender's side, b on the receiver's.
+// Two frame channels over a socket pair in one mode, each sending with the
+// keys the other receives with: the sender on a, the receiver on b. Test
+// keys: generation g of a direction is its seed plus g in every byte.
 std::array<int, 2> connected_pair() {
     int fds[2] = {-1, -1};
     REQUIRE(socket_pair(fds));
     return {fds[0], fds[1]};
 }
-fabric::IntegrityKeys test_keys(uint8_t first) {
-    fabric::IntegrityKeys k{};
-    for (size_t i = 0; i < sizeof(k.key); ++i) k.key[i] = uint8_t(first + i);
-    return k;
+fabric::FrameKeySource test_keys(uint8_t seed) {
+    return [seed](uint64_t generation, fabric::FrameKeys& k) {
+        std::memset(&k, 0, sizeof(k));
+        for (size_t i = 0; i < sizeof(k.key); ++i) k.key[i] = uint8_t(seed + i + generation);
+        k.iv[0] = uint8_t(generation);
+        return true;
+    };
 }
-struct IntegrityPair {
-    IntegrityPair() : IntegrityPair(connected_pair()) {}
-    explicit IntegrityPair(std::array<int, 2> fds)
+struct FramePair {
+    explicit FramePair(fabric::CryptoMode mode) : FramePair(mode, connected_pair()) {}
+    FramePair(fabric::CryptoMode mode, std::array<int, 2> fds)
         : a(fds[0]),
           b(fds[1]),
-          sender(a.get(), test_keys(0), test_keys(100)),
-          receiver(b.get(), test_keys(100), test_keys(0)) {}
+          sender(a.get(), mode, test_keys(0), test_keys(100)),
+          receiver(b.get(), mode, test_keys(100), test_keys(0)) {}
     UniqueFd a, b;
-    fabric::IntegrityChannel sender, receiver;
+    fabric::FrameChannel sender, receiver;
 };
+const fabric::CryptoMode kBothModes[] = {fabric::CryptoMode::Encrypt, fabric::CryptoMode::Integrity};
 }  // namespace
 
-TEST_CASE("fabric: integrity frames: memory changed after the write does not make its frame fail",
+TEST_CASE("fabric: frames move to new keys every so many frames, on both ends, and the data arrives whole",
           "[shim][fabric]") {
-    IntegrityPair p;
-    fabric::IntegrityChannel &sender = p.sender, &receiver = p.receiver;
+    for (auto mode : kBothModes) {
+        CAPTURE(fabric::crypto_mode_name(mode));
+        FramePair p(mode);
+        p.sender.set_frames_per_key(4);
+        p.receiver.set_frames_per_key(4);
+        std::vector<uint8_t> data(1 << 20), got(data.size());
+        for (size_t i = 0; i < data.size(); ++i) data[i] = uint8_t(i * 7 + i / 4096);
+        size_t sent = 0, received = 0;
+        for (int rounds = 0; received < data.size() && rounds < 100000; ++rounds) {
+            if (sent < data.size()) {
+                const ssize_t w = p.sender.write(data.data() + sent, std::min<size_t>(16384, data.size() - sent));
+                REQUIRE(w >= 0);
+                sent += size_t(w);
+            }
+            REQUIRE(p.sender.flush_output() >= 0);
+            const ssize_t r = p.receiver.read(got.data() + received, got.size() - received);
+            REQUIRE(r >= 0);
+            received += size_t(r);
+        }
+        REQUIRE(received == data.size());
+        CHECK(got == data);
+        CHECK(p.sender.send_generation() == 64 / 4);  // 64 frames of 16 KiB
+        CHECK(p.receiver.recv_generation() == 64 / 4);
+    }
+}
+
+TEST_CASE("fabric: a frame sealed under the old keys after the change fails", "[shim][fabric]") {
+    for (auto mode : kBothModes) {
+        CAPTURE(fabric::crypto_mode_name(mode));
+        FramePair p(mode);
+        p.sender.set_frames_per_key(4);  // the receiver changes keys one frame later
+        p.receiver.set_frames_per_key(5);
+        char buf[32] = "frame";
+        for (int i = 0; i < 5; ++i) REQUIRE(p.sender.write(buf, sizeof(buf)) == ssize_t(sizeof(buf)));
+        REQUIRE(p.sender.flush_output() == 1);
+        char got[64];
+        for (int i = 0; i < 4; ++i) REQUIRE(p.receiver.read(got, sizeof(got)) == ssize_t(sizeof(buf)));
+        CHECK(p.receiver.read(got, sizeof(got)) == -1);
+        CHECK(p.receiver.tampered());
+    }
+}
+
+TEST_CASE("fabric: encrypted frames carry no byte of the data in clear; integrity frames carry it as it is",
+          "[shim][fabric]") {
+    for (auto mode : kBothModes) {
+        CAPTURE(fabric::crypto_mode_name(mode));
+        FramePair p(mode);
+        const std::string secret = "a guest's secret, 40 bytes long ........";
+        REQUIRE(p.sender.write(secret.data(), secret.size()) == ssize_t(secret.size()));
+        REQUIRE(p.sender.flush_output() == 1);
+        std::vector<uint8_t> wire(4096);
+        const ssize_t n = ::read(p.b.get(), wire.data(), wire.size());
+        REQUIRE(size_t(n) == fabric::kFrameHeaderBytes + secret.size() + fabric::kFrameTagBytes);
+        const std::string body(reinterpret_cast<const char*>(wire.data()) + fabric::kFrameHeaderBytes, secret.size());
+        if (mode == fabric::CryptoMode::Encrypt) {
+            CHECK(body != secret);
+            CHECK(body.find("secret") == std::string::npos);
+        } else {
+            CHECK(body == secret);
+        }
+    }
+}
+
+TEST_CASE("fabric: frames: memory changed after the write does not make its frame fail", "[shim][fabric]") {
+    auto mode = GENERATE(fabric::CryptoMode::Encrypt, fabric::CryptoMode::Integrity);
+    CAPTURE(fabric::crypto_mode_name(mode));
+    FramePair p(mode);
+    fabric::FrameChannel &sender = p.sender, &receiver = p.receiver;
     // A guest's buffer, taken by the channel, then rewritten by the guest
     // before the frame went out (the link sends at the end of its flush).
     char buf[] = "the bytes as they were when taken";
@@ -419,10 +456,12 @@ TEST_CASE("fabric: integrity frames: memory changed after the write does not mak
     CHECK_FALSE(receiver.tampered());
 }
 
-TEST_CASE("fabric: integrity frames: a replayed, reordered, cut or oversized frame fails", "[shim][fabric]") {
-    IntegrityPair p;
+TEST_CASE("fabric: frames: a replayed, reordered, cut or oversized frame fails", "[shim][fabric]") {
+    auto mode = GENERATE(fabric::CryptoMode::Encrypt, fabric::CryptoMode::Integrity);
+    CAPTURE(fabric::crypto_mode_name(mode));
+    FramePair p(mode);
     UniqueFd &a = p.a, &b = p.b;
-    fabric::IntegrityChannel &sender = p.sender, &receiver = p.receiver;
+    fabric::FrameChannel &sender = p.sender, &receiver = p.receiver;
     const char one[] = "first frame", two[] = "second frame";
     // The frames as they go on the wire (read back raw, then replayed by hand).
     REQUIRE(sender.write(one, sizeof(one)) == ssize_t(sizeof(one)));
@@ -435,8 +474,8 @@ TEST_CASE("fabric: integrity frames: a replayed, reordered, cut or oversized fra
     CHECK_FALSE(sender.output_pending());
     std::vector<uint8_t> wire(4096);
     const ssize_t n = ::read(b.get(), wire.data(), wire.size());
-    const size_t f1 = 4 + sizeof(one) + fabric::kIntegrityTagBytes;
-    REQUIRE(size_t(n) == f1 + 4 + sizeof(two) + fabric::kIntegrityTagBytes);
+    const size_t f1 = 4 + sizeof(one) + fabric::kFrameTagBytes;
+    REQUIRE(size_t(n) == f1 + 4 + sizeof(two) + fabric::kFrameTagBytes);
     wire.resize(size_t(n));
     auto deliver = [&](const std::vector<uint8_t>& bytes) {
         REQUIRE(::send(a.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));

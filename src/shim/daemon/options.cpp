@@ -234,14 +234,14 @@ OPTIONS
     --fabric-crypto encrypt|integrity
         What protects the bytes between shims after the handshake; both
         ends must use the same mode (a mismatch is refused and logged on
-        both sides). encrypt (the default): TLS records (AES-128-GCM):
-        confidentiality, integrity and replay protection of everything,
-        payloads, QPNs, PSNs and keys included; where the kernel has the
-        tls module, it takes the records over (kTLS). integrity: frames
-        carrying AES-128-GCM tags over cleartext (keys exported from the
-        TLS session, sequence-number nonces): integrity and replay
-        protection only; payloads and headers are readable on the wire,
-        for less CPU. In both modes a changed byte closes the link and is
+        both sides). Both modes send frames of up to 64 KiB keyed from the
+        TLS session (its exporter; new keys every 2^20 frames) with
+        sequence-number nonces. encrypt (the default): AES-128-GCM
+        ciphertext: confidentiality, integrity and replay protection of
+        everything, payloads, QPNs, PSNs and keys included. integrity:
+        AES-128-GCM tags over cleartext: integrity and replay protection
+        only; payloads and headers are readable on the wire, for less
+        CPU. In both modes a changed byte closes the link and is
         counted (vrdmactl peers: tampered), and nothing unauthenticated
         reaches a guest.
 

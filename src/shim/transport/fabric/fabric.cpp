@@ -523,9 +523,9 @@ void Fabric::establish(Pending& pd) {
     p->refused_ = false;
     p->last_error_.clear();
     p->backoff_ns_ = 0;
-    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s; TLS 1.3, %s, kTLS %s)", p->address_.c_str(),
+    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s; TLS 1.3 handshake, %s frames)", p->address_.c_str(),
              h.lid_first, h.lid_last, p->link_->dialed() ? "to" : "from", p->link_->remote().c_str(),
-             crypto_mode_name(cfg_.crypto), p->link_->ktls() ? "yes" : "no");
+             crypto_mode_name(cfg_.crypto));
     watch(*p->link_, false);
     announce_all_ud(*p);
     // Requesters waiting for room or a route try again.

@@ -2,7 +2,6 @@
 
 #include <infiniband/verbs.h>
 #include <limits.h>
-#include <openssl/crypto.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -29,13 +28,9 @@ constexpr size_t kBatchBytes = 1024 * 1024;
 constexpr size_t kReadBudget = 4 * 1024 * 1024;  // bytes handled per on_readable call
 constexpr size_t kMaxInbound = 4096;          // unfinished incoming messages per link
 // Pieces at least this long go to the channel straight from guest memory;
-// shorter ones (headers, small payloads) are gathered into one record.
+// shorter ones (headers, small payloads) are gathered into one frame.
 constexpr size_t kDirectWriteMin = 4096;
-constexpr size_t kStageBytes = 16 * 1024;  // one TLS record
-// Integrity mode: the exporter labels of the two directions' keys.
-constexpr const char* kIntegrityDialerLabel = "EXPORTER-vrdma-integrity-dialer-to-listener";
-constexpr const char* kIntegrityListenerLabel = "EXPORTER-vrdma-integrity-listener-to-dialer";
-
+constexpr size_t kStageBytes = kMaxFrameData;
 // What is written in place of guest memory that vanished under a write.
 const uint8_t kZeros[kMaxSegmentPayload] = {};
 
@@ -170,27 +165,27 @@ bool Link::drive_handshake() {
 }
 
 ssize_t Link::send_bytes(const void* p, size_t n) {
-    ssize_t r = send_frames_ ? integrity_->write(p, n) : tls_.write(p, n);
+    ssize_t r = send_frames_ ? frames_->write(p, n) : tls_.write(p, n);
     if (r > 0) {
         stats.tx_bytes += uint64_t(r);
         return r;
     }
     if (r == 0) return 0;
-    close(send_frames_ ? "write: " + integrity_->error() : "write: " + tls_.error());
+    close(send_frames_ ? "write: " + frames_->error() : "write: " + tls_.error());
     return -1;
 }
 
 ssize_t Link::recv_bytes(void* p, size_t n) {
-    ssize_t r = recv_frames_ ? integrity_->read(p, n) : tls_.read(p, n);
+    ssize_t r = recv_frames_ ? frames_->read(p, n) : tls_.read(p, n);
     if (r > 0) {
         stats.rx_bytes += uint64_t(r);
         last_rx_ns_ = monotonic_ns();
         return r;
     }
     if (r == 0) return 0;
-    const bool closed = recv_frames_ ? integrity_->closed() : tls_.closed();
-    const bool bad = recv_frames_ ? integrity_->tampered() : tls_.tampered();
-    const std::string& err = recv_frames_ ? integrity_->error() : tls_.error();
+    const bool closed = recv_frames_ ? frames_->closed() : tls_.closed();
+    const bool bad = recv_frames_ ? frames_->tampered() : tls_.tampered();
+    const std::string& err = recv_frames_ ? frames_->error() : tls_.error();
     if (closed) {
         close("the peer closed the connection");
     } else if (bad) {
@@ -206,8 +201,9 @@ ssize_t Link::recv_bytes(void* p, size_t n) {
 }
 
 int Link::flush_channel() {
-    const int r = send_frames_ ? integrity_->flush_output() : tls_.flush_output();
-    if (r < 0) close(send_frames_ ? "write: " + integrity_->error() : "write: " + tls_.error());
+    if (!send_frames_) return 1;  // TLS records go out as they are written
+    const int r = frames_->flush_output();
+    if (r < 0) close("write: " + frames_->error());
     return r;
 }
 
@@ -225,7 +221,7 @@ size_t Link::write_unframed(const void* p, size_t n) {
 
 bool Link::input_buffered() const {
     if (state_ == LinkState::Closed) return false;
-    return recv_frames_ ? integrity_->buffered() : tls_.buffered();
+    return recv_frames_ ? frames_->buffered() : tls_.buffered();
 }
 
 bool Link::take_became_up() {
@@ -362,8 +358,8 @@ bool Link::fill_buffer() {
         rpos_ = 0;
     }
     if (rend_ == rbuf_.size()) return false;
-    // Integrity mode starts after the Hello: read no byte past it while
-    // the channel may still change.
+    // The frames start after the Hello: read no byte past it while the
+    // channel is still TLS records.
     const size_t want = rx_ == RxState::Hello ? sizeof(Hello) - rend_ : rbuf_.size() - rend_;
     ssize_t r = recv_bytes(rbuf_.data() + rend_, want);
     if (r <= 0) return false;
@@ -468,12 +464,10 @@ bool Link::on_hello() {
         close(why);
         return false;
     }
-    if (tls_ctx_.mode() == CryptoMode::Integrity) {
-        // Nothing may follow the Hello in its record: the frames start next.
-        if (rend_ != rpos_ || tls_.buffered()) return violation("bytes after the hello in its record");
-        if (!integrity_ && !start_integrity()) return false;
-        recv_frames_ = true;
-    }
+    // Nothing may follow the Hello in its record: the frames start next.
+    if (rend_ != rpos_ || tls_.buffered()) return violation("bytes after the hello in its record");
+    if (!frames_ && !start_frames()) return false;
+    recv_frames_ = true;
     state_ = LinkState::Up;
     became_up_ = true;
     rx_ = RxState::Header;
@@ -493,22 +487,17 @@ bool Link::peer_member(uint16_t lid, uint16_t pkey) const {
     return false;
 }
 
-// Both directions' frame keys, from the TLS session (the same on both ends).
-bool Link::start_integrity() {
-    IntegrityKeys out, in;
-    uint8_t a[sizeof(IntegrityKeys)], b[sizeof(IntegrityKeys)];
-    if (!tls_.export_keys(kIntegrityDialerLabel, a, sizeof(a)) ||
-        !tls_.export_keys(kIntegrityListenerLabel, b, sizeof(b))) {
-        close("cannot derive the integrity keys");
+// The frames of both directions, keyed from the TLS session (the same
+// keys on both ends: the dialer's sending labels are the listener's
+// receiving ones).
+bool Link::start_frames() {
+    const CryptoMode mode = tls_ctx_.mode();
+    frames_ = std::make_unique<FrameChannel>(fd_.get(), mode, tls_.frame_keys(mode, dialed_),
+                                             tls_.frame_keys(mode, !dialed_));
+    if (!frames_->error().empty()) {
+        close("cannot start the frames: " + frames_->error());
         return false;
     }
-    std::memcpy(&out, dialed_ ? a : b, sizeof(out));
-    std::memcpy(&in, dialed_ ? b : a, sizeof(in));
-    integrity_ = std::make_unique<IntegrityChannel>(fd_.get(), out, in);
-    OPENSSL_cleanse(a, sizeof(a));
-    OPENSSL_cleanse(b, sizeof(b));
-    OPENSSL_cleanse(&out, sizeof(out));
-    OPENSSL_cleanse(&in, sizeof(in));
     return true;
 }
 
@@ -933,8 +922,8 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
 
 bool Link::wants_write() const {
     if (state_ == LinkState::Closed) return false;
-    if (!tls_.handshake_done()) return tls_.want_write() || tls_.output_pending();
-    const bool held = send_frames_ ? integrity_->output_pending() : tls_.output_pending();
+    if (!tls_.handshake_done()) return tls_.want_write();
+    const bool held = send_frames_ && frames_->output_pending();
     return iov_pos_ < iov_.size() || stage_pos_ < stage_len_ || raw_pos_ < raw_.size() || held ||
            (state_ == LinkState::Up && !rr_.empty());
 }
@@ -1123,20 +1112,17 @@ void Link::write_batches() {
     // zero-progress write can never spin it).
     for (int round = 0; round < 64 && state_ != LinkState::Closed; ++round) {
         if (raw_pos_ < raw_.size()) {
-            // The Hello alone in its record (integrity mode switches to
-            // frames right after it).
+            // The Hello alone in its record (the frames start right after it).
             const size_t end = hello_sent_ ? raw_.size() : sizeof(Hello);
             ssize_t n = send_bytes(raw_.data() + raw_pos_, end - raw_pos_);
             if (n <= 0) return;
             raw_pos_ += size_t(n);
             if (raw_pos_ == sizeof(Hello) && !hello_sent_) {
                 hello_sent_ = true;
-                // (Integrity mode's TLS channel writes straight to the
-                // socket, so the Hello is out before the first frame.)
-                if (tls_ctx_.mode() == CryptoMode::Integrity) {
-                    if (!integrity_ && !start_integrity()) return;
-                    send_frames_ = true;
-                }
+                // (The TLS channel writes straight to the socket, so the
+                // Hello is out before the first frame.)
+                if (!frames_ && !start_frames()) return;
+                send_frames_ = true;
             }
             if (raw_pos_ == raw_.size()) {
                 raw_.clear();

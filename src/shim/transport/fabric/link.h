@@ -24,7 +24,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "integrity_channel.h"
+#include "frame_channel.h"
 #include "request.h"
 #include "responder.h"
 #include "tls_channel.h"
@@ -118,8 +118,6 @@ public:
     bool tampered() const { return tampered_; }
     // The peer's Hello asked for the other --fabric-crypto mode.
     bool mode_mismatch() const { return mode_mismatch_; }
-    // Whether the kernel took the TLS records over (kTLS), sending and receiving.
-    bool ktls() const { return tls_.ktls_send() && tls_.ktls_recv(); }
     // Decrypted input waits in the channel (epoll will not report it).
     bool input_buffered() const;
     // When bytes last arrived from the peer (monotonic ns).
@@ -196,7 +194,7 @@ private:
     // closes the link).
     int flush_channel();
     bool on_hello();
-    bool start_integrity();
+    bool start_frames();
     bool parse();
     bool on_header();
     bool on_fixed();
@@ -229,8 +227,8 @@ private:
     const TlsContext& tls_ctx_;
     UniqueFd fd_;
     TlsChannel tls_;
-    // Integrity mode, once the Hellos are through: the frames in each direction.
-    std::unique_ptr<IntegrityChannel> integrity_;
+    // Once the Hellos are through: the frames in each direction.
+    std::unique_ptr<FrameChannel> frames_;
     bool send_frames_ = false, recv_frames_ = false;
     bool dialed_;
     std::string remote_;

@@ -1,11 +1,7 @@
 #include "tls_channel.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -18,22 +14,12 @@ namespace {
 constexpr const char* kPskLabel = "vrdma fabric tls13 external psk v1";
 constexpr const char* kPskIdentity = "vrdma-fabric-v1";
 constexpr unsigned char kAes128GcmSha256[2] = {0x13, 0x01};
-
-// Each direction of a batched channel's BIO pair: what one send or recv
-// moves at most (256 KiB calls reach the veth's full rate, 16 KiB calls a
-// quarter of it).
-constexpr size_t kPairBytes = 256 * 1024;
-
-// Whether this kernel has the tls ULP: an unconnected TCP socket gets
-// ENOTCONN from it, ENOENT where there is no such module.
-bool kernel_has_ktls() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    const int rc = ::setsockopt(fd, IPPROTO_TCP, TCP_ULP, "tls", sizeof("tls"));
-    const int err = errno;
-    ::close(fd);
-    return rc == 0 || err == ENOTCONN;
-}
+// The exporter labels of the frame keys, per mode and direction (a key of
+// one mode or direction is never a key of another).
+constexpr const char* kFrameLabels[2][2] = {
+    {"EXPORTER-vrdma-encrypt-dialer-to-listener", "EXPORTER-vrdma-encrypt-listener-to-dialer"},
+    {"EXPORTER-vrdma-integrity-dialer-to-listener", "EXPORTER-vrdma-integrity-listener-to-dialer"},
+};
 
 // The newest OpenSSL error, as text (the queue is emptied).
 std::string ssl_error_text() {
@@ -74,20 +60,6 @@ int find_psk(SSL* ssl, const unsigned char* id, size_t idlen, SSL_SESSION** sess
 
 }  // namespace
 
-const char* crypto_mode_name(CryptoMode m) { return m == CryptoMode::Integrity ? "integrity" : "encrypt"; }
-
-bool parse_crypto_mode(const std::string& text, CryptoMode& out) {
-    if (text == "encrypt") {
-        out = CryptoMode::Encrypt;
-        return true;
-    }
-    if (text == "integrity") {
-        out = CryptoMode::Integrity;
-        return true;
-    }
-    return false;
-}
-
 TlsContext::~TlsContext() {
     SSL_CTX_free(ctx_);
     OPENSSL_cleanse(psk_, sizeof(psk_));
@@ -121,22 +93,8 @@ bool TlsContext::init(const FabricKey& key, CryptoMode mode, std::string& error)
     SSL_CTX_clear_options(ctx_, SSL_OP_ENABLE_MIDDLEBOX_COMPAT | SSL_OP_ALLOW_NO_DHE_KEX);
     SSL_CTX_set_session_cache_mode(ctx_, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_mode(ctx_, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-    if (mode == CryptoMode::Encrypt) {
-        // Where the kernel has the tls ULP, it gets the record keys and the
-        // data path stays plain socket calls; elsewhere the records are
-        // batched (tls_channel.h).
-        batched_ = !kernel_has_ktls();
-        if (!batched_) SSL_CTX_set_options(ctx_, SSL_OP_ENABLE_KTLS);
-        // One read syscall brings a record's header and body (and what
-        // follows, up to the read buffer's size). The buffer stays at its
-        // default (one record): OpenSSL moves the unread rest of it to the
-        // front at each record, so a large one costs a copy of up to its
-        // size per 16 KiB (measured: 27% of the receiving shim in memmove
-        // with 256 KiB).
-        SSL_CTX_set_read_ahead(ctx_, 1);
-    }
-    // Integrity mode reads no byte past the Hello record: the socket's next
-    // bytes are the first frame (integrity_frame.h).
+    // No read-ahead (OpenSSL's default): the Hello record is the last
+    // thing it reads from the socket; the frames follow (frame_channel.h).
     return true;
 }
 
@@ -151,17 +109,9 @@ SSL_SESSION* TlsContext::psk_session(SSL* ssl) const {
     return s;
 }
 
-TlsChannel::TlsChannel(const TlsContext& tls, int fd, bool client) : fd_(fd) {
+TlsChannel::TlsChannel(const TlsContext& tls, int fd, bool client) {
     ssl_ = SSL_new(tls.ctx());
-    bool ok = ssl_ != nullptr;
-    if (ok && tls.batched()) {
-        BIO* inner = nullptr;
-        ok = BIO_new_bio_pair(&inner, kPairBytes, &net_, kPairBytes) == 1;
-        if (ok) SSL_set_bio(ssl_, inner, inner);
-    } else if (ok) {
-        ok = SSL_set_fd(ssl_, fd) == 1;
-    }
-    if (!ok) {
+    if (!ssl_ || SSL_set_fd(ssl_, fd) != 1) {
         error_ = "cannot create a TLS session: " + ssl_error_text();
         SSL_free(ssl_);
         ssl_ = nullptr;
@@ -173,61 +123,7 @@ TlsChannel::TlsChannel(const TlsContext& tls, int fd, bool client) : fd_(fd) {
         SSL_set_accept_state(ssl_);
 }
 
-TlsChannel::~TlsChannel() {
-    SSL_free(ssl_);  // and the pair's inner end
-    BIO_free(net_);
-}
-
-ssize_t TlsChannel::socket_failed(int err) {
-    closed_ = err == 0 || err == ECONNRESET || err == EPIPE;
-    error_ = closed_ ? "the peer closed the connection" : std::string("socket: ") + strerror(err);
-    return -1;
-}
-
-ssize_t TlsChannel::pump_in() {
-    char* room = nullptr;
-    const int n = BIO_nwrite0(net_, &room);
-    if (n <= 0) return 0;  // full: OpenSSL reads from it first
-    for (;;) {
-        const ssize_t r = ::recv(fd_, room, size_t(n), MSG_DONTWAIT);
-        if (r > 0) {
-            BIO_nwrite(net_, &room, int(r));
-            return r;
-        }
-        if (r == 0) return socket_failed(0);
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-        return socket_failed(errno);
-    }
-}
-
-int TlsChannel::pump_out() {
-    for (;;) {
-        char* data = nullptr;
-        const int n = BIO_nread0(net_, &data);
-        if (n <= 0) {
-            want_write_ = false;
-            return 1;
-        }
-        const ssize_t w = ::send(fd_, data, size_t(n), MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                want_write_ = true;
-                return 0;
-            }
-            return int(socket_failed(errno));
-        }
-        BIO_nread(net_, &data, int(w));
-    }
-}
-
-int TlsChannel::flush_output() {
-    if (!net_ || !ssl_) return 1;
-    return pump_out();
-}
-
-bool TlsChannel::output_pending() const { return net_ && BIO_ctrl_pending(net_) > 0; }
+TlsChannel::~TlsChannel() { SSL_free(ssl_); }
 
 ssize_t TlsChannel::fail(int rc) {
     const int e = SSL_get_error(ssl_, rc);
@@ -268,77 +164,49 @@ ssize_t TlsChannel::fail(int rc) {
 TlsChannel::Step TlsChannel::handshake() {
     if (!ssl_) return Step::Failed;
     if (done_) return Step::Done;
-    for (;;) {
-        ERR_clear_error();
-        const int rc = SSL_do_handshake(ssl_);
-        if (net_ && pump_out() < 0) return Step::Failed;
-        if (rc == 1) {
-            done_ = true;
-            want_write_ = output_pending();
-            return Step::Done;
-        }
-        if (net_ && SSL_get_error(ssl_, rc) == SSL_ERROR_WANT_READ) {
-            const ssize_t r = pump_in();
-            if (r > 0) continue;
-            ERR_clear_error();
-            return r == 0 ? Step::Again : Step::Failed;
-        }
-        return fail(rc) == 0 ? Step::Again : Step::Failed;
+    ERR_clear_error();
+    const int rc = SSL_do_handshake(ssl_);
+    if (rc == 1) {
+        done_ = true;
+        want_write_ = false;
+        return Step::Done;
     }
+    return fail(rc) == 0 ? Step::Again : Step::Failed;
 }
 
 ssize_t TlsChannel::write(const void* p, size_t n) {
     if (n == 0) return 0;
-    for (bool retried = false;; retried = true) {
-        ERR_clear_error();
-        size_t done = 0;
-        const int rc = SSL_write_ex(ssl_, p, n, &done);
-        if (rc == 1) {
-            if (!net_) want_write_ = false;
-            sent_under_key_ += done;
-            // (The KeyUpdate goes out before the next record.)
-            if (sent_under_key_ >= rekey_bytes_ && !ktls_send() &&
-                SSL_key_update(ssl_, SSL_KEY_UPDATE_NOT_REQUESTED) == 1) {
-                sent_under_key_ = 0;
-                ++key_updates_;
-            }
-            return ssize_t(done);
-        }
-        // Batched: the pair is full; it goes to the socket, and the
-        // record once more into the room that made.
-        if (!net_ || retried || SSL_get_error(ssl_, rc) != SSL_ERROR_WANT_WRITE) return fail(rc);
-        if (pump_out() < 0) return -1;
-    }
+    ERR_clear_error();
+    size_t done = 0;
+    const int rc = SSL_write_ex(ssl_, p, n, &done);
+    if (rc != 1) return fail(rc);
+    want_write_ = false;
+    return ssize_t(done);
 }
 
 ssize_t TlsChannel::read(void* p, size_t n) {
-    for (;;) {
-        ERR_clear_error();
-        size_t done = 0;
-        const int rc = SSL_read_ex(ssl_, p, n, &done);
-        if (rc == 1) {
-            if (!net_) want_write_ = false;
-            return ssize_t(done);
-        }
-        if (!net_ || SSL_get_error(ssl_, rc) != SSL_ERROR_WANT_READ) return fail(rc);
-        const ssize_t r = pump_in();
-        if (r > 0) continue;
-        ERR_clear_error();
-        return r;
-    }
+    ERR_clear_error();
+    size_t done = 0;
+    const int rc = SSL_read_ex(ssl_, p, n, &done);
+    if (rc != 1) return fail(rc);
+    want_write_ = false;
+    return ssize_t(done);
 }
 
-bool TlsChannel::buffered() const {
-    return ssl_ && (SSL_pending(ssl_) > 0 || SSL_has_pending(ssl_) ||
-                    (net_ && BIO_ctrl_pending(SSL_get_rbio(ssl_)) > 0));
-}
+bool TlsChannel::buffered() const { return ssl_ && (SSL_pending(ssl_) > 0 || SSL_has_pending(ssl_)); }
 
-bool TlsChannel::ktls_send() const { return ssl_ && BIO_get_ktls_send(SSL_get_wbio(ssl_)); }
-bool TlsChannel::ktls_recv() const { return ssl_ && BIO_get_ktls_recv(SSL_get_rbio(ssl_)); }
-
-bool TlsChannel::export_keys(const char* label, uint8_t* out, size_t n) const {
+bool TlsChannel::export_keys(const char* label, uint64_t context, uint8_t* out, size_t n) const {
+    uint8_t ctx[8];
+    for (int i = 0; i < 8; ++i) ctx[i] = uint8_t(context >> (8 * (7 - i)));
     return ssl_ && done_ &&
-           SSL_export_keying_material(ssl_, out, n, label, std::strlen(label), nullptr, 0, 0) == 1;
+           SSL_export_keying_material(ssl_, out, n, label, std::strlen(label), ctx, sizeof(ctx), 1) == 1;
+}
+
+FrameKeySource TlsChannel::frame_keys(CryptoMode mode, bool from_dialer) const {
+    const char* label = kFrameLabels[mode == CryptoMode::Integrity ? 1 : 0][from_dialer ? 0 : 1];
+    return [this, label](uint64_t generation, FrameKeys& k) {
+        return export_keys(label, generation, reinterpret_cast<uint8_t*>(&k), sizeof(k));
+    };
 }
 
 }  // namespace vrdma::shim::fabric

@@ -26,8 +26,9 @@ namespace vrdma::shim::fabric {
 constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // 2: incarnations and the P_Key in requests; 3: device GIDs; 4: UD QPs on
 // devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode,
-// partition announcements
-constexpr uint32_t kProtocolVersion = 5;
+// partition announcements; 6: encrypt mode in AES-GCM frames, keys of both
+// modes by generation
+constexpr uint32_t kProtocolVersion = 6;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
 // Random per shim start: tells a restarted peer apart, and a connection of
