@@ -41,7 +41,7 @@ int setup_wq(const Context& ctx, uint64_t gva, uint32_t entries, uint32_t stride
 // (responder.cpp). A QPN that names nothing now stays bound to nothing.
 void bind_peer(Engine& eng, Qp& qp) {
     qp.peer_incarnation = 0;
-    if (eng.routes().lookup(qp.attr.ah.dlid) != &eng.local_transport()) return;
+    if (!eng.serves(qp.attr.ah.dlid)) return;
     if (Engine::QpRef peer = eng.find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num)) qp.peer_incarnation = peer.qp->incarnation;
 }
 

@@ -131,6 +131,11 @@ public:
     // Destination LID -> transport. Every guest of this engine is routed to
     // the local transport; peer shims add their LID ranges.
     RouteTable& routes() { return routes_; }
+    // Whether `lid` names a guest this engine serves itself (its local
+    // transport), and whether `t` is that transport: the one answer to "is
+    // it here?" for responders, bindings and the transports' receive sides.
+    bool serves(uint16_t lid) const { return routes_.lookup(lid) == &local_; }
+    bool is_here(const Transport* t) const { return t == &local_; }
     // The host's RDMA device and its transport (hca_device.h), when the
     // shim has one (--hca); both outlive the engine.
     void set_hca(HcaDevice* dev, Transport* transport) {

@@ -342,7 +342,7 @@ Unacked send_unacked(Engine& eng, Context& ctx, Qp& qp, const Request& req, Tran
                      uint32_t nl, Pins* pins, bool idle, Response& r) {
     const bool goes = t && ctx.guest().port_active;
     const bool device = t && t == eng.hca_transport();
-    if (!idle && (!goes || t == &eng.local_transport())) return Unacked::Wait;
+    if (!idle && (!goes || eng.is_here(t))) return Unacked::Wait;
     // What is in flight completes in order on one path: a UD QP on the
     // device switches between the device and TCP only once idle.
     if (!idle && device != qp.inflight_on_device) return Unacked::Wait;

@@ -91,7 +91,7 @@ bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
 // (bind_remote_peer).
 bool from_connected_peer(Engine& eng, const Request& req, Qp& qp) {
     if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return false;
-    if (eng.routes().lookup(req.slid) == &eng.local_transport()) {
+    if (eng.serves(req.slid)) {
         Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
         return src && qp.peer_incarnation && src.qp->incarnation == qp.peer_incarnation &&
                src.qp->peer_incarnation == qp.incarnation;

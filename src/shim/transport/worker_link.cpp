@@ -207,7 +207,7 @@ void WorkerLink::on_request(WorkerMsg& m) {
         in->source.clear();
         in->discard = false;
         if (!whole) in->source.take(m.pins);
-        if (eng_.routes().lookup(req.dlid) != &eng_.local_transport()) {
+        if (!eng_.serves(req.dlid)) {
             // Only this worker's guests are served here: nobody answers.
             in->d.resp.syndrome = Syndrome::Drop;
             in->d.resp.psn = req.psn;

@@ -623,7 +623,7 @@ void Link::begin_request(InMsg& m, const Request& req) {
     const bool carries = request_carries_payload(req.opcode);
     m.total = carries ? req.length : 0;
     // Only LIDs of this shim's guests are served here.
-    if (eng_.routes().lookup(req.dlid) != &eng_.local_transport()) {
+    if (!eng_.serves(req.dlid)) {
         ++stats.errors;
         m.d.resp.syndrome = Syndrome::Drop;
         m.discard = true;

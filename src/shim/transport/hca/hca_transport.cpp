@@ -49,7 +49,7 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
     // on one HCA whose ibv_post_recv is synchronous. (A peer on another
     // host has its shim's forwarding delay: RC covers it with RNR retries; a
     // UC message or a datagram sent in that window is lost, as they may be.)
-    if (eng.routes().lookup(req.dlid) == &eng.local_transport())
+    if (eng.serves(req.dlid))
         if (Engine::QpRef peer = eng.find_qp(req.dlid, req.dqpn); peer && peer.qp->device_bound)
             hca_service(eng, *peer.ctx, *peer.qp);
     HcaDevice::SendTargets to;

@@ -51,7 +51,7 @@ const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn) {
     if (!eng.hca()) return nullptr;
     const Transport* t = eng.routes().lookup(dlid);
     if (!t) return nullptr;
-    if (t == &eng.local_transport()) {
+    if (eng.is_here(t)) {
         Engine::QpRef d = eng.find_qp(dlid, dqpn);
         return d && d.qp->type == IBV_QPT_UD && d.qp->device_bound ? eng.hca()->gid() : nullptr;
     }
