@@ -127,6 +127,26 @@ TEST_CASE("a large message whose requester QP is destroyed mid-way fails the rec
     CHECK(t.b.qp_state(t.qb.handle) == IBV_QPS_ERR);
 }
 
+TEST_CASE("a large message whose responder QP goes to error mid-way flushes the receive it took; no more of it lands",
+          "[shim][transport][slicing]") {
+    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    BigPair t(workers);
+    t.send_big();
+    t.run(1);
+    abi::QpAttr err{};
+    err.qp_state = IBV_QPS_ERR;
+    REQUIRE(t.b.modify(t.qb.handle, IBV_QP_STATE, err) == 0);
+    const std::vector<uint8_t> landed(t.b.at(t.mb.addr), t.b.at(t.mb.addr) + kBig);
+    t.run(3);
+    auto rc = t.b.poll(t.cq_b);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].wr_id == 50);
+    CHECK(rc[0].status == IBV_WC_WR_FLUSH_ERR);
+    CHECK(std::memcmp(landed.data(), t.b.at(t.mb.addr), kBig) == 0);
+    CHECK_FALSE(t.arrived(kBig));
+    for (const auto& c : t.a.poll(t.cq_a)) CHECK(c.status != IBV_WC_SUCCESS);
+}
+
 TEST_CASE("a large message whose WQE the guest rewrites mid-way is abandoned, never mixed",
           "[shim][transport][slicing]") {
     const Workers workers = GENERATE(Workers::One, Workers::Two);

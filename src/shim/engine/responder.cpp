@@ -493,6 +493,20 @@ bool responder_revalidate(Engine& eng, Delivery& d) {
     return true;
 }
 
+bool responder_still_there(Engine& eng, Delivery& d, uint32_t psn) {
+    if (responder_revalidate(eng, d) && d.qp->state != IBV_QPS_ERR) return true;
+    if (d.qp) {  // in error: its receive is flushed
+        d.cqe.status = IBV_WC_WR_FLUSH_ERR;
+        d.cqe.byte_len = 0;
+        d.cqe.wc_flags = 0;
+    }
+    responder_finish(d);
+    d.resp = Response{};
+    d.resp.syndrome = Syndrome::Drop;
+    d.resp.psn = psn;
+    return false;
+}
+
 void responder_memory_fault(Delivery& d) {
     d.resp.syndrome = Syndrome::NakAccess;
     d.nspans = 0;

@@ -73,6 +73,13 @@ void responder_begin(Engine& eng, const Request& req, Delivery& d, Pins* pins = 
 // destroyed or reset meanwhile: then false and nothing is to be written).
 bool responder_revalidate(Engine& eng, Delivery& d);
 
+// A transfer that arrives in slices, before each slice after the first:
+// false when its target QP went away or into error meanwhile. Then the
+// rest is lost: the receive (if any) completes flushed, and d.resp drops
+// request `psn` (the requester's retries find nobody: RETRY_EXC_ERR). One
+// rule for every transport that delivers in slices.
+bool responder_still_there(Engine& eng, Delivery& d, uint32_t psn);
+
 // Writes the receive completion, if any. `payload_ok` false: the payload
 // never arrived whole (the peer shim went away): the receive completes with
 // IBV_WC_REM_ABORT_ERR and the QP goes to error.

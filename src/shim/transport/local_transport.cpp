@@ -49,19 +49,9 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
             return SendResult::Done;
         }
         s->active = true;
-    } else if (!responder_revalidate(eng, s->d) || s->d.qp->state == IBV_QPS_ERR) {
-        // The responder QP went away or into error meanwhile: the rest is
-        // lost, and the requester's retries find nobody (RETRY_EXC_ERR).
-        if (s->d.qp) {
-            s->d.cqe.status = IBV_WC_WR_FLUSH_ERR;
-            s->d.cqe.byte_len = 0;
-            s->d.cqe.wc_flags = 0;
-        }
-        responder_finish(s->d);
+    } else if (!responder_still_there(eng, s->d, req.psn)) {
+        resp = s->d.resp;
         end_transfer(*s);
-        resp = Response{};
-        resp.syndrome = Syndrome::Drop;
-        resp.psn = req.psn;
         return SendResult::Done;
     }
     // Slices while the turn lasts (at least one: every turn makes progress).

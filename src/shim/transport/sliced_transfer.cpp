@@ -24,6 +24,18 @@ void abandon_transfer(Engine& eng, Qp& qp) {
     if (s && s->active && s->owner) s->owner->abandon(eng, qp);
 }
 
+void forget_transfers(Engine& eng, const Transport* owner) {
+    eng.for_each_context([owner](Context& ctx) {
+        ctx.qps.for_each([owner](uint32_t, Qp& qp) {
+            SlicedCopy* s = qp.sliced.get();
+            if (!s || s->owner != owner) return;
+            s->active = false;
+            s->owner = nullptr;
+            s->target.clear();
+        });
+    });
+}
+
 SlicedCopy& sliced_state(Qp& qp) {
     if (!qp.sliced) qp.sliced.reset(new SlicedCopy);
     return *qp.sliced;

@@ -38,6 +38,10 @@ bool same_request(const Request& a, const Request& b);
 // it took fail (IBV_WC_REM_ABORT_ERR), as when a peer shim goes away
 // mid-message.
 void abandon_transfer(Engine& eng, Qp& qp);
+// Every transfer `owner` moves stops without a word to it: the owner is
+// going away (its destructor calls this), and an engine torn down later
+// must not call it back.
+void forget_transfers(Engine& eng, const Transport* owner);
 // The QP's transfer state, made at its first large transfer (kept between
 // transfers: no allocation per message).
 SlicedCopy& sliced_state(Qp& qp);

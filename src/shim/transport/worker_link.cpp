@@ -25,7 +25,7 @@ void WorkerWake::kick() {
 WorkerLink::WorkerLink(Engine& eng, uint32_t self, uint32_t peer, WorkerInbox& peer_inbox)
     : eng_(eng), self_(self), peer_(peer), out_(peer_inbox) {}
 
-WorkerLink::~WorkerLink() = default;
+WorkerLink::~WorkerLink() { forget_transfers(eng_, this); }
 
 WorkerMsg* WorkerLink::claim() {
     reserved_ = out_.ring.claim(reserved_pos_);
@@ -219,19 +219,7 @@ void WorkerLink::on_request(WorkerMsg& m) {
                 in->discard = true;
             }
         }
-    } else if (!in->discard && (!responder_revalidate(eng_, in->d) || in->d.qp->state == IBV_QPS_ERR)) {
-        // The responder QP went away or into error meanwhile: the rest is
-        // lost, as on the local transport (the requester's retries find
-        // nobody: RETRY_EXC_ERR).
-        if (in->d.qp) {
-            in->d.cqe.status = IBV_WC_WR_FLUSH_ERR;
-            in->d.cqe.byte_len = 0;
-            in->d.cqe.wc_flags = 0;
-        }
-        responder_finish(in->d);
-        in->d.resp = Response{};
-        in->d.resp.syndrome = Syndrome::Drop;
-        in->d.resp.psn = req.psn;
+    } else if (!in->discard && !responder_still_there(eng_, in->d, req.psn)) {
         in->discard = true;
     }
     if (!in->discard && m.bytes &&
