@@ -139,17 +139,13 @@ int FrameChannel::flush_output() {
         const ssize_t w = ::send(fd_, out_.data() + out_pos_, out_end_ - out_pos_, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                want_write_ = true;
-                return 0;
-            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
             if (errno == EPIPE || errno == ECONNRESET) closed_ = true;
             return int(failed(closed_ ? "the peer closed the connection" : std::string("socket: ") + strerror(errno)));
         }
         out_pos_ += size_t(w);
     }
     out_pos_ = out_end_ = 0;
-    want_write_ = false;
     return 1;
 }
 

@@ -76,7 +76,6 @@ public:
     bool output_pending() const { return out_pos_ < out_end_; }
     // >0: verified bytes; 0: not now; -1: closed, failed or tampered.
     ssize_t read(void* p, size_t n);
-    bool want_write() const { return want_write_; }
     bool buffered() const;
     bool closed() const { return closed_; }
     bool tampered() const { return tampered_; }
@@ -123,7 +122,7 @@ private:
     size_t in_pos_ = 0, in_end_ = 0;
     size_t plain_pos_ = 0, plain_end_ = 0;
 
-    bool want_write_ = false, closed_ = false, tampered_ = false;
+    bool closed_ = false, tampered_ = false;
     std::string error_;
 };
 
