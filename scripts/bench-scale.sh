@@ -12,7 +12,10 @@
 #                     floods small WRITEs; how long a new guest (d) takes to
 #                     attach and answer ibv_devinfo meanwhile (targets: the
 #                     pair keeps at least 0.4 of its bandwidth and at most 3 x
-#                     its average latency; d within 50 ms)
+#                     its average latency; d within 50 ms); and the bytes
+#                     the honest writer and the greedy guest moved while
+#                     both had work (vrdmactl load; equal weights: their
+#                     ratio within 0.8 to 1.25)
 #   aggregate         ib_write_bw of one pair (a-b) and of two independent
 #                     pairs at once (a-b, d-e), with one worker
 #   event mode        ib_send_lat -e beside polling mode (target: at most 3 x)
@@ -29,8 +32,8 @@
 #                     (a-b) beside the greedy guest on the other worker
 # and prints a markdown table (docs/performance.md, "Scale and fairness").
 # It takes about two minutes. ITERS_LAT,
-# ITERS_BW, IDLE_QPS (default 10000) and GREEDY_SECONDS (30) change the
-# amounts.
+# ITERS_BW, IDLE_QPS (default 10000), GREEDY_SECONDS (30) and SHARE_SECONDS
+# (5) change the amounts.
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$src/build}"
@@ -126,6 +129,12 @@ lat_med="$(median "${lat_t[@]}")"
 ev_med="$(median "${ev_t[@]}")"
 relay_med="$(median "${relay[@]}")"
 
+# load_field LOAD GUEST FIELD: the value of FIELD in GUEST's line of
+# vrdmactl load.
+load_field() {
+    awk -v g="$2" -v f="$3" '$1 == "guest" && $2 == g { for (i = 3; i < NF; i += 2) if ($i == f) print $(i + 1) }' <<<"$1"
+}
+
 # beside_greedy: starts the greedy guest in c, measures how long a new
 # guest (d) takes to answer ibv_devinfo, then the honest pair (a-b)'s
 # ib_send_lat and ib_write_bw; sets attach_ms, lat_hostile, bw_hostile,
@@ -142,6 +151,25 @@ beside_greedy() {
     attach_ms="$(awk -v n="$(( $(date +%s%N) - start ))" 'BEGIN { printf "%.1f", n / 1e6 }')"
     lat_hostile="$(perftest a b ib_send_lat -s 8 -n "$ITERS_LAT")"
     bw_hostile="$(perftest a b ib_write_bw -s 65536 -n "$ITERS_BW")"
+    # The bytes each guest moves while both have work: the honest writer
+    # (b, ib_write_bw for SHARE_SECONDS) and the greedy guest (c), from
+    # vrdmactl load read 1 s into the run and 1 s before its end.
+    local load_before load_after server client seconds="${SHARE_SECONDS:-5}"
+    port=$((port + 1))
+    in_guest a ib_write_bw -d vrdma0 -p $port -s 65536 -D "$seconds" >/dev/null 2>&1 &
+    server=$!
+    wait_listen "$port"
+    in_guest b ib_write_bw -d vrdma0 -p $port -s 65536 -D "$seconds" 127.0.0.1 >/dev/null 2>&1 &
+    client=$!
+    sleep 1
+    load_before="$("$build/tools/vrdmactl" --run-dir "$run_dir" load)"
+    sleep $((seconds - 2))
+    load_after="$("$build/tools/vrdmactl" --run-dir "$run_dir" load)"
+    wait "$client" "$server"
+    share_b=$(( $(load_field "$load_after" b bytes) - $(load_field "$load_before" b bytes) ))
+    share_c=$(( $(load_field "$load_after" c bytes) - $(load_field "$load_before" c bytes) ))
+    busy_b="$(awk -v a="$(load_field "$load_after" b busy_s)" -v b="$(load_field "$load_before" b busy_s)" 'BEGIN { printf "%.3f", a - b }')"
+    busy_c="$(awk -v a="$(load_field "$load_after" c busy_s)" -v b="$(load_field "$load_before" c busy_s)" 'BEGIN { printf "%.3f", a - b }')"
     busy_during="$(kill -0 "$greedy" 2>/dev/null && echo yes || echo "no: it ended before the measurements did")"
     wait "$greedy" || { cat "$run_dir.greedy" >&2; echo "bench-scale: the greedy guest failed" >&2; exit 1; }
     greedy=""
@@ -163,6 +191,7 @@ bw_cross="$(perftest a d ib_write_bw -s 65536 -n "$ITERS_BW")"
 bw_two_w="$(two_pairs)"
 port=$((port + 2))
 lat_hostile1="$lat_hostile" bw_hostile1="$bw_hostile" attach_ms1="$attach_ms" busy_during1="$busy_during"
+share_b1="$share_b" share_c1="$share_c" busy_b1="$busy_b" busy_c1="$busy_c"
 greedy_said1="$greedy_said"
 beside_greedy
 load2="$("$build/tools/vrdmactl" --run-dir "$run_dir" load)"
@@ -176,6 +205,8 @@ r_lat_h="$(ratio "$(lat_avg "$lat_hostile1")" "$(lat_avg "$lat_alone")")"
 r_bw_h="$(ratio "$(bw_avg "$bw_hostile1")" "$(bw_avg "$bw_alone")")"
 r_lat_h2="$(ratio "$(lat_avg "$lat_hostile")" "$(lat_avg "$lat_w1")")"
 r_bw_h2="$(ratio "$(bw_avg "$bw_hostile")" "$(bw_avg "$bw_w1")")"
+r_share="$(ratio "$share_b1" "$share_c1")"
+r_busy="$(ratio "$busy_b1" "$busy_c1")"
 r_ev="$(ratio "$ev_med" "$lat_med")"
 r_relay="$(ratio "$lat_med" "$relay_med")"
 
@@ -187,6 +218,8 @@ cat <<TABLE
 | RC ping-pong 8 B, one way, 100 idle contexts (us) | $(idle idle-contexts 100) | same, no idle context | $(idle idle-contexts 0) | $r_ctx x | |
 | ib_send_lat 8 B beside the greedy guest, one worker (us, average) | $(lat_avg "$lat_hostile1") | alone | $(lat_avg "$lat_alone") | $r_lat_h x | at most 3 x: $(verdict "$r_lat_h" "<=" 3) |
 | ib_write_bw 64 KiB beside the greedy guest, one worker (MB/s) | $(bw_avg "$bw_hostile1") | alone | $(bw_avg "$bw_alone") | $r_bw_h of alone | at least 0.4: $(verdict "$r_bw_h" ">=" 0.4) |
+| bytes moved by the honest writer (b, ib_write_bw 64 KiB) beside the greedy guest (c) in the same $((${SHARE_SECONDS:-5} - 2)) s, one worker, equal weights | $share_b1 | bytes moved by c meanwhile | $share_c1 | $r_share | 0.8 to 1.25: $(awk -v r="$r_share" 'BEGIN { print ((r >= 0.8 && r <= 1.25) ? "met" : "not met") }') |
+| the worker's time in the honest writer's turns (b) in the same $((${SHARE_SECONDS:-5} - 2)) s (s, vrdmactl load busy_s) | $busy_b1 | in the greedy guest's (c) | $busy_c1 | $r_busy | 0.8 to 1.25 (shares are of the shim's time): $(awk -v r="$r_busy" 'BEGIN { print ((r >= 0.8 && r <= 1.25) ? "met" : "not met") }') |
 | a new guest attaches and answers ibv_devinfo beside the greedy guest, one worker (ms, whole program) | $attach_ms1 | | | | at most 50 ms: $(verdict "$attach_ms1" "<=" 50) |
 | ib_send_lat 8 B beside the greedy guest on the other worker (us, average) | $(lat_avg "$lat_hostile") | alone, 2 workers | $(lat_avg "$lat_w1") | $r_lat_h2 x | at most 3 x: $(verdict "$r_lat_h2" "<=" 3) |
 | ib_write_bw 64 KiB beside the greedy guest on the other worker (MB/s) | $(bw_avg "$bw_hostile") | alone, 2 workers | $(bw_avg "$bw_w1") | $r_bw_h2 of alone | at least 0.4: $(verdict "$r_bw_h2" ">=" 0.4) |

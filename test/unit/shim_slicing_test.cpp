@@ -5,7 +5,9 @@
 // each slice) and with two (the worker link hands each slice to the other
 // worker, which copies it).
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "shim_harness.h"
 
@@ -189,6 +191,63 @@ TEST_CASE("a large message whose requester loses its memory mid-way fails at bot
     CHECK(t.b.qp_state(t.qb.handle) == IBV_QPS_ERR);
 }
 
+namespace {
+// A clock that calls g_on_clock at every reading (the engine reads it at
+// each turn's start and end and around each timed copy): the tests look
+// inside a pass with it.
+std::function<void()> g_on_clock;
+uint64_t observing_clock() {
+    if (g_on_clock) g_on_clock();
+    return g_fake_now;
+}
+}  // namespace
+
+TEST_CASE("a small message waits behind another guest's large transfer for at most one slice",
+          "[shim][transport][slicing]") {
+    // a sends 2 MiB to b, alone at first (whole turns). Then, six times, b
+    // sends a's QP 64 bytes; the bytes of a's transfer that land between
+    // b's post and b's completion must be at most one slice (with turns of
+    // kTurnBudget whatever waits, they were a whole budget, 256 KiB). Six
+    // trials: the pass starts with either guest.
+    BigPair t(Workers::One);
+    const auto inbox = t.a.mr(t.pd_a, 4096, kAllAccess);  // b's small messages land here
+    t.send_big();
+    t.run(1);
+    REQUIRE_FALSE(t.arrived(kBig));
+    // Bytes of a's message in b's memory (it lands in order, a page at a time).
+    auto landed = [&] {
+        uint64_t n = 0;
+        while (n < kBig && std::memcmp(t.b.at(t.mb.addr) + n, t.a.at(t.ma.addr) + n, 16) == 0) n += 4096;
+        return n;
+    };
+    auto completed = [&] { return t.b.ring_header(t.cq_b.ring)->producer.load() != t.cq_b.cons; };
+    uint64_t worst = 0;
+    for (int trial = 0; trial < 6; ++trial) {
+        CAPTURE(trial);
+        t.a.post_recv(t.qa.rq, 60, {abi::Sge{inbox.addr, 64, inbox.lkey}});
+        const uint64_t before = landed();
+        uint64_t at_completion = UINT64_MAX;
+        g_on_clock = [&] {
+            if (at_completion == UINT64_MAX && completed()) at_completion = landed();
+        };
+        t.eng.set_clock(observing_clock);
+        t.b.post_send(t.qb.sq, send_wqe(100 + trial, IBV_WR_SEND), {abi::Sge{t.mb.addr + kBig - 64, 64, t.mb.lkey}});
+        t.run(1);
+        t.eng.set_clock(fake_clock);
+        g_on_clock = nullptr;
+        auto bc = t.b.poll(t.cq_b);
+        REQUIRE(bc.size() == 1);
+        CHECK(bc[0].status == IBV_WC_SUCCESS);
+        REQUIRE(at_completion != UINT64_MAX);
+        worst = std::max(worst, at_completion - before);
+        REQUIRE(t.a.poll(t.cq_a).size() == 1);  // the 64 bytes arrived
+    }
+    INFO("most bytes of a's transfer moved while b's message waited: " << worst);
+    CHECK(worst <= Engine::kCopySlice);
+    t.run(int(kBig / Engine::kCopySlice) + 8);
+    CHECK(t.arrived(kBig - 64));
+}
+
 TEST_CASE("a guest's contexts share one turn: more contexts do not buy more of the shim",
           "[shim][transport][slicing]") {
     const Workers workers = GENERATE(Workers::One, Workers::Two);
@@ -258,7 +317,7 @@ struct WeightedPair : BigPair {
     uint64_t by_b() { return pages(a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }); }
     // Both messages complete, intact.
     void finish() {
-        run(int(2 * kBig / Engine::kSliceBytes) + 8);
+        run(int(2 * kBig / Engine::kCopySlice) + 8);
         CHECK(a.poll(cq_a).size() == 2);  // its send and the receive of b's
         CHECK(b.poll(cq_b).size() == 2);
         CHECK(arrived(kBig));
@@ -275,17 +334,23 @@ uint64_t stepping_clock() { return g_fake_now += g_clock_step; }
 
 TEST_CASE("a guest's weight is its share of each pass beside the worker's other guests",
           "[shim][transport][slicing]") {
-    // The fake clock never moves, so turns are charged by bytes and every
-    // pass gives a three budgets and b one (each plus the slice that
-    // crosses its budget).
+    // The fake clock never moves, so turns are charged by bytes. Both
+    // guests have work all along, so each turn gives way after its small
+    // budget: every pass gives a three small turns and b one (each plus
+    // at most the slice that crosses it).
     WeightedPair t;
     t.run(1);
-    CHECK(t.by_a() >= 3 * Engine::kTurnBudget - Engine::kSliceBytes);
-    CHECK(t.by_a() <= 3 * Engine::kTurnBudget + Engine::kSliceBytes);
-    CHECK(t.by_b() >= Engine::kTurnBudget - Engine::kSliceBytes);
-    CHECK(t.by_b() <= Engine::kTurnBudget + Engine::kSliceBytes);
+    CHECK(t.by_a() >= 3 * Engine::kSmallTurn);
+    CHECK(t.by_a() <= 3 * Engine::kSmallTurn + Engine::kCopySlice);
+    CHECK(t.by_b() >= Engine::kSmallTurn);
+    CHECK(t.by_b() <= Engine::kSmallTurn + Engine::kCopySlice);
+    t.run(15);
+    INFO("bytes moved in 16 passes: a (weight 3) " << t.by_a() << ", b (weight 1) " << t.by_b());
+    CHECK(double(t.by_a()) / double(t.by_b()) >= 2.5);
+    CHECK(double(t.by_a()) / double(t.by_b()) <= 3.5);
     CHECK(t.ga.weight == 3);
     CHECK(t.gb.weight == 1);
+    CHECK(t.ga.load.yields > 0);
     // Out-of-range weights are clamped, never 0 (a guest never served).
     t.eng.set_weight(t.gb, 0);
     CHECK(t.gb.weight == 1);
@@ -297,17 +362,17 @@ TEST_CASE("a guest's weight is its share of each pass beside the worker's other 
 
 TEST_CASE("weights hold when a slice costs more than a budget: what a turn overspends comes off the next",
           "[shim][transport][slicing]") {
-    // A 64 KiB slice "takes" 25 us here, two and a half budgets of 10 us:
-    // the guest of weight 1 overshoots its budget with every slice, the
-    // guest of weight 3 with its second. Without the debt carried to the
-    // next pass they would move 1 and 2 slices a pass (2 x); with it, 3 x.
+    // A 16 KiB slice "takes" 25 us here, many small budgets: each guest
+    // overshoots with its first slice in every turn it gets. Without the
+    // debt carried to the next passes they would move a slice a pass each
+    // (1 x); with it, 3 x.
     WeightedPair t;
     g_clock_step = 25'000 / 2;  // two readings a copy
     t.eng.set_clock(stepping_clock);
-    t.run(20);
+    t.run(400);
     t.eng.set_clock(fake_clock);
     const double by_a = double(t.by_a()), by_b = double(t.by_b());
-    INFO("bytes moved in 20 passes: a (weight 3) " << by_a << ", b (weight 1) " << by_b);
+    INFO("bytes moved in 400 passes: a (weight 3) " << by_a << ", b (weight 1) " << by_b);
     REQUIRE(by_b > 0);
     CHECK(by_a / by_b >= 2.5);
     CHECK(by_a / by_b <= 3.5);

@@ -32,10 +32,10 @@ void load_report(Engine& eng, uint32_t worker, uint64_t asleep_ns, uint64_t upti
         auto it = contexts.find(g.get());
         std::snprintf(line, sizeof(line),
                       "guest %s contexts %u turns %llu messages %llu bytes %llu busy_s %.3f qp_visits %llu worker %u "
-                      "weight %u\n",
+                      "weight %u yields %llu\n",
                       g->name.c_str(), it == contexts.end() ? 0u : it->second, (unsigned long long)l.turns,
                       (unsigned long long)l.messages, (unsigned long long)l.bytes, seconds(l.busy_ns),
-                      (unsigned long long)l.qp_visits, worker, g->weight);
+                      (unsigned long long)l.qp_visits, worker, g->weight, (unsigned long long)l.yields);
         guests += line;
     }
 }

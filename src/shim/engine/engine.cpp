@@ -323,6 +323,38 @@ bool Engine::turn_spent_timed() {
     return turn_spent();
 }
 
+bool Engine::yield_to_others() {
+    if (turn_ctx_ && others_have_work()) {
+        turn_yielded_ = true;
+        turn_budget_ = turn_used_;  // spent: the rest waits for the next pass
+        return true;
+    }
+    yield_check_at_ = turn_used_ + turn_small_;
+    return false;
+}
+
+// Whether a context of another guest than the turn's has work waiting: a
+// doorbell or work bits it wrote, QPs the shim marked, a dormant context
+// woken. Reads what the next pass would read, for at most kYieldScan
+// contexts a check.
+bool Engine::others_have_work() {
+    if (!wake_ids_.empty()) return true;
+    const size_t n = awake_.size();
+    const size_t k = std::min(n, kYieldScan);
+    const GuestIdentity* mine = &turn_ctx_->guest();
+    for (size_t i = 0; i < k; ++i) {
+        Context* c = awake_[(yield_scan_from_ + i) % n];
+        if (c->dead || &c->guest() == mine) continue;
+        if (c->has_marked()) return true;
+        const abi::ControlBlock* cb = c->control();
+        if (cb->work_summary.load(std::memory_order_relaxed) != 0 ||
+            cb->doorbell.load(std::memory_order_relaxed) != c->last_doorbell)
+            return true;
+    }
+    yield_scan_from_ += k;
+    return false;
+}
+
 bool Engine::poll_once() {
     bool progress = false;
     ++worker_load_.passes;
@@ -397,24 +429,35 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
             const uint64_t d = eng.now() - start;
             load.busy_ns += d;
             load.pass_used = in_debt ? eng.turn_used_ : eng.turn_cost(d);
+            // What the pass's use is measured against: the small budget if
+            // the turn gave way to another guest.
+            load.pass_budget = eng.turn_yielded_ ? eng.turn_small_ : eng.turn_budget_;
+            if (eng.turn_yielded_) ++load.yields;
             eng.worker_load_.busy_ns += d;
+            eng.turn_ctx_ = nullptr;
         }
     } turn_clock{*this, ctx.guest().load, now()};
     GuestLoad& load = ctx.guest().load;
     ++load.turns;
     turn_budget_ = kTurnBudget * ctx.guest().weight;
+    turn_small_ = kSmallTurn * ctx.guest().weight;
     if (load.pass != worker_load_.passes) {
         // Deficit round robin: what the guest's last turn took beyond its
-        // budget (the slice or WQE that crossed it, a turn preempted) comes
-        // off the next ones, up to two budgets (a guest in debt skips at
-        // most two passes), so that shares follow the weights however
-        // coarse a slice is against the budget.
-        load.pass_used = load.pass_used > turn_budget_ ? std::min(load.pass_used - turn_budget_, 2 * turn_budget_) : 0;
+        // budget (the small one if it gave way; the slice or WQE that
+        // crossed it, a turn preempted) comes off the next ones, up to
+        // kMaxDebtBudgets full budgets, so that shares follow the weights
+        // however coarse a slice is against the budget.
+        const uint64_t b = load.pass_budget ? load.pass_budget : turn_budget_;
+        load.pass_used =
+            load.pass_used > b ? std::min(load.pass_used - b, kMaxDebtBudgets * turn_budget_) : 0;
         load.pass = worker_load_.passes;
     }
     bool progress = false;
     turn_used_ = turn_carried_ = load.pass_used;
-    turn_clock.in_debt = turn_spent();
+    turn_ctx_ = &ctx;
+    turn_yielded_ = false;
+    yield_check_at_ = turn_small_;
+    turn_clock.in_debt = turn_used_ >= turn_budget_;
     turn_start_ns_ = turn_clock.start;
     turn_checks_ = 0;
     // Once the turn is spent, the QPs not looked at yet wait for the next

@@ -171,6 +171,21 @@ public:
     static constexpr uint64_t kWqeCost = 2048;
     static constexpr uint64_t kSliceBytes = 64 * 1024;
     static constexpr uint64_t kTimedCopyBytes = 4096;
+    // Turns sized by what is waiting (protocol.md "Work per turn"): once a
+    // turn has used kSmallTurn (times its guest's weight) and another
+    // guest of this worker has work, the turn ends at the next check (the
+    // deficit round robin then counts against the small budget, so shares
+    // still follow the weights); a guest alone keeps the whole budget. The
+    // local transport copies a large transfer kCopySlice at a time and
+    // checks between slices, so a small message waits behind at most one
+    // slice or kSmallTurn of small WQEs, whatever the neighbours post.
+    static constexpr uint64_t kSmallTurn = 16 * 1024;
+    static constexpr uint64_t kCopySlice = 16 * 1024;
+    // Other contexts looked at per check (rotating): the check's cost is
+    // bounded however many contexts the worker has.
+    static constexpr size_t kYieldScan = 64;
+    // Debt carried to the next passes: at most this many full budgets.
+    static constexpr uint64_t kMaxDebtBudgets = 4;
     void charge_turn(uint64_t bytes) { turn_used_ += bytes; }
     // A copy of `bytes` that took `ns` (0: not timed).
     void charge_copy(uint64_t bytes, uint64_t ns) {
@@ -182,17 +197,21 @@ public:
     // The requester asks before each WQE with turn_spent_timed, which also
     // counts the time the turn took (the clock read every kTurnClockEvery
     // calls); looking at an idle QP costs nothing.
-    bool turn_spent() const { return turn_used_ >= turn_budget_; }
+    bool turn_spent() {
+        if (turn_used_ >= turn_budget_) return true;
+        return turn_used_ >= yield_check_at_ && yield_to_others();
+    }
     bool turn_spent_timed();
     // Runs `f` with no turn budget (what it uses is still charged to the
     // turn afterwards): for a command that must see every work request
     // posted before it (ResizeCq), whose queues bound the work.
     template <typename F>
     void outside_budget(F&& f) {
-        const uint64_t budget = turn_budget_;
-        turn_budget_ = UINT64_MAX;
+        const uint64_t budget = turn_budget_, check = yield_check_at_;
+        turn_budget_ = yield_check_at_ = UINT64_MAX;
         f();
         turn_budget_ = budget;
+        yield_check_at_ = check;
     }
     static constexpr uint32_t kTurnClockEvery = 8;
 
@@ -210,6 +229,10 @@ private:
     static void tell_sleeping(Context& ctx, bool sleeping) {
         ctx.control()->shim_sleeping.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
     }
+    // The turn has used its small budget: it ends if another guest of this
+    // worker has work (true), else the next check is one small budget on.
+    bool yield_to_others();
+    bool others_have_work();
     bool process_commands(Context& ctx);
     bool sweep(uint64_t t);
     void destroy_resources(Context& ctx);
@@ -238,6 +261,11 @@ private:
     uint64_t turn_budget_ = kTurnBudget;  // its guest's: kTurnBudget times its weight
     uint64_t turn_carried_ = 0;  // what its guest used before this turn in this pass
     uint64_t turn_start_ns_ = 0;
+    Context* turn_ctx_ = nullptr;       // the context whose turn it is
+    uint64_t turn_small_ = kSmallTurn;  // its guest's small budget
+    uint64_t yield_check_at_ = UINT64_MAX;
+    bool turn_yielded_ = false;
+    size_t yield_scan_from_ = 0;
     uint32_t turn_checks_ = 0;
     WorkerLoad worker_load_;
     std::vector<Context*> awake_;               // the contexts a pass looks at

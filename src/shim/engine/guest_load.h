@@ -19,6 +19,8 @@ struct GuestLoad {
     // contexts used of the budget in pass `pass`.
     uint64_t pass = 0;
     uint64_t pass_used = 0;
+    uint64_t pass_budget = 0;  // the budget pass_used counts against (0: the full one)
+    uint64_t yields = 0;       // turns that gave way to another guest's work
 };
 
 // The worker's side: passes over all its contexts, and the time spent in

@@ -57,7 +57,7 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
     // Slices while the turn lasts (at least one: every turn makes progress).
     bool moved = true;
     do {
-        const uint64_t n = std::min(Engine::kSliceBytes, s->d.length - s->done);
+        const uint64_t n = std::min(Engine::kCopySlice, s->d.length - s->done);
         moved = timed_move(eng, req, s->d, local, nlocal, s->done, n, copied_bytes_);
         s->done += n;
     } while (moved && s->done < s->d.length && !eng.turn_spent());
