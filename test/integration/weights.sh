@@ -6,8 +6,13 @@
 # each with two 64 MiB SENDs always in flight (-g 1) and no small writes
 # (-f 0: a stream of small writes is limited by the guest itself in a slow,
 # sanitized build, not by the shim). vrdmactl load must then show that c
-# moved about three times d's bytes (at least 1.8 times: measured 3.3 plain
-# and 2.8 under ASan; with equal weights the same script measures 1.0),
+# moved three times d's bytes within 20 % (2.4 to 3.6; measured 3.19 to
+# 3.30 plain and 2.88 to 2.90 under ASan; with equal weights the same
+# script measures 1.0). Shares are of the worker's time, and under TSan a
+# turn's own instrumented work costs more than its 16 KiB copy: the guest
+# of weight 1 pays that cost per 16 KiB, the other per 48 KiB, so its
+# bytes ratio lies between 3 and 9 (measured 5.9 to 7.6); TSan runs are
+# checked for 1.8 to 9 (the weight counted, in the right direction),
 # both weights on the guests' lines, and both greedy guests' completions
 # all successful. Then the operator swaps the weights at run time
 # (vrdmactl weight c 1, weight d 3) and the next 6 s go the other way.
@@ -59,9 +64,12 @@ check_shares() {
     [ "$1" = c ] || { heavy=$d_bytes light=$c_bytes; }
     r="$(awk -v a="$heavy" -v b="$light" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
     echo "  $1 over $2 (weights 3 and 1): bytes $r"
-    awk -v r="$r" 'BEGIN { exit !(r >= 1.8 && r <= 6) }' ||
-        fail "$1 (weight 3) moved $r times $2's bytes, not about 3"
+    awk -v r="$r" -v lo="$lo" -v hi="$hi" 'BEGIN { exit !(r >= lo && r <= hi) }' ||
+        fail "$1 (weight 3) moved $r times $2's bytes, not $lo to $hi"
 }
+
+lo=2.4 hi=3.6
+grep -q '^VRDMA_TSAN:BOOL=ON' "$VRDMA_BUILD_DIR/CMakeCache.txt" 2>/dev/null && lo=1.8 hi=9
 
 note "two greedy guests on one worker, c with weight 3, d with 1"
 greedy_phase "weights 3 and 1"
