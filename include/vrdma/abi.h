@@ -17,8 +17,8 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 5;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
-                                  // 5: the doorbell no longer stands for queues with a work slot
+constexpr uint32_t kVersion = 6;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+                                  // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -357,7 +357,9 @@ struct CmdRegMrReq {
     uint32_t pd_handle;
     uint32_t access;          // enum ibv_access_flags
     uint64_t addr;            // gva; [addr, addr+length) is covered by announced segments
-    uint64_t length;
+    uint64_t length;          // 0 only with IBV_ACCESS_ZERO_BASED (an MR over no device memory)
+    uint64_t iova;            // what work requests name the MR's first byte by: addr, any
+                              // other address (ibv_reg_mr_iova), or 0 (IBV_ACCESS_ZERO_BASED)
 };
 struct CmdRegMrResp { uint32_t mr_handle; uint32_t lkey; uint32_t rkey; };
 

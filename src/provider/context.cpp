@@ -29,6 +29,7 @@ constexpr size_t kArenaBytes = 64u << 20;  // sparse: pages appear as rings use 
 void free_context(ibv_context* ibctx);
 
 const verbs_context_ops kContextOps = {
+    .alloc_dm = alloc_dm,
     .alloc_mw = alloc_mw,
     .alloc_parent_domain = alloc_parent_domain,
     .alloc_pd = alloc_pd,
@@ -49,6 +50,7 @@ const verbs_context_ops kContextOps = {
     .destroy_qp = destroy_qp,
     .destroy_srq = destroy_srq,
     .free_context = free_context,
+    .free_dm = free_dm,
     .modify_qp = modify_qp,
     .modify_srq = modify_srq,
     .poll_cq = poll_cq,
@@ -59,6 +61,7 @@ const verbs_context_ops kContextOps = {
     .query_port = query_port,
     .query_qp = query_qp,
     .query_srq = query_srq,
+    .reg_dm_mr = reg_dm_mr,
     .reg_mr = reg_mr,
     .req_notify_cq = req_notify_cq,
     .rereg_mr = rereg_mr,

@@ -44,6 +44,7 @@ struct Context {
     std::mutex mem_mu;
     Arena arena;
     SegmentTable segments;
+    uint64_t dm_bytes = 0;  // device memory allocated (verbs_dm.cpp)
 
     abi::DeviceAttr dev_attr{};
     uint32_t lid = 0;

@@ -48,6 +48,7 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     a.local_ca_ack_delay = uint8_t(d.local_ca_ack_delay);
     a.phys_port_cnt = uint8_t(d.phys_port_cnt);
     ex.phys_port_cnt_ex = d.phys_port_cnt;
+    ex.max_dm_size = kMaxDmBytes;
 
     std::memcpy(attr, &ex, std::min(attr_size, sizeof(ex)));
     return 0;

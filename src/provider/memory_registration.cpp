@@ -429,6 +429,8 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
     return 0;
 }
 
+void forget_unmapped_segments(Context& ctx) { sweep(ctx, read_maps(false)); }
+
 void release_segments(Context& ctx, const std::vector<uint32_t>& seg_ids) {
     bool any_free = false;
     for (uint32_t id : seg_ids) {

@@ -58,6 +58,10 @@ int add_arena_segment(Context& ctx, size_t len, void** base);
 // reference taken on each). 0 or a positive errno (message on stderr).
 int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids);
 
+// Removes from the shim the segments no MR uses whose pages are no longer
+// mapped (after munmap of memory the application owns: device memory).
+void forget_unmapped_segments(Context& ctx);
+
 // Drops the references taken by share_range; segments no longer referenced
 // and no longer mapped are removed from the shim.
 void release_segments(Context& ctx, const std::vector<uint32_t>& seg_ids);

@@ -26,10 +26,13 @@ struct Pd {
 inline Pd* to_pd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 static_assert(std::is_standard_layout_v<Pd> && offsetof(Pd, ibv) == 0);
 
+struct Dm;
+
 struct Mr {
     verbs_mr vmr;
     uint32_t handle = 0;
     std::vector<uint32_t> segments;  // ids, one reference each
+    Dm* dm = nullptr;                // an MR over device memory (ibv_reg_dm_mr)
 };
 
 struct Cq {

@@ -5,9 +5,19 @@
 
 namespace vrdma::prov {
 
+struct Dm;
+
 // device_query.cpp
 int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t);
 int query_port(ibv_context*, uint8_t, ibv_port_attr*);
+
+// verbs_dm.cpp
+ibv_dm* alloc_dm(ibv_context*, ibv_alloc_dm_attr*);
+int free_dm(ibv_dm*);
+ibv_mr* reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int);
+// An MR over device memory goes (ibv_dereg_mr).
+void dm_mr_gone(Dm* dm);
+constexpr uint64_t kMaxDmBytes = 1 << 20;  // ibv_device_attr_ex::max_dm_size, per context
 
 // verbs_parent_domain.cpp
 ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);
@@ -17,6 +27,10 @@ bool is_parent_domain(ibv_context*, ibv_pd*);
 ibv_pd* alloc_pd(ibv_context*);
 int dealloc_pd(ibv_pd*);
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int);
+// The registration behind ibv_reg_mr and ibv_reg_dm_mr: [addr, addr+length)
+// shared with the shim, named by `iova` in work requests (dm: the device
+// memory it lies in, or null).
+ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova, int access, Dm* dm);
 int dereg_mr(verbs_mr*);
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int);
 ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*);

@@ -47,37 +47,42 @@ int dealloc_pd(ibv_pd* ibpd) {
     return 0;
 }
 
+// ibv_reg_mr and ibv_reg_mr_iova: `hca_va` is the address work requests
+// name the first byte by. As the kernel's uverbs, it must share the
+// address's offset in its page.
 ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int access) {
-    Context& ctx = ctx_of(pd->context);
-    if (hca_va != reinterpret_cast<uintptr_t>(addr)) {
-        LOG_ERR("ibv_reg_mr with an iova other than the address is not supported");
-        errno = EOPNOTSUPP;
-        return nullptr;
-    }
-    if (length == 0) {
+    if (length == 0 || ((hca_va ^ reinterpret_cast<uintptr_t>(addr)) & (abi::kPageSize - 1)) ||
+        (access & IBV_ACCESS_ZERO_BASED)) {  // zero-based: device memory only (ibv_reg_dm_mr)
         errno = EINVAL;
         return nullptr;
     }
+    return register_memory(pd, reinterpret_cast<uintptr_t>(addr), length, hca_va, access, nullptr);
+}
+
+ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova, int access, Dm* dm) {
+    Context& ctx = ctx_of(pd->context);
     auto* mr = new (std::nothrow) Mr{};
     if (!mr) {
         errno = ENOMEM;
         return nullptr;
     }
     std::lock_guard lock(ctx.mem_mu);
-    int rc = share_range(ctx, reinterpret_cast<uintptr_t>(addr), length, &mr->segments);
+    // A zero-length MR (device memory only) names no memory: nothing to share.
+    int rc = length ? share_range(ctx, addr, length, &mr->segments) : 0;
     if (rc == 0) {
         abi::CmdRegMrReq req{};
         req.pd_handle = pd->handle;
         req.access = uint32_t(access);
-        req.addr = reinterpret_cast<uintptr_t>(addr);
+        req.addr = addr;
         req.length = length;
+        req.iova = iova;
         abi::CmdRegMrResp resp{};
         rc = command(ctx, abi::CmdOp::RegMr, &req, sizeof(req), &resp, sizeof(resp));
         if (rc == 0) {
             ibv_mr& m = mr->vmr.ibv_mr;
             m.context = pd->context;
             m.pd = pd;
-            m.addr = addr;
+            m.addr = dm ? reinterpret_cast<void*>(uintptr_t(iova)) : reinterpret_cast<void*>(addr);
             m.length = length;
             m.handle = resp.mr_handle;
             m.lkey = resp.lkey;
@@ -85,6 +90,7 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
             mr->vmr.mr_type = IBV_MR_TYPE_MR;
             mr->vmr.access = access;
             mr->handle = resp.mr_handle;
+            mr->dm = dm;
             return &m;
         }
         release_segments(ctx, mr->segments);
@@ -102,6 +108,7 @@ int dereg_mr(verbs_mr* vmr) {
     int rc = command(ctx, abi::CmdOp::DeregMr, &req, sizeof(req), nullptr, 0);
     if (rc && rc != EIO) return rc;  // shim gone: the MR is gone with it
     release_segments(ctx, mr->segments);
+    if (mr->dm) dm_mr_gone(mr->dm);
     delete mr;
     return 0;
 }
@@ -118,6 +125,7 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
         return e;
     };
     if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != vmr->ibv_mr.context)) return fail(EINVAL);
+    if (mr->dm) return fail(EINVAL);  // an MR over device memory stays as registered (as on mlx5)
     std::lock_guard lock(ctx.mem_mu);
     std::vector<uint32_t> segments;
     bool translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION;

@@ -302,7 +302,7 @@ public:
         return r.status;
     }
     int reg_mr(uint32_t pd, uint64_t addr, uint64_t len, uint32_t access, MrInfo& out) {
-        auto r = cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, access, addr, len});
+        auto r = cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, access, addr, len, addr});
         if (r.status) return r.status;
         auto m = r.as<abi::CmdRegMrResp>();
         out = MrInfo{m.mr_handle, m.lkey, m.rkey, addr, len};

@@ -98,6 +98,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 r.addr = gva(in);
                 uint8_t l = in.u8();
                 r.length = l < 200 ? uint64_t(in.u16()) * (l & 1 ? 64 : 1) : in.u64();
+                // Mostly the address itself; zero-based (device memory), or any.
+                const uint8_t v = in.u8();
+                r.iova = v < 200 ? r.addr : v < 230 ? 0 : in.u64();
+                if (v >= 200 && v < 230) r.access |= IBV_ACCESS_ZERO_BASED;
                 put(r);
                 break;
             }

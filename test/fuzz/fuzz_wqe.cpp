@@ -58,7 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             MrInfo& m = in.u8() & 1 ? w.a_local : w.a_remote;
             w.a.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{m.handle});
             if (in.u8() & 1) {
-                auto r = w.a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{w.a_pd, uint32_t(in.u8() & 0xf), m.addr, m.len});
+                auto r = w.a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{w.a_pd, uint32_t(in.u8() & 0xf), m.addr, m.len, m.addr});
                 if (r.status == 0) {
                     auto resp = r.as<abi::CmdRegMrResp>();
                     m.handle = resp.mr_handle;

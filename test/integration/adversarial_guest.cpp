@@ -493,7 +493,7 @@ void case_handles() {
         for (uint32_t h : {pd, mr.mr_handle, cq.handle, qp.handle}) again += g.cmd(op, abi::CmdHandleReq{h}) == 0;
     // Stale handles after re-creation: same slot, new generation.
     uint32_t pd2 = g.pd();
-    int stale = g.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_LOCAL_WRITE, buf, 4096}) == 0;
+    int stale = g.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_LOCAL_WRITE, buf, 4096, buf}) == 0;
     // Guessed handles of every type over the first slots and generations:
     // they name this guest's own (absent) objects, never another guest's.
     int guessed_ok = 0;

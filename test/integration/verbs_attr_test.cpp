@@ -18,7 +18,7 @@ TEST_CASE("device identity: vendor, part, hardware and firmware versions", "[api
     // the part id names vrdma within it (docs/protocol.md, "Device identity").
     CHECK(da.vendor_id == 0xffffff);
     CHECK(da.vendor_part_id == 0x7672);
-    CHECK(da.hw_ver == 5);                       // device ABI version (abi::kVersion)
+    CHECK(da.hw_ver == 6);                       // device ABI version (abi::kVersion)
     CHECK(std::strcmp(da.fw_ver, "0.1.0") == 0);  // shim release
     CHECK(da.node_guid != 0);
     CHECK(da.sys_image_guid == da.node_guid);
@@ -155,6 +155,7 @@ TEST_CASE("reg_mr: access flags as the kernel checks them", "[api][attr]") {
     CHECK(attempt(IBV_ACCESS_REMOTE_WRITE) == EINVAL);   // remote write needs local write
     CHECK(attempt(IBV_ACCESS_REMOTE_ATOMIC) == EINVAL);  // so does remote atomic
     CHECK(attempt(IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE) == EOPNOTSUPP);
+    CHECK(attempt(IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE) == EINVAL);  // device memory only
     CHECK(attempt(IBV_ACCESS_LOCAL_WRITE | (1 << 12)) == EINVAL);  // no such flag
     CHECK(attempt(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING) == 0);  // optional: ignored
     errno = 0;

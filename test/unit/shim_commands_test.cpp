@@ -50,22 +50,22 @@ TEST_CASE("PD and MR commands validate handles, access and ranges", "[shim][comm
     uint32_t pd = t.a.pd();
     uint64_t buf = t.a.alloc(8192, 4096);
     const uint32_t lw = IBV_ACCESS_LOCAL_WRITE;
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{0, lw, buf, 4096}).status == EINVAL);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd + 1, lw, buf, 4096}).status == EINVAL);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 0}).status == EINVAL);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_REMOTE_WRITE, buf, 4096}).status == EINVAL);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_ON_DEMAND, buf, 4096}).status == EOPNOTSUPP);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, ~0ull - 10, 100}).status == EINVAL);  // wraps
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, 0x1000, 4096}).status == EFAULT);     // no segment
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 1ull << 41}).status == EINVAL);  // over max
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, t.a.gva(), FakeProvider::kArenaLen + 1}).status ==
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{0, lw, buf, 4096, buf}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd + 1, lw, buf, 4096, buf}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 0, buf}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_REMOTE_WRITE, buf, 4096, buf}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, IBV_ACCESS_ON_DEMAND, buf, 4096, buf}).status == EOPNOTSUPP);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, ~0ull - 10, 100, ~0ull - 10}).status == EINVAL);  // wraps
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, 0x1000, 4096, 0x1000}).status == EFAULT);     // no segment
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 1ull << 41, buf}).status == EINVAL);  // over max
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, t.a.gva(), FakeProvider::kArenaLen + 1, t.a.gva()}).status ==
           EFAULT);
     // A PD of the other guest is not ours, even with the same handle value
     // (handles are per context).
     uint32_t pd_b = t.b.pd();
     t.b.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd_b});
 
-    auto r = t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw | IBV_ACCESS_REMOTE_READ, buf + 10, 5000});
+    auto r = t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw | IBV_ACCESS_REMOTE_READ, buf + 10, 5000, buf + 10});
     REQUIRE(r.status == 0);
     auto mr = r.as<abi::CmdRegMrResp>();
     CHECK(mr.lkey != 0);
@@ -80,7 +80,40 @@ TEST_CASE("PD and MR commands validate handles, access and ranges", "[shim][comm
     // A freed PD handle stays dead after its slot is reused.
     uint32_t pd2 = t.a.pd();
     CHECK(pd2 != pd);
-    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 4096}).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 4096, buf}).status == EINVAL);
+}
+
+TEST_CASE("an MR named by another address: the iova is what work requests use, zero-based only from 0",
+          "[shim][commands]") {
+    TwoGuests t;
+    uint32_t pd = t.a.pd();
+    uint64_t buf = t.a.alloc(8192, 4096);
+    const uint32_t lw = IBV_ACCESS_LOCAL_WRITE, zb = IBV_ACCESS_ZERO_BASED;
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw | zb, buf, 4096, 4096}).status == EINVAL);  // zero-based, not at 0
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 4096, ~0ull - 100}).status == EINVAL);  // iova wraps
+    CHECK(t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw, buf, 0, 0}).status == EINVAL);  // empty, not zero-based
+    // An empty zero-based MR (device memory, ibv_reg_dm_mr with length 0).
+    auto empty = t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw | zb, buf, 0, 0});
+    REQUIRE(empty.status == 0);
+    CHECK(t.a.cmd(CmdOp::DeregMr, abi::CmdHandleReq{empty.as<abi::CmdRegMrResp>().mr_handle}).status == 0);
+    // Zero-based over [buf+100, +4000): the MR is [0, 4000) to work
+    // requests, and the flag is not one of its rights.
+    auto r = t.a.cmd(CmdOp::RegMr, abi::CmdRegMrReq{pd, lw | zb, buf + 100, 4000, 0});
+    REQUIRE(r.status == 0);
+    const Mr* mr = t.a.ctx().mrs.get(r.as<abi::CmdRegMrResp>().mr_handle);
+    REQUIRE(mr != nullptr);
+    CHECK(mr->addr == 0);
+    CHECK(mr->length == 4000);
+    CHECK(mr->access == lw);
+    Qp qp;
+    qp.pd = pd;
+    t.a.at(buf + 100)[0] = 0x5a;  // the MR's byte 0, written where the guest sees it
+    t.a.at(buf + 100)[3999] = 0xa5;
+    const uint8_t* host = resolve_rkey(t.a.ctx(), qp, mr->key, 0, 4000, 0, nullptr);
+    REQUIRE(host != nullptr);
+    CHECK(host[0] == 0x5a);
+    CHECK(host[3999] == 0xa5);
+    CHECK(resolve_rkey(t.a.ctx(), qp, mr->key, buf + 100, 8, 0, nullptr) == nullptr);  // its own address is not the MR's
 }
 
 TEST_CASE("CQ creation validates entries and ring placement", "[shim][commands]") {
@@ -156,6 +189,7 @@ TEST_CASE("MR re-registration validates flags, PD, access and range, and changes
     CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_PD, pd2 + 7, 0, 0, 0) == EINVAL);
     CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, IBV_ACCESS_REMOTE_WRITE, 0, 0) == EINVAL);
     CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, IBV_ACCESS_ON_DEMAND, 0, 0) == EOPNOTSUPP);
+    CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_ACCESS, 0, lw | IBV_ACCESS_ZERO_BASED, 0, 0) == EINVAL);
     CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, other, 0) == EINVAL);
     CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, ~0ull - 10, 100) == EINVAL);
     CHECK(rereg(mr.handle, IBV_REREG_MR_CHANGE_TRANSLATION, 0, 0, 0x1000, 4096) == EFAULT);

@@ -141,16 +141,16 @@ TEST_CASE("quotas are per guest, across its contexts, and come back", "[shim][ha
 
         // Registered memory: 3 pages in all.
         uint64_t buf = a1.alloc(4 * 4096, 4096);
-        CHECK(a1.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd1, IBV_ACCESS_LOCAL_WRITE, buf, 4 * 4096}).status ==
+        CHECK(a1.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd1, IBV_ACCESS_LOCAL_WRITE, buf, 4 * 4096, buf}).status ==
               ENOMEM);
-        auto m = a1.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd1, IBV_ACCESS_LOCAL_WRITE, buf, 2 * 4096});
+        auto m = a1.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd1, IBV_ACCESS_LOCAL_WRITE, buf, 2 * 4096, buf});
         REQUIRE(m.status == 0);
-        CHECK(a2.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd2, 0, buf, 2 * 4096}).status == ENOMEM);
+        CHECK(a2.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd2, 0, buf, 2 * 4096, buf}).status == ENOMEM);
         CHECK(ua->used(Res::MrBytes) == 2 * 4096);
         uint32_t mh = m.as<abi::CmdRegMrResp>().mr_handle;
         REQUIRE(a1.cmd(abi::CmdOp::DeregMr, abi::CmdHandleReq{mh}).status == 0);
         CHECK(ua->used(Res::MrBytes) == 0);
-        CHECK(a1.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd1, IBV_ACCESS_LOCAL_WRITE, buf, 3 * 4096}).status == 0);
+        CHECK(a1.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd1, IBV_ACCESS_LOCAL_WRITE, buf, 3 * 4096, buf}).status == 0);
 
         // A context that dies gives back everything it held.
         eng.detach(a1.ctx_id());
@@ -187,9 +187,9 @@ TEST_CASE("an MR over several segments is charged mappings", "[shim][hardening][
     CHECK(ua->used(Res::Mappings) == 4);  // arena + 3 segments
     uint32_t pd = a.pd();
     // Composing them would need 1 + 3 more mappings.
-    CHECK(a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, 0, base, 3 * 4096}).status == ENOMEM);
+    CHECK(a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, 0, base, 3 * 4096, base}).status == ENOMEM);
     // Inside one segment it costs nothing.
-    CHECK(a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, 0, base + 4096, 4096}).status == 0);
+    CHECK(a.cmd(abi::CmdOp::RegMr, abi::CmdRegMrReq{pd, 0, base + 4096, 4096, base + 4096}).status == 0);
     CHECK(ua->used(Res::Mappings) == 4);
     munmap(area, 3 * 4096);
 }

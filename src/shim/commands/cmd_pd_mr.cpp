@@ -14,11 +14,16 @@ constexpr uint32_t kOptionalAccess = IBV_ACCESS_OPTIONAL_RANGE;  // may be ignor
 constexpr uint32_t kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB |
                                kOptionalAccess;
+// Flags that say how the MR is made, not what it allows: not kept in Mr::access.
+constexpr uint32_t kMakingAccess = kOptionalAccess | IBV_ACCESS_ZERO_BASED;
 
 // The access flags of a registration: 0, EOPNOTSUPP or EINVAL, as the
 // kernel checks them (ib_check_mr_access) on a device without ODP.
-int check_access(uint32_t access) {
-    if (access & (IBV_ACCESS_ON_DEMAND | IBV_ACCESS_ZERO_BASED)) return EOPNOTSUPP;
+// `zero_based`: whether IBV_ACCESS_ZERO_BASED may be among them (RegMr,
+// for device memory; not ReregMr).
+int check_access(uint32_t access, bool zero_based = false) {
+    if (access & IBV_ACCESS_ON_DEMAND) return EOPNOTSUPP;
+    if (zero_based) access &= ~uint32_t(IBV_ACCESS_ZERO_BASED);
     if (access & ~kMrAccess) return EINVAL;
     if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
         return EINVAL;
@@ -61,23 +66,31 @@ int cmd_reg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdRegMrReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
-    if (int err = check_access(r.access)) return err;
-    if (!range_ok(ctx, r.addr, r.length)) return EINVAL;
+    if (int err = check_access(r.access, true)) return err;
+    // The work requests' view (iova) must fit as the memory's does; a
+    // zero-based MR starts at 0, and only one of those may be empty.
+    const bool zero_based = r.access & IBV_ACCESS_ZERO_BASED;
+    if (zero_based && r.iova != 0) return EINVAL;
+    if (r.iova + r.length < r.iova) return EINVAL;
+    if (!(zero_based && r.length == 0) && !range_ok(ctx, r.addr, r.length)) return EINVAL;
     PendingCharges charge(ctx);
     if (!charge.take(Res::Mr, 1, "RegMr") || !charge.take(Res::MrBytes, r.length, "RegMr")) return ENOMEM;
     auto mr = std::make_unique<Mr>();
-    int err = ctx.segments.map_range(r.addr, r.length, mr->mem, ctx.charges.usage());
-    if (err) return err;
+    if (r.length) {
+        if (int err = ctx.segments.map_range(r.addr, r.length, mr->mem, ctx.charges.usage())) return err;
+    }
     mr->pd = r.pd_handle;
-    mr->access = r.access & ~kOptionalAccess;
-    mr->addr = r.addr;
+    mr->access = r.access & ~kMakingAccess;
+    mr->addr = r.iova;
     mr->length = r.length;
-    // With a device, the memory is registered there too, at the guest's own
-    // addresses, and the device's key is the MR's (hca_device.h). Memory
-    // the device refuses still serves this host and TCP.
-    if (pd->dev) {
+    // With a device, the memory is registered there too, at the addresses
+    // work requests name it by, and the device's key is the MR's
+    // (hca_device.h). Memory the device refuses (an iova whose offset in
+    // its page differs from the memory's, as a zero-based MR's may) still
+    // serves this host and TCP.
+    if (pd->dev && r.length) {
         int derr = 0;
-        auto d = eng.hca()->reg_mr(pd->dev, mr->mem.host, r.length, r.addr, mr->access, derr);
+        auto d = eng.hca()->reg_mr(pd->dev, mr->mem.host, r.length, r.iova, mr->access, derr);
         if (d) mr->dev.reset(d.release());
     }
     Mr* m = mr.get();
@@ -137,7 +150,7 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         if (!charge.take(Res::MrBytes, r.length, "ReregMr")) return ENOMEM;
         if (int err = ctx.segments.map_range(r.addr, r.length, mem, ctx.charges.usage())) return err;
     }
-    const uint32_t access = (r.flags & IBV_REREG_MR_CHANGE_ACCESS) ? r.access & ~kOptionalAccess : mr->access;
+    const uint32_t access = (r.flags & IBV_REREG_MR_CHANGE_ACCESS) ? r.access & ~kMakingAccess : mr->access;
     if (mr->dev) {
         const bool moved = r.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
         const Pd* pd = new_pd ? new_pd : ctx.pds.get(mr->pd);
