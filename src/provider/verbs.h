@@ -15,7 +15,9 @@ int query_port(ibv_context*, uint8_t, ibv_port_attr*);
 ibv_dm* alloc_dm(ibv_context*, ibv_alloc_dm_attr*);
 int free_dm(ibv_dm*);
 ibv_mr* reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int);
-// An MR over device memory goes (ibv_dereg_mr).
+// An MR over device memory is made (ibv_reg_dm_mr) or goes (ibv_dereg_mr);
+// the caller holds the context's mem_mu.
+void dm_mr_made(Dm* dm);
 void dm_mr_gone(Dm* dm);
 constexpr uint64_t kMaxDmBytes = 1 << 20;  // ibv_device_attr_ex::max_dm_size, per context
 

@@ -132,17 +132,16 @@ ibv_mr* reg_dm_mr(ibv_pd* pd, ibv_dm* d, uint64_t offset, size_t length, unsigne
         errno = EINVAL;
         return nullptr;
     }
-    ibv_mr* mr = register_memory(pd, reinterpret_cast<uintptr_t>(dm->base + offset), length, 0, int(access), dm);
-    if (mr) {
-        std::lock_guard lock(ctx_of(pd->context).mem_mu);
-        ++dm->mrs;
-        dm->shared = true;
-    }
-    return mr;
+    return register_memory(pd, reinterpret_cast<uintptr_t>(dm->base + offset), length, 0, int(access), dm);
 }
 
-void dm_mr_gone(Dm* dm) {
-    if (dm->mrs) --dm->mrs;  // the caller holds the context's mem_mu
+// Under the context's mem_mu, with the registration itself: ibv_free_dm
+// never sees an MR half made.
+void dm_mr_made(Dm* dm) {
+    ++dm->mrs;
+    dm->shared = true;
 }
+
+void dm_mr_gone(Dm* dm) { --dm->mrs; }
 
 }  // namespace vrdma::prov

@@ -91,6 +91,7 @@ ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova
             mr->vmr.access = access;
             mr->handle = resp.mr_handle;
             mr->dm = dm;
+            if (dm) dm_mr_made(dm);
             return &m;
         }
         release_segments(ctx, mr->segments);

@@ -19,11 +19,10 @@ constexpr uint32_t kMakingAccess = kOptionalAccess | IBV_ACCESS_ZERO_BASED;
 
 // The access flags of a registration: 0, EOPNOTSUPP or EINVAL, as the
 // kernel checks them (ib_check_mr_access) on a device without ODP.
-// `zero_based`: whether IBV_ACCESS_ZERO_BASED may be among them (RegMr,
-// for device memory; not ReregMr).
-int check_access(uint32_t access, bool zero_based = false) {
+// IBV_ACCESS_ZERO_BASED is not among them (EINVAL): RegMr takes it off
+// first, ReregMr cannot change it.
+int check_access(uint32_t access) {
     if (access & IBV_ACCESS_ON_DEMAND) return EOPNOTSUPP;
-    if (zero_based) access &= ~uint32_t(IBV_ACCESS_ZERO_BASED);
     if (access & ~kMrAccess) return EINVAL;
     if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
         return EINVAL;
@@ -66,7 +65,7 @@ int cmd_reg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdRegMrReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
-    if (int err = check_access(r.access, true)) return err;
+    if (int err = check_access(r.access & ~uint32_t(IBV_ACCESS_ZERO_BASED))) return err;
     // The work requests' view (iova) must fit as the memory's does; a
     // zero-based MR starts at 0, and only one of those may be empty.
     const bool zero_based = r.access & IBV_ACCESS_ZERO_BASED;
