@@ -16,40 +16,6 @@ namespace {
 
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-struct RcPair {
-    RcPair(Device& d, Device& peer) : a(d), b(peer) {
-        connect_rc(a.qp, peer.lid, b.qpn());
-        connect_rc(b.qp, d.lid, a.qpn());
-    }
-    Qp a, b;
-};
-
-void pattern(uint8_t* p, size_t n, uint8_t seed) {
-    for (size_t i = 0; i < n; ++i) p[i] = uint8_t(seed + i * 7 + (i >> 8));
-}
-bool has_pattern(const uint8_t* p, size_t n, uint8_t seed) {
-    for (size_t i = 0; i < n; ++i)
-        if (p[i] != uint8_t(seed + i * 7 + (i >> 8))) return false;
-    return true;
-}
-
-uint32_t complete(ibv_cq* cq) {
-    auto wc = poll_one(cq, 5000);
-    return wc ? wc->status : 0xffff;
-}
-
-// The peer's RDMA `op` of `len` bytes at `remote` through `rkey`, into or
-// out of `other`: its completion status.
-uint32_t peer_rdma(RcPair& p, ibv_wr_opcode op, uint64_t remote, uint32_t rkey, Buffer& other, size_t len) {
-    ibv_send_wr w{};
-    w.opcode = op;
-    w.send_flags = IBV_SEND_SIGNALED;
-    w.wr.rdma.remote_addr = remote;
-    w.wr.rdma.rkey = rkey;
-    REQUIRE(post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))}) == 0);
-    return complete(p.b.send_cq);
-}
-
 uint64_t max_dm_size(Device& d) {
     ibv_device_attr_ex attr{};
     REQUIRE(ibv_query_device_ex(d.ctx, nullptr, &attr) == 0);

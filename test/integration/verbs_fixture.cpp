@@ -214,4 +214,32 @@ ibv_sge sge(const Buffer& b, size_t off, uint32_t len) {
     return ibv_sge{b.addr(off), len, b.mr->lkey};
 }
 
+void pattern(uint8_t* p, size_t n, uint8_t seed) {
+    for (size_t i = 0; i < n; ++i) p[i] = uint8_t(seed + i * 13 + (i >> 8));
+}
+
+bool has_pattern(const uint8_t* p, size_t n, uint8_t seed) {
+    for (size_t i = 0; i < n; ++i)
+        if (p[i] != uint8_t(seed + i * 13 + (i >> 8))) return false;
+    return true;
+}
+
+uint32_t complete(ibv_cq* cq) {
+    auto wc = poll_one(cq, 5000);
+    return wc ? wc->status : 0xffff;
+}
+
+uint32_t peer_rdma(RcPair& p, ibv_wr_opcode op, uint64_t remote, uint32_t rkey, Buffer& other, size_t len) {
+    ibv_send_wr w{};
+    w.opcode = op;
+    w.send_flags = IBV_SEND_SIGNALED;
+    w.wr.rdma.remote_addr = remote;
+    w.wr.rdma.rkey = rkey;
+    if (int rc = post_send(p.b.qp, w, {sge(other, 0, uint32_t(len))})) {
+        errno = rc;
+        die("ibv_post_send of the peer's RDMA request");
+    }
+    return complete(p.b.send_cq);
+}
+
 }  // namespace vt

@@ -106,6 +106,27 @@ std::optional<ibv_wc> poll_one(ibv_cq* cq, int timeout_ms = 2000);
 // Expects no completion within ms milliseconds.
 bool cq_stays_empty(ibv_cq* cq, int ms);
 
+// A connected RC pair: a on `d`, b on `peer` (QPs and CQs its own).
+struct RcPair {
+    RcPair(Device& d, Device& peer, RcParams pa = {}, RcParams pb = {}, QpOptions o = {})
+        : dev(d), a(d, o), b(peer, o) {
+        connect_rc(a.qp, peer.lid, b.qpn(), pa);
+        connect_rc(b.qp, d.lid, a.qpn(), pb);
+    }
+    Device& dev;
+    Qp a, b;
+};
+
+// `n` bytes of a pattern that differs with `seed` and along the buffer, and
+// whether [p, p+n) holds it.
+void pattern(uint8_t* p, size_t n, uint8_t seed);
+bool has_pattern(const uint8_t* p, size_t n, uint8_t seed);
+// The status of the next completion on `cq` within 5 s (0xffff: none came).
+uint32_t complete(ibv_cq* cq);
+// The peer's (b's) RDMA `op` (READ or WRITE) of `len` bytes at `remote`
+// through `rkey`, into or out of `other`: its completion status.
+uint32_t peer_rdma(RcPair& p, ibv_wr_opcode op, uint64_t remote, uint32_t rkey, Buffer& other, size_t len);
+
 int post_recv(ibv_qp* qp, uint64_t wr_id, std::vector<ibv_sge> sges);
 int post_send(ibv_qp* qp, ibv_send_wr wr, std::vector<ibv_sge> sges);
 ibv_sge sge(const Buffer& b, size_t off, uint32_t len);

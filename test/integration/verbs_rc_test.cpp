@@ -17,17 +17,6 @@ namespace {
 constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                      IBV_ACCESS_REMOTE_ATOMIC;
 
-// a on the local device, b on the peer device.
-struct RcPair {
-    RcPair(Device& d, Device& peer, RcParams pa = {}, RcParams pb = {}, QpOptions o = {})
-        : dev(d), a(d, o), b(peer, o) {
-        connect_rc(a.qp, peer.lid, b.qpn(), pa);
-        connect_rc(b.qp, d.lid, a.qpn(), pb);
-    }
-    Device& dev;
-    Qp a, b;
-};
-
 void fill(Buffer& b, uint8_t seed) {
     for (size_t i = 0; i < b.size; ++i) b.data[i] = static_cast<uint8_t>(seed + i * 7);
 }
