@@ -210,6 +210,7 @@ inline fabric::Hello make_hello(uint16_t first, uint16_t last, uint8_t instance_
     h.lid_first = first;
     h.lid_last = last;
     h.crypto_mode = uint8_t(mode);
+    h.workers = 1;  // worker 0 of one, asking for the link's worker 0
     return h;
 }
 

@@ -239,6 +239,35 @@ void inject(Fabric2& f, const std::vector<uint8_t>& bytes) {
     REQUIRE(f.la->write_unframed(bytes.data(), bytes.size()) == bytes.size());
 }
 
+// A listening Link (lids 1-1, as `me` says otherwise) over a socketpair,
+// and a TLS client at the other end keyed with `peer_key`: the peer's side
+// is played by hand (peer_handshake).
+struct HandPlayedPeer {
+    Engine eng;
+    fabric::TlsContext tls, peer_tls;
+    UniqueFd peer;
+    std::unique_ptr<Link> link;
+    std::unique_ptr<fabric::TlsChannel> ch;
+    explicit HandPlayedPeer(const char* peer_key = kKey, fabric::LinkIdentity me = {}) {
+        REQUIRE(make_tls(tls, kKey));
+        REQUIRE(make_tls(peer_tls, peer_key));
+        int fds[2];
+        REQUIRE(socket_pair(fds));
+        peer.reset(fds[1]);
+        me.instance = instance(1);
+        me.lid_first = me.lid_last = 1;
+        link = std::make_unique<Link>(eng, tls, UniqueFd(fds[0]), false, me, "peer");
+        ch = std::make_unique<fabric::TlsChannel>(peer_tls, peer.get(), true);
+    }
+    void pump() {
+        link->flush();
+        link->on_readable();
+    }
+    bool handshake(const fabric::Hello& h, fabric::Hello* theirs = nullptr) {
+        return peer_handshake(*ch, h, [this] { pump(); }, theirs);
+    }
+};
+
 }  // namespace
 
 TEST_CASE("fabric: the handshake needs the same key on both sides", "[shim][fabric]") {
@@ -285,23 +314,51 @@ TEST_CASE("fabric: the handshake needs the same key on both sides", "[shim][fabr
         CHECK(f.la->close_reason().find("connected to itself") != std::string::npos);
     }
     SECTION("a peer with another key is refused by the TLS handshake") {
-        Engine eng;
-        fabric::TlsContext tls, wrong;
-        REQUIRE(make_tls(tls, kKey));
-        REQUIRE(make_tls(wrong, "0123456789abcdef0123"));
-        int fds[2];
-        REQUIRE(socket_pair(fds));
-        UniqueFd peer(fds[1]);
-        Link l(eng, tls, UniqueFd(fds[0]), false, instance(1), 1, 1, 0, "peer");
-        fabric::TlsChannel ch(wrong, peer.get(), true);
-        auto pump = [&] {
-            l.flush();
-            l.on_readable();
-        };
-        CHECK_FALSE(peer_handshake(ch, make_hello(2, 2), pump));
-        pump();
-        CHECK(l.state() == LinkState::Closed);
-        CHECK(l.auth_failed());
+        HandPlayedPeer t("0123456789abcdef0123");
+        CHECK_FALSE(t.handshake(make_hello(2, 2)));
+        t.pump();
+        CHECK(t.link->state() == LinkState::Closed);
+        CHECK(t.link->auth_failed());
+    }
+    SECTION("a Hello with impossible worker numbers is a protocol violation") {
+        for (int bad = 0; bad < 3; ++bad) {
+            CAPTURE(bad);
+            HandPlayedPeer t;
+            fabric::Hello h = make_hello(2, 2);
+            if (bad == 0) h.workers = 0;                              // no worker at all
+            if (bad == 1) h.worker = 3;                               // its worker 3 of 1
+            if (bad == 2) h.workers = fabric::kMaxFabricWorkers + 1;  // more than a shim may run
+            t.handshake(h);
+            t.pump();
+            CHECK(t.link->state() == LinkState::Closed);
+            CHECK(t.link->close_reason().find("invalid worker numbers") != std::string::npos);
+        }
+    }
+    SECTION("a held link reads nothing after the Hellos until it is released") {
+        fabric::LinkIdentity me;
+        me.worker = me.target = fabric::kAnyWorker;
+        me.hold = true;
+        HandPlayedPeer t(kKey, me);
+        fabric::Hello theirs{};
+        REQUIRE(t.handshake(make_hello(2, 2), &theirs));
+        t.pump();
+        CHECK(theirs.worker == fabric::kAnyWorker);
+        CHECK(theirs.target == fabric::kAnyWorker);
+        REQUIRE(t.link->state() == LinkState::Up);
+        // Bytes after the Hello stay in the socket while the link is held:
+        // they would otherwise be read into the engine of the wrong worker.
+        uint8_t junk[64];
+        std::memset(junk, 0xee, sizeof(junk));  // no segment type
+        auto frames = peer_frames(*t.ch, t.peer.get(), fabric::CryptoMode::Encrypt, true);
+        REQUIRE(frames->write(junk, sizeof(junk)) > 0);
+        REQUIRE(frames->flush_output() >= 0);
+        for (int i = 0; i < 10; ++i) t.pump();
+        CHECK(t.link->state() == LinkState::Up);
+        CHECK(t.link->stats.rx_bytes == sizeof(fabric::Hello));
+        // Released, it reads them (and here finds garbage: a violation).
+        t.link->release(t.eng, nullptr);
+        for (int i = 0; i < 10 && t.link->state() == LinkState::Up; ++i) t.pump();
+        CHECK(t.link->state() == LinkState::Closed);
     }
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -107,7 +108,28 @@ bool Daemon::start(std::string& error) {
         fc.lid_first = uint16_t(opts_.lid_base);
         uint32_t count = opts_.lid_count ? opts_.lid_count : uint32_t(opts_.guests.size());
         fc.lid_last = uint16_t(opts_.lid_base + count - 1);
-        if (!workers_[0]->start_fabric(fc, error)) return false;  // a fabric shim has one worker
+        fabric::random_bytes(fc.instance.data(), fc.instance.size());
+        fc.workers = nworkers;
+        // Worker 0 listens; a link it accepted for another worker goes to
+        // that worker's thread, which adopts it.
+        fc.hand_off = [this](uint32_t w, std::unique_ptr<fabric::Link> link) {
+            auto held = std::make_shared<std::unique_ptr<fabric::Link>>(std::move(link));
+            Worker* to = workers_[w].get();
+            to->post([to, held] { to->fabric().adopt(std::move(*held)); });
+        };
+        // Worker 0 reached a configured peer: the others dial its workers.
+        fc.learned = [this](const std::string& address, const sockaddr_in& addr, const fabric::InstanceId& id,
+                            uint8_t peer_workers) {
+            for (size_t w = 1; w < workers_.size(); ++w) {
+                Worker* to = workers_[w].get();
+                to->post([to, address, addr, id, peer_workers] { to->fabric().learn(address, addr, id, peer_workers); });
+            }
+        };
+        for (uint32_t w = 0; w < nworkers; ++w) {
+            fc.worker = w;
+            fc.accepts = w == 0;
+            if (!workers_[w]->start_fabric(fc, error)) return false;
+        }
         line += " fabric lids " + std::to_string(fc.lid_first) + "-" + std::to_string(fc.lid_last);
     }
     if (hca_) line += " hca " + hca_->name() + ":" + std::to_string(hca_->port());
@@ -183,11 +205,17 @@ std::string Daemon::transports_report() {
                 text += l;
             }
         });
-    report += ask_workers([this](Worker& w, std::string& text, std::string&) {
+    uint64_t tcp_copied = 0;  // (ask_workers waits for each worker's answer in turn)
+    auto tcp = std::make_shared<std::atomic<uint64_t>>(0);
+    ask_workers([tcp](Worker& w, std::string&, std::string&) {
+        const fabric::LinkStats t = w.fabric().totals();
+        *tcp += t.tx_payload + t.rx_payload;
+    });
+    tcp_copied = *tcp;
+    report += ask_workers([this, tcp_copied](Worker& w, std::string& text, std::string&) {
         if (w.index() != 0) return;
         char l[512];
-        const fabric::LinkStats t = w.fabric().totals();
-        std::snprintf(l, sizeof(l), "tcp copied_bytes %llu\n", (unsigned long long)(t.tx_payload + t.rx_payload));
+        std::snprintf(l, sizeof(l), "tcp copied_bytes %llu\n", (unsigned long long)tcp_copied);
         text += l;
         if (hca_) {
             const HcaDevice::Stats& s = hca_->stats();
@@ -214,7 +242,7 @@ std::string Daemon::load_report_all() {
 std::string Daemon::metrics_text() {
     std::string samples = ask_workers([](Worker& w, std::string& text, std::string&) {
         metrics_samples(w.engine(), w.index(), w.asleep_ns(), text);
-        if (w.fabric().enabled()) fabric_metrics_samples(w.fabric(), text);
+        if (w.fabric().enabled()) fabric_metrics_samples(w.fabric(), w.index(), text);
     });
     return metrics_exposition(samples, monotonic_ns() - started_ns_);
 }
@@ -397,9 +425,12 @@ void Daemon::on_control(uint64_t id) {
         return set_weight(g, w, err);
     };
     actions.peers = [this] {
-        return ask_workers([](Worker& w, std::string& text, std::string&) {
-            if (w.index() == 0) text = w.fabric().enabled() ? w.fabric().status() : std::string("no fabric\n");
+        // Each worker's links, then the refusals of all of them together.
+        const std::string all = ask_workers([](Worker& w, std::string& text, std::string&) {
+            if (w.fabric().enabled()) text = w.fabric().status();
+            else if (w.index() == 0) text = "no fabric\n";
         });
+        return fabric::merge_status(all);
     };
     actions.counters = [this] { return counters_report(); };
     actions.add_guest = [this](const std::string& spec, std::string& err) { return add_guest(spec, err); };

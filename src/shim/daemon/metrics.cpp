@@ -140,9 +140,12 @@ void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::stri
     }
 }
 
-void fabric_metrics_samples(const fabric::Fabric& fab, std::string& out) {
+void fabric_metrics_samples(const fabric::Fabric& fab, uint32_t worker, std::string& out) {
+    const std::string wl = "worker=\"" + std::to_string(worker) + "\"";
     for (const auto& p : fab.peer_info()) {
-        const std::string pl = "peer=\"" + label_value(p.address) + "\"";
+        // One link per worker of each side.
+        const std::string pl = "peer=\"" + label_value(p.address) + "\"," + wl + ",peer_worker=\"" +
+                               std::to_string(p.peer_worker) + "\"";
         const fabric::LinkStats& t = p.totals;
         add(out, "vrdma_fabric_peer_up", pl, uint64_t(std::string(p.state) == "up"));
         add(out, "vrdma_fabric_peer_tx_bytes_total", pl, t.tx_bytes);
@@ -159,7 +162,7 @@ void fabric_metrics_samples(const fabric::Fabric& fab, std::string& out) {
         {"handshake_failed", c.handshake_failed}, {"handshake_timeout", c.handshake_timeout},
         {"mode_mismatch", c.mode_mismatch},       {"tampered", c.tampered},
         {"flood_refused", c.flood_refused},       {"replace_refused", c.replace_refused}};
-    for (const auto& [reason, n] : reasons) add(out, "vrdma_fabric_refusals_total", std::string("reason=\"") + reason + "\"", n);
+    for (const auto& [reason, n] : reasons) add(out, "vrdma_fabric_refusals_total", std::string("reason=\"") + reason + "\"," + wl, n);
 }
 
 std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns) {

@@ -21,7 +21,7 @@ namespace vrdma::shim {
 void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::string& out);
 // Appends the fabric's samples (its peers' links and its refusals), in the
 // thread of the worker that drives it.
-void fabric_metrics_samples(const fabric::Fabric& fab, std::string& out);
+void fabric_metrics_samples(const fabric::Fabric& fab, uint32_t worker, std::string& out);
 
 // The exposition of the samples of every worker: HELP and TYPE once per
 // family, then its samples, and the shim's own (vrdma_up, uptime).

@@ -142,9 +142,11 @@ OPTIONS
         guests of one worker. Put guests that talk most on one worker
         (:worker=K), or give heavy tenants workers of their own. Default:
         half the CPUs the shim may run on (its affinity mask), at least
-        1: the guests' own pollers need the other half. A shim in a
-        fabric (--fabric-*) or with a device (--hca) runs one worker;
-        --workers above 1 is refused there.
+        1: the guests' own pollers need the other half. In a fabric
+        (--fabric-*) each worker has its own connection to each worker
+        of every peer shim, and carries its guests' traffic across it. A
+        shim with a device (--hca) runs one worker; --workers above 1 is
+        refused there.
 
     --worker-cpus LIST
         Pins worker K to the K-th CPU of LIST (CPU numbers and ranges, as
@@ -404,7 +406,7 @@ bool parse_cpu_list(const std::string& list, std::vector<uint32_t>& out) {
 }  // namespace
 
 uint32_t default_workers(const Options& o) {
-    if (!o.fabric_listen.empty() || !o.fabric_peers.empty() || !o.hca.empty()) return 1;
+    if (!o.hca.empty()) return 1;
     cpu_set_t set;
     CPU_ZERO(&set);
     const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -653,10 +655,9 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
         error = "--fabric-key without --fabric-listen or --fabric-peer";
         return false;
     }
-    if (o.workers > 1 && (fabric || !o.hca.empty())) {
+    if (o.workers > 1 && !o.hca.empty()) {
         error = "--workers " + std::to_string(o.workers) +
-                ": a shim in a fabric (--fabric-*) or with a device (--hca) runs one worker "
-                "(docs/protocol.md \"Workers\")";
+                ": a shim with a device (--hca) runs one worker (docs/protocol.md \"Workers\")";
         return false;
     }
     if (!o.workers && !o.worker_cpus.empty()) o.workers = uint32_t(o.worker_cpus.size());

@@ -11,6 +11,12 @@ bool RouteTable::add(uint16_t first, uint16_t last, Transport* t) {
     return true;
 }
 
+void RouteTable::assign(uint16_t lid, Transport* t) {
+    if (lid == 0 || lid > kMaxLid || routes_[lid] == t) return;
+    routes_[lid] = t;
+    ++generation_;
+}
+
 void RouteTable::remove_lid(uint16_t lid) {
     if (lid > kMaxLid || !routes_[lid]) return;
     routes_[lid] = nullptr;

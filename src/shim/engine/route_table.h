@@ -19,6 +19,9 @@ public:
     // Routes [first, last] to `t`; false if a LID there is routed already
     // to another transport or out of the unicast range.
     bool add(uint16_t first, uint16_t last, Transport* t);
+    // Routes `lid` to `t` whatever it went to before (a guest of a peer
+    // shim that one of the fabric's links announced: fabric.h).
+    void assign(uint16_t lid, Transport* t);
     // Removes every LID routed to `t`.
     void remove(Transport* t);
     // Removes the route of `lid`, whatever it goes to.

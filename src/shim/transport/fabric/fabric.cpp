@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <sstream>
 
 #include "context.h"
 #include "engine.h"
@@ -37,6 +38,9 @@ constexpr uint64_t kDialBackoffMaxNs = 2'000'000'000;
 constexpr uint64_t kTagPeer = 1, kTagListen = 2;
 constexpr uint64_t kRefusedRedialNs = 5'000'000'000;
 constexpr const char* kReplaced = "replaced by a duplicate connection";
+// A shim whose instance id is the larger waits this long for the peer's
+// connection to a pair of workers before it dials the pair itself.
+constexpr uint64_t kDeferNs = 1'000'000'000;
 
 std::string ip_text(const sockaddr_in& a) {
     char buf[INET_ADDRSTRLEN] = "?";
@@ -87,6 +91,35 @@ bool parse_endpoint(const std::string& text, sockaddr_in& out, std::string& erro
     out.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
     ::freeaddrinfo(res);
     return true;
+}
+
+std::string merge_status(const std::string& reports) {
+    std::string peers, summary;
+    std::vector<std::string> words;   // of the first summary line
+    std::vector<uint64_t> sums;
+    std::istringstream in(reports);
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("fabric ", 0) != 0) {
+            if (line != "no peers") peers += line + "\n";
+            continue;
+        }
+        std::istringstream ws(line);
+        std::vector<std::string> w;
+        for (std::string x; ws >> x;) w.push_back(x);
+        if (words.empty()) {
+            words = w;
+            sums.assign(w.size(), 0);
+        }
+        // "fabric crypto MODE key n key n ...": the same keys in every line.
+        for (size_t i = 4; i < w.size() && i < words.size(); i += 2) sums[i] += std::strtoull(w[i].c_str(), nullptr, 10);
+    }
+    if (words.empty()) return reports;
+    if (peers.empty()) peers = "no peers\n";
+    for (size_t i = 0; i < words.size(); ++i) {
+        summary += i ? " " : "";
+        summary += i >= 4 && i % 2 == 0 ? std::to_string(sums[i]) : words[i];
+    }
+    return peers + summary + "\n";
 }
 
 SendResult Peer::send(Engine&, Context& ctx, Qp&, const Request& req, const Span* local, uint32_t nlocal, Pins* pins,
@@ -173,7 +206,8 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
     eng_.set_ud_directory(this);
     if (!key_.load(cfg.key_file, error)) return false;
     if (!tls_.init(key_, cfg.crypto, error)) return false;
-    random_bytes(instance_.data(), instance_.size());
+    instance_ = cfg.instance;
+    if (instance_ == InstanceId{}) random_bytes(instance_.data(), instance_.size());
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll_) {
         error = std::string("epoll: ") + strerror(errno);
@@ -185,6 +219,11 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
             error = "--fabric-listen: " + error;
             return false;
         }
+        listen_port_ = ntohs(a.sin_port);
+    }
+    if (!cfg.listen.empty() && cfg.accepts) {
+        sockaddr_in a;
+        parse_endpoint(cfg.listen, a, error);
         listen_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
         int one = 1;
         ::setsockopt(listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -193,7 +232,6 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
             error = "cannot listen on " + cfg.listen + " (--fabric-listen): " + strerror(errno);
             return false;
         }
-        listen_port_ = ntohs(a.sin_port);
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = kTagListen;
@@ -205,13 +243,15 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
             error = "--fabric-peer: " + error;
             return false;
         }
-        peers_.push_back(std::make_unique<Peer>(endpoint_text(a), a, true));
+        // The other workers dial once worker 0 learned the peer (learn()).
+        if (cfg.worker == 0) peers_.push_back(std::make_unique<Peer>(endpoint_text(a), a, true));
     }
     enabled_ = true;
+    if (cfg.worker != 0) return true;  // said once, by worker 0
     LOG_INFO("fabric: this shim owns lids %u-%u; listening on %s; %zu configured peer(s); TLS 1.3 (PSK), "
-             "--fabric-crypto %s",
+             "--fabric-crypto %s; %u worker(s), a connection per worker of each side",
              cfg.lid_first, cfg.lid_last, cfg.listen.empty() ? "nothing" : cfg.listen.c_str(), peers_.size(),
-             crypto_mode_name(cfg.crypto));
+             crypto_mode_name(cfg.crypto), cfg.workers);
     return true;
 }
 
@@ -254,8 +294,8 @@ void Fabric::on_connected(Peer& p) {
         return;
     }
     Pending pd;
-    pd.link = std::make_unique<Link>(eng_, tls_, std::move(p.connecting_), true, instance_, cfg_.lid_first,
-                                     cfg_.lid_last, listen_port_, p.address_);
+    pd.link = std::make_unique<Link>(eng_, tls_, std::move(p.connecting_), true, identity(p.remote_worker_),
+                                     p.address_);
     pd.dialer = &p;
     pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
     watch(*pd.link, true);
@@ -285,8 +325,7 @@ void Fabric::accept_all() {
         }
         tune_socket(fd);
         Pending pd;
-        pd.link = std::make_unique<Link>(eng_, tls_, UniqueFd(fd), false, instance_, cfg_.lid_first, cfg_.lid_last,
-                                         listen_port_, endpoint_text(from));
+        pd.link = std::make_unique<Link>(eng_, tls_, UniqueFd(fd), false, identity(kAnyWorker), endpoint_text(from));
         pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
         pd.source = from.sin_addr.s_addr;
         watch(*pd.link, true);
@@ -398,6 +437,11 @@ void Fabric::service() {
             continue;
         }
         if (l.take_became_up()) {
+            if (!pd.dialer && !mine(pd)) {
+                if (pd.link) ++i;  // refused: kept until the reason is written
+                else pending_.erase(pending_.begin() + long(i));
+                continue;
+            }
             Pending moved = std::move(pd);
             pending_.erase(pending_.begin() + long(i));
             establish(moved);
@@ -411,6 +455,11 @@ void Fabric::service() {
         if (p.link_ && p.link_->state() == LinkState::Closed) link_closed(p);
         if (p.link_) watch(*p.link_, false);
         if (p.configured_ && !p.up() && !p.dialing_ && !p.connecting_ && now >= p.next_dial_ns_) {
+            // The peer dials this pair itself: give it the time to.
+            if (p.instance_known_ && instance_ > p.instance_) {
+                if (!p.defer_until_ns_) p.defer_until_ns_ = now + kDeferNs;
+                if (now < p.defer_until_ns_) continue;
+            }
             p.backoff_ns_ = p.backoff_ns_ ? std::min(p.backoff_ns_ * 2, kDialBackoffMaxNs) : kDialBackoffMinNs;
             p.next_dial_ns_ = now + p.backoff_ns_;
             dial(p);
@@ -418,12 +467,97 @@ void Fabric::service() {
     }
 }
 
-std::string Fabric::overlap(const Peer& self, uint16_t first, uint16_t last) const {
+LinkIdentity Fabric::identity(uint8_t target) const {
+    LinkIdentity me;
+    me.instance = instance_;
+    me.lid_first = cfg_.lid_first;
+    me.lid_last = cfg_.lid_last;
+    me.listen_port = listen_port_;
+    me.workers = uint8_t(cfg_.workers);
+    me.worker = target == kAnyWorker ? kAnyWorker : uint8_t(cfg_.worker);
+    me.target = target;
+    me.hold = true;
+    return me;
+}
+
+bool Fabric::mine(Pending& pd) {
+    Link& l = *pd.link;
+    const Hello& h = l.peer_hello();
+    std::string why;
+    if (h.worker == kAnyWorker || h.target == kAnyWorker)
+        why = "refused: a dialing shim must name its worker and the one it wants";
+    else if (h.target >= cfg_.workers)
+        why = "refused: this shim runs " + std::to_string(cfg_.workers) + " worker(s), there is no worker " +
+              std::to_string(h.target);
+    if (!why.empty()) {
+        LOG_WARN("fabric: connection from %s %s", l.remote().c_str(), why.c_str());
+        l.refuse(why);
+        l.flush();
+        return false;
+    }
+    if (h.target == cfg_.worker) return true;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, l.fd(), nullptr);
+    l.watched_events = 0;
+    cfg_.hand_off(h.target, std::move(pd.link));
+    return false;
+}
+
+void Fabric::adopt(std::unique_ptr<Link> link) {
+    Pending pd;
+    pd.link = std::move(link);
+    pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
+    if (pd.link->state() == LinkState::Closed) return;
+    watch(*pd.link, true);
+    establish(pd);
+    service();
+}
+
+void Fabric::learn(const std::string& address, const sockaddr_in& addr, const InstanceId& instance, uint8_t workers) {
+    configure_workers(address, addr, instance, workers, 0);
+    service();
+}
+
+void Fabric::configure_workers(const std::string& address, const sockaddr_in& addr, const InstanceId& instance,
+                               uint8_t workers, uint8_t from) {
+    auto same = [&](const Peer& p) {
+        return p.addr_.sin_addr.s_addr == addr.sin_addr.s_addr && p.addr_.sin_port == addr.sin_port;
+    };
+    for (uint8_t k = from; k < workers; ++k) {
+        Peer* found = nullptr;
+        for (auto& p : peers_)
+            if (p->remote_worker_ == k && same(*p)) found = p.get();
+        if (!found) {
+            peers_.push_back(std::make_unique<Peer>(address, addr, true, k));
+            found = peers_.back().get();
+        }
+        found->configured_ = true;
+        if (!found->up()) {
+            found->instance_ = instance;
+            found->instance_known_ = true;
+        }
+    }
+    // Workers it no longer runs (it restarted with fewer): no more dialing.
+    for (size_t i = 0; i < peers_.size();) {
+        Peer& p = *peers_[i];
+        if (p.configured_ && p.remote_worker_ >= workers && !p.up() && !p.dialing_ && !p.connecting_ && same(p)) {
+            if (p.link_) link_closed(p);
+            eng_.routes().remove(&p);
+            peers_.erase(peers_.begin() + long(i));
+        } else {
+            ++i;
+        }
+    }
+}
+
+std::string Fabric::overlap(const Peer& self, const Hello& h) const {
+    const uint16_t first = h.lid_first, last = h.lid_last;
     if (first <= cfg_.lid_last && last >= cfg_.lid_first)
         return "its LIDs " + std::to_string(first) + "-" + std::to_string(last) + " overlap this shim's " +
                std::to_string(cfg_.lid_first) + "-" + std::to_string(cfg_.lid_last);
     for (auto& p : peers_) {
-        if (p.get() == &self || !p->up()) continue;
+        // (Other workers of the same shim own the same LIDs.)
+        if (p.get() == &self || !p->up() || std::memcmp(p->instance_.data(), h.instance, p->instance_.size()) == 0)
+            continue;
         if (first <= p->lid_last_ && last >= p->lid_first_)
             return "its LIDs " + std::to_string(first) + "-" + std::to_string(last) + " overlap those of peer " +
                    p->address_ + " (" + std::to_string(p->lid_first_) + "-" + std::to_string(p->lid_last_) + ")";
@@ -433,16 +567,20 @@ std::string Fabric::overlap(const Peer& self, uint16_t first, uint16_t last) con
 
 Peer* Fabric::find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer) {
     if (dialer) return dialer;
+    // Accepted: the dialer said which of its workers it is (mine()).
+    const uint8_t w = hello.worker;
     for (auto& p : peers_)
-        if (std::memcmp(p->instance_.data(), hello.instance, p->instance_.size()) == 0) return p.get();
+        if (p->remote_worker_ == w && std::memcmp(p->instance_.data(), hello.instance, p->instance_.size()) == 0)
+            return p.get();
     for (auto& p : peers_)
-        if (p->addr_.sin_addr.s_addr == ip.sin_addr.s_addr && ntohs(p->addr_.sin_port) == hello.listen_port)
+        if (p->remote_worker_ == w && p->addr_.sin_addr.s_addr == ip.sin_addr.s_addr &&
+            ntohs(p->addr_.sin_port) == hello.listen_port)
             return p.get();
     // A shim this one was not told about, which proved it knows the key.
     sockaddr_in a = ip;
     a.sin_port = htons(hello.listen_port);
     std::string name = hello.listen_port ? endpoint_text(a) : ip_text(a) + " (not listening)";
-    peers_.push_back(std::make_unique<Peer>(name, a, false));
+    peers_.push_back(std::make_unique<Peer>(name, a, false, w));
     return peers_.back().get();
 }
 
@@ -483,7 +621,7 @@ void Fabric::establish(Pending& pd) {
             return;
         }
     }
-    std::string why = overlap(*p, h.lid_first, h.lid_last);
+    std::string why = overlap(*p, h);
     if (!why.empty()) {
         LOG_ERR("fabric: peer %s refused: %s", p->address_.c_str(), why.c_str());
         p->last_error_ = why;
@@ -499,18 +637,15 @@ void Fabric::establish(Pending& pd) {
         p->link_->close("the peer restarted");
     }
     if (p->link_) link_closed(*p);
+    // The peer's guests are routed here as the link announces them (their
+    // partitions, Link::release); none before.
     eng_.routes().remove(p);
-    // LIDs of peers that are down and overlap this one go to it now.
+    // LIDs of other shims that are down and overlap this one do not stay
+    // routed to them.
     for (auto& o : peers_)
-        if (o.get() != p && !o->up() && h.lid_first <= o->lid_last_ && h.lid_last >= o->lid_first_)
+        if (o.get() != p && !o->up() && h.lid_first <= o->lid_last_ && h.lid_last >= o->lid_first_ &&
+            std::memcmp(o->instance_.data(), h.instance, o->instance_.size()) != 0)
             eng_.routes().remove(o.get());
-    if (!eng_.routes().add(h.lid_first, h.lid_last, p)) {
-        LOG_ERR("fabric: peer %s: cannot route lids %u-%u", p->address_.c_str(), h.lid_first, h.lid_last);
-        l.refuse("LIDs already routed elsewhere");
-        pending_.push_back(std::move(pd));
-        pending_.back().dialer = nullptr;
-        return;
-    }
     std::memcpy(p->instance_.data(), h.instance, p->instance_.size());
     p->lid_first_ = h.lid_first;
     p->lid_last_ = h.lid_last;
@@ -518,15 +653,26 @@ void Fabric::establish(Pending& pd) {
     static const uint8_t kNoGid[16] = {};
     std::memcpy(p->device_gid_, h.device_gid, sizeof(p->device_gid_));
     p->has_device_ = eng_.hca() && std::memcmp(h.device_gid, kNoGid, sizeof(kNoGid)) != 0;
+    p->remote_workers_ = h.workers;
     p->link_ = std::move(pd.link);
+    p->link_->release(eng_, p);
     p->ever_up_ = true;
+    p->instance_known_ = true;
+    p->defer_until_ns_ = 0;
     p->refused_ = false;
     p->last_error_.clear();
     p->backoff_ns_ = 0;
-    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s; TLS 1.3 handshake, %s frames)", p->address_.c_str(),
-             h.lid_first, h.lid_last, p->link_->dialed() ? "to" : "from", p->link_->remote().c_str(),
-             crypto_mode_name(cfg_.crypto));
+    LOG_INFO("fabric: peer %s up: lids %u-%u (connection %s %s, worker %u to its worker %u; TLS 1.3 handshake, %s "
+             "frames)",
+             p->address_.c_str(), h.lid_first, h.lid_last, p->link_->dialed() ? "to" : "from",
+             p->link_->remote().c_str(), cfg_.worker, p->remote_worker_, crypto_mode_name(cfg_.crypto));
     watch(*p->link_, false);
+    // Worker 0 dialed the peer's worker 0: the other pairs of workers are
+    // dialed now, by this shim's workers and the peer's.
+    if (p->configured_ && p->remote_worker_ == 0 && cfg_.worker == 0) {
+        configure_workers(p->address_, p->addr_, p->instance_, h.workers, 1);
+        if (cfg_.learned) cfg_.learned(p->address_, p->addr_, p->instance_, h.workers);
+    }
     announce_all_ud(*p);
     // Requesters waiting for room or a route try again.
     eng_.rescan_all();
@@ -553,6 +699,7 @@ void Fabric::link_closed(Peer& p) {
     if (why != kReplaced) p.last_error_ = why;
     p.ud_saved_ = std::move(l.ud_owners);
     p.link_.reset();
+    p.defer_until_ns_ = 0;  // (a deferred dial waits again, once)
     eng_.rescan_all();
 }
 
@@ -566,7 +713,8 @@ uint64_t Fabric::next_deadline_ns() const {
     for (auto& p : peers_)
         if (p->link_ && p->link_->input_buffered()) take(1);
     for (auto& p : peers_)
-        if (p->configured_ && !p->up() && !p->dialing_ && !p->connecting_) take(std::max<uint64_t>(p->next_dial_ns_, 1));
+        if (p->configured_ && !p->up() && !p->dialing_ && !p->connecting_)
+            take(std::max<uint64_t>({p->next_dial_ns_, p->defer_until_ns_, 1}));
     return best;
 }
 
@@ -592,7 +740,7 @@ std::vector<Fabric::PeerInfo> Fabric::peer_info() const {
     std::vector<PeerInfo> out;
     for (auto& p : peers_) {
         const char* state = p->up() ? "up" : p->refused_ ? "refused" : (p->configured_ ? "connecting" : "down");
-        out.push_back({p->address_, state, p->lid_first_, p->lid_last_, p->totals()});
+        out.push_back({p->address_, cfg_.worker, p->remote_worker_, state, p->lid_first_, p->lid_last_, p->totals()});
     }
     return out;
 }
@@ -616,6 +764,8 @@ std::string Fabric::status() const {
                       (unsigned long long)t.rx_bytes, (unsigned long long)t.tx_msgs, (unsigned long long)t.rx_msgs,
                       (unsigned long long)t.retries, (unsigned long long)t.errors);
         out += line;
+        if (cfg_.workers > 1 || peers_[i]->remote_workers_ > 1)
+            out += " worker " + std::to_string(p.worker) + " peer_worker " + std::to_string(p.peer_worker);
         if (!peers_[i]->up() && !peers_[i]->last_error_.empty()) out += " last_error \"" + peers_[i]->last_error_ + "\"";
         out += "\n";
     }

@@ -1,9 +1,15 @@
 // The fabric: this shim and its peer shims, each owning a range of LIDs,
 // joined by TLS 1.3 over TCP (docs/protocol.md "Fabric").
 //
-// Each peer is a Transport: the route table sends every LID the peer owns
-// to it, and its connection (link.h) carries the requests and responses of
-// all QPs between the two shims. Configured peers (--fabric-peer) are
+// Every worker of the shim runs a Fabric of its own, and a connection joins
+// one worker of each shim: the dialer names the peer's worker it wants, and
+// the worker that listens hands the link to that worker once the Hellos
+// are through (FabricConfig::hand_off). Each Peer is one (peer shim, worker
+// of it) and a Transport: the route table sends each guest of that worker
+// to it as the link announces the guest (its partitions), and its link
+// (link.h) carries the requests and responses of all QPs between the two
+// workers. Dialing the peer's worker 0 tells how many workers it runs; the
+// others are then dialed too. Configured peers (--fabric-peer) are
 // dialed and redialed with backoff; any shim that completes the TLS
 // handshake (it knows the fabric key) may connect. A peer whose LID range
 // overlaps this shim's or another live peer's is refused with the reason,
@@ -14,6 +20,7 @@
 #include <netinet/in.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -37,6 +44,20 @@ struct FabricConfig {
     std::string key_file;
     CryptoMode crypto = CryptoMode::Encrypt;
     uint16_t lid_first = 0, lid_last = 0;
+    // The shim's, the same in every worker's fabric (zero: a random one).
+    InstanceId instance{};
+    // This worker, of `workers`. Only the worker that `accepts` listens;
+    // it gives the links meant for another worker to `hand_off`, which
+    // must get them to that worker's adopt(), in its thread.
+    uint32_t worker = 0, workers = 1;
+    bool accepts = true;
+    std::function<void(uint32_t worker, std::unique_ptr<Link>)> hand_off;
+    // Worker 0 reached configured peer `address` (`addr`): its instance id
+    // and worker count, for the other workers' learn(), in their threads.
+    // Only worker 0 dials a configured peer before it knows them.
+    std::function<void(const std::string& address, const sockaddr_in& addr, const InstanceId& instance,
+                       uint8_t workers)>
+        learned;
 };
 
 // What the fabric refused, since the shim started (vrdmactl peers).
@@ -49,13 +70,18 @@ struct FabricCounters {
     uint64_t replace_refused = 0;    // new connections refused: a live link to that peer exists
 };
 
+// The status() of every worker's fabric, one after the other, as one: the
+// peer lines as they are, one "no peers" at most, and one summary line
+// whose counters are the sums of theirs.
+std::string merge_status(const std::string& reports);
+
 // "a.b.c.d:port" (or "host:port", resolved once) into an IPv4 address.
 bool parse_endpoint(const std::string& text, sockaddr_in& out, std::string& error);
 
 class Peer final : public Transport {
 public:
-    Peer(std::string address, const sockaddr_in& addr, bool configured)
-        : address_(std::move(address)), addr_(addr), configured_(configured) {}
+    Peer(std::string address, const sockaddr_in& addr, bool configured, uint8_t remote_worker = 0)
+        : address_(std::move(address)), addr_(addr), configured_(configured), remote_worker_(remote_worker) {}
     const char* name() const override { return "tcp"; }
     bool keeps_memory() const override { return true; }
     SendResult send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local, uint32_t nlocal,
@@ -84,12 +110,20 @@ private:
     std::string address_;
     sockaddr_in addr_;
     bool configured_;
+    uint8_t remote_worker_;       // the worker of the peer shim at the other end
+    uint8_t remote_workers_ = 1;  // how many it runs (its last Hello)
     std::unique_ptr<Link> link_;
     InstanceId instance_{};
     uint16_t lid_first_ = 0, lid_last_ = 0;
     uint8_t device_gid_[16] = {};
     bool has_device_ = false;
     bool ever_up_ = false;
+    // instance_ is the peer's (from a Hello, here or on another worker's
+    // link): of two shims that both dial, only the one with the smaller
+    // instance id dials a pair of workers at once; the other waits until
+    // defer_until_ns_ for its connection (and dials then if none came).
+    bool instance_known_ = false;
+    uint64_t defer_until_ns_ = 0;
     bool dialing_ = false;        // a connection of ours is being opened or authenticated
     UniqueFd connecting_;         // non-blocking connect() in progress
     uint64_t next_dial_ns_ = 0;
@@ -118,6 +152,12 @@ public:
     int epoll_fd() const { return epoll_.get(); }
     // Handles ready sockets, dials, handshake timeouts. Never blocks.
     void poll();
+    // A link another worker's fabric accepted for this worker (hand_off),
+    // its Hellos through: it becomes a peer's link here as if accepted here.
+    void adopt(std::unique_ptr<Link> link);
+    // What worker 0 learned of a configured peer (FabricConfig::learned):
+    // each of its workers becomes a configured peer here.
+    void learn(const std::string& address, const sockaddr_in& addr, const InstanceId& instance, uint8_t workers);
     // Reads what the connected peers sent, one read per link and no
     // epoll_wait: the daemon's busy loop calls this every pass (poll()
     // handles the rest when the fabric's epoll fd reports it). True if
@@ -135,6 +175,7 @@ public:
     // What status() says of each peer, for the metrics.
     struct PeerInfo {
         std::string address;
+        uint32_t worker, peer_worker;  // this shim's worker and the peer's, at the two ends
         const char* state;  // up, refused, connecting or down
         uint16_t lid_first, lid_last;
         LinkStats totals;
@@ -162,12 +203,20 @@ private:
     void on_connected(Peer& p);
     void service();
     void establish(Pending& pending);
+    // Whether `pd` (accepted, its Hellos through) belongs to this worker;
+    // if not it is handed off or refused.
+    bool mine(Pending& pd);
+    // Configured peer `address` runs `workers` workers (from worker `from`
+    // of them on): each is a configured peer (dialed in turn), none beyond.
+    void configure_workers(const std::string& address, const sockaddr_in& addr, const InstanceId& instance,
+                           uint8_t workers, uint8_t from);
+    LinkIdentity identity(uint8_t target) const;
     void link_closed(Peer& p);
     // Every UD QP on this shim's device, to a peer that just came up.
     void announce_all_ud(Peer& p);
     void watch(Link& l, bool add);
     Peer* find_peer(const sockaddr_in& ip, const Hello& hello, Peer* dialer);
-    std::string overlap(const Peer& p, uint16_t first, uint16_t last) const;
+    std::string overlap(const Peer& p, const Hello& hello) const;
 
     Engine& eng_;
     bool enabled_ = false;

@@ -110,9 +110,24 @@ struct Link::InMsg {
     }
 };
 
+namespace {
+LinkIdentity identity(const InstanceId& instance, uint16_t lid_first, uint16_t lid_last, uint16_t listen_port) {
+    LinkIdentity me;
+    me.instance = instance;
+    me.lid_first = lid_first;
+    me.lid_last = lid_last;
+    me.listen_port = listen_port;
+    return me;
+}
+}  // namespace
+
 Link::Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const InstanceId& instance,
            uint16_t lid_first, uint16_t lid_last, uint16_t listen_port, std::string remote)
-    : eng_(eng),
+    : Link(eng, tls, std::move(fd), dialed, identity(instance, lid_first, lid_last, listen_port), std::move(remote)) {}
+
+Link::Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const LinkIdentity& me, std::string remote)
+    : eng_(&eng),
+      held_(me.hold),
       tls_ctx_(tls),
       fd_(std::move(fd)),
       tls_(tls, fd_.get(), dialed),
@@ -127,11 +142,14 @@ Link::Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const I
     seg_msg_.reserve(kMaxSegsPerBatch);
     mine_.magic = kHelloMagic;
     mine_.version = kProtocolVersion;
-    std::memcpy(mine_.instance, instance.data(), sizeof(mine_.instance));
+    std::memcpy(mine_.instance, me.instance.data(), sizeof(mine_.instance));
     mine_.crypto_mode = uint8_t(tls.mode());
-    mine_.lid_first = lid_first;
-    mine_.lid_last = lid_last;
-    mine_.listen_port = listen_port;
+    mine_.lid_first = me.lid_first;
+    mine_.lid_last = me.lid_last;
+    mine_.listen_port = me.listen_port;
+    mine_.workers = me.workers;
+    mine_.worker = me.worker;
+    mine_.target = me.target;
     if (const HcaDevice* dev = eng.hca()) std::memcpy(mine_.device_gid, dev->gid(), sizeof(mine_.device_gid));
     // Sent once the handshake is done (flush), as the first record.
     send_raw(&mine_, sizeof(mine_));
@@ -240,7 +258,7 @@ void Link::close(const std::string& reason) {
     // requester's resend would be acknowledged as a duplicate with only
     // part of the data written.
     for (auto& m : inbound_) {
-        if (m->type == uint8_t(SegType::Request) && !m->discard && responder_revalidate(eng_, m->d)) {
+        if (m->type == uint8_t(SegType::Request) && !m->discard && responder_revalidate(*eng_, m->d)) {
             if (m->d.recv_cqe)
                 responder_finish(m->d, false);
             else if (m->req.qp_type == IBV_QPT_RC)
@@ -256,7 +274,7 @@ void Link::close(const std::string& reason) {
             s->at(i).pins.clear();
         }
         if (s->wake_ctx)
-            if (Context* c = eng_.find_context(s->wake_ctx)) c->request_rescan();
+            if (Context* c = eng_->find_context(s->wake_ctx)) c->request_rescan();
     }
     senders_.clear();
     rr_.clear();
@@ -267,7 +285,7 @@ void Link::close(const std::string& reason) {
 
 void Link::notify_sent(OutMsg& m) {
     m.notify_sent = false;
-    if (Engine::QpRef q = eng_.find_qp(m.src_lid, m.src_qpn)) requester_sent(eng_, *q.ctx, *q.qp, m.sq_idx);
+    if (Engine::QpRef q = eng_->find_qp(m.src_lid, m.src_qpn)) requester_sent(*eng_, *q.ctx, *q.qp, m.sq_idx);
 }
 
 bool Link::violation(const char* why) {
@@ -300,10 +318,11 @@ void Link::on_readable() {
         flush();  // the Hello, now that the channel is up
         if (state_ == LinkState::Closed) return;
     }
+    if (held_ && rx_ != RxState::Hello) return;
     size_t handled = 0;
     short_read_ = false;
     while (state_ != LinkState::Closed && handled < kReadBudget) {
-        if (!parse() || paused_) return;
+        if (!parse() || paused_ || (held_ && rx_ != RxState::Hello)) return;
         // A read that did not fill what it was offered emptied the socket:
         // what it brought is handled (above) without a read that would
         // only say EAGAIN. Unless a segment is half in: a channel read
@@ -319,7 +338,7 @@ void Link::on_readable() {
     }
     // What the last read brought is handled now, not at the next event
     // (there may be none: the peer waits for the answer).
-    parse();
+    if (!held_ || rx_ == RxState::Hello) parse();
 }
 
 // Reads from the socket: into the receive buffer, or (a long payload with
@@ -380,6 +399,7 @@ bool Link::parse() {
             std::memcpy(&peer_, p, sizeof(Hello));
             rpos_ += sizeof(Hello);
             if (!on_hello()) return false;
+            if (held_) return true;  // release() reads on
             break;
         }
         case RxState::Header: {
@@ -447,7 +467,11 @@ bool Link::parse() {
 bool Link::on_hello() {
     if (peer_.magic != kHelloMagic) return violation("not a vrdma shim (bad hello)");
     if (peer_.version != kProtocolVersion) return violation("another fabric protocol version");
-    if (peer_.reserved != 0) return violation("a hello with reserved bits set");
+    if (peer_.reserved != 0 || peer_.reserved2 != 0) return violation("a hello with reserved bits set");
+    if (peer_.workers == 0 || peer_.workers > kMaxFabricWorkers ||
+        (peer_.worker != kAnyWorker && peer_.worker >= peer_.workers) ||
+        (peer_.target != kAnyWorker && peer_.target >= kMaxFabricWorkers))
+        return violation("a hello with invalid worker numbers");
     if (std::memcmp(peer_.instance, mine_.instance, sizeof(mine_.instance)) == 0)
         return violation("connected to itself");
     if (peer_.lid_first == 0 || peer_.lid_first > peer_.lid_last || peer_.lid_last > 0xbfff)
@@ -471,10 +495,23 @@ bool Link::on_hello() {
     state_ = LinkState::Up;
     became_up_ = true;
     rx_ = RxState::Header;
-    // This shim's guests' partitions, before any request can leave.
-    for (const auto& g : eng_.guests())
-        if (g->lid >= mine_.lid_first && g->lid <= mine_.lid_last) send_partitions(g->lid, g->pkeys);
+    if (!held_) announce_guests();
     return true;
+}
+
+// This worker's guests' partitions, before any request can leave: they
+// also tell the peer which of its links reaches each guest.
+void Link::announce_guests() {
+    for (const auto& g : eng_->guests())
+        if (g->lid >= mine_.lid_first && g->lid <= mine_.lid_last) send_partitions(g->lid, g->pkeys);
+}
+
+void Link::release(Engine& eng, Transport* routes_to) {
+    eng_ = &eng;
+    routes_to_ = routes_to;
+    if (!held_) return;
+    held_ = false;
+    if (state_ == LinkState::Up) announce_guests();
 }
 
 bool Link::peer_member(uint16_t lid, uint16_t pkey) const {
@@ -536,7 +573,7 @@ bool Link::on_fixed() {
     }
     if (hdr_.type == uint8_t(SegType::QpGone)) {
         cur_ = nullptr;
-        eng_.fail_peer_qp(hdr_.src_lid, hdr_.src_qpn, hdr_.dst_lid, hdr_.dst_qpn);
+        eng_->fail_peer_qp(hdr_.src_lid, hdr_.src_qpn, hdr_.dst_lid, hdr_.dst_qpn);
         return true;
     }
     if (hdr_.type == uint8_t(SegType::UdQp)) {
@@ -602,6 +639,9 @@ bool Link::on_payload_done() {
         PkeyTable& t = peer_pkeys_[hdr_.src_lid];
         t.count = hdr_.payload_len / 2;
         std::memcpy(t.keys, announce_, hdr_.payload_len);
+        // The guest is served at the other end of this link (peer_owns:
+        // in the peer's range, which no other live peer overlaps).
+        if (routes_to_) eng_->routes().assign(hdr_.src_lid, routes_to_);
         return true;
     }
     InMsg* m = cur_;
@@ -623,7 +663,7 @@ void Link::begin_request(InMsg& m, const Request& req) {
     const bool carries = request_carries_payload(req.opcode);
     m.total = carries ? req.length : 0;
     // Only LIDs of this shim's guests are served here.
-    if (!eng_.serves(req.dlid)) {
+    if (!eng_->serves(req.dlid)) {
         ++stats.errors;
         m.d.resp.syndrome = Syndrome::Drop;
         m.discard = true;
@@ -639,7 +679,7 @@ void Link::begin_request(InMsg& m, const Request& req) {
         m.discard = true;
         return;
     }
-    responder_begin(eng_, req, m.d, &m.pins);
+    responder_begin(*eng_, req, m.d, &m.pins);
     m.discard = !(m.d.resp.syndrome == Syndrome::Ack && carries && m.d.length);
     if (m.d.resp.syndrome != Syndrome::Ack) {
         responder_finish(m.d);  // error receive completions, if any
@@ -654,7 +694,7 @@ void Link::finish_request(InMsg& m) {
     if (m.aborted || m.faulted) {
         // A page was lost under the payload: as with the same fault on one
         // shim (local_transport.cpp), the side whose memory it was fails.
-        const bool live = d.ctx && responder_revalidate(eng_, d);
+        const bool live = d.ctx && responder_revalidate(*eng_, d);
         if (m.aborted) {  // the requester's: IBV_WC_LOC_PROT_ERR there
             if (live && req.qp_type == IBV_QPT_RC)
                 responder_finish(d, false);
@@ -670,7 +710,7 @@ void Link::finish_request(InMsg& m) {
             queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, false, nullptr, &m.pins);
         return;
     }
-    if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(eng_, d)) responder_finish(d);
+    if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(*eng_, d)) responder_finish(d);
     if (req.qp_type != IBV_QPT_RC) return;
     // A drop is answered too (the guest never sees it: its requester treats
     // it as the loss it stands for), so that over a live connection silence
@@ -691,7 +731,7 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     m.nspans = 0;
     m.pins.clear();
     if (resp.syndrome != Syndrome::Ack) return;
-    Engine::QpRef q = eng_.find_qp(hdr_.dst_lid, hdr_.dst_qpn);
+    Engine::QpRef q = eng_->find_qp(hdr_.dst_lid, hdr_.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
         q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons ||
         (q.qp->peer_incarnation && resp.incarnation != q.qp->peer_incarnation))
@@ -699,7 +739,7 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     // The ACK of a READ must bring exactly the bytes asked for; data for
     // anything else is a bad response.
     uint64_t len = 0;
-    uint32_t st = requester_read_target(eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
+    uint32_t st = requester_read_target(*eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
     if (st == IBV_WC_LOC_QP_OP_ERR && !length) return;  // not a READ: a plain ACK
     if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_BAD_RESP_ERR;
     if (st == IBV_WC_LOC_QP_OP_ERR) st = IBV_WC_BAD_RESP_ERR;
@@ -711,16 +751,16 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
 }
 
 void Link::finish_response(InMsg& m) {
-    Engine::QpRef q = eng_.find_qp(m.dst_lid, m.dst_qpn);
+    Engine::QpRef q = eng_->find_qp(m.dst_lid, m.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != m.lid || q.qp->attr.dest_qp_num != m.qpn) return;
     // READ data the responder's shim could not read (kSegAbort), or could
     // not be written here.
     if (!m.local_error && m.aborted) m.local_error = IBV_WC_REM_ACCESS_ERR;
     if (!m.local_error && m.faulted) m.local_error = IBV_WC_LOC_PROT_ERR;
     if (m.local_error)
-        requester_local_error(eng_, *q.ctx, *q.qp, m.resp.psn, m.local_error);
+        requester_local_error(*eng_, *q.ctx, *q.qp, m.resp.psn, m.local_error);
     else
-        requester_on_response(eng_, *q.ctx, *q.qp, m.resp);
+        requester_on_response(*eng_, *q.ctx, *q.qp, m.resp);
     m.pins.clear();
 }
 
@@ -1008,7 +1048,7 @@ void Link::batch_done() {
             room = true;
         }
         if (s->wake_ctx && s->count < QpSender::kDepth) {
-            if (Context* c = eng_.find_context(s->wake_ctx)) c->request_rescan();
+            if (Context* c = eng_->find_context(s->wake_ctx)) c->request_rescan();
             s->wake_ctx = 0;
         }
     }
@@ -1047,7 +1087,7 @@ bool Link::write_fault() {
         // READ data from this responder's memory: the QP fails as it would
         // on one shim (responder_memory_fault).
         if (m->type == SegType::Response)
-            if (Engine::QpRef q = eng_.find_qp(m->src_lid, m->src_qpn); q && q.qp->type == IBV_QPT_RC)
+            if (Engine::QpRef q = eng_->find_qp(m->src_lid, m->src_qpn); q && q.qp->type == IBV_QPT_RC)
                 qp_set_error(*q.ctx, *q.qp, IBV_EVENT_QP_ACCESS_ERR);
     }
     for (size_t k = iov_pos_; k < iov_.size(); ++k)

@@ -34,6 +34,7 @@
 
 namespace vrdma::shim {
 class Engine;
+class Transport;
 }
 
 namespace vrdma::shim::fabric {
@@ -97,13 +98,35 @@ struct QpSender {
 
 enum class LinkState { Handshake, Up, Closed };
 
+// What a link says of its shim in its Hello (wire.h), and how it starts.
+struct LinkIdentity {
+    InstanceId instance{};
+    uint16_t lid_first = 0, lid_last = 0;  // the range this shim owns
+    uint16_t listen_port = 0;
+    uint8_t workers = 1;                   // of this shim
+    uint8_t worker = 0, target = 0;        // dialer: its worker, the one it wants; listener: kAnyWorker
+    // Stop after the peer's Hello until release(): the fabric may hand the
+    // link to another worker first (fabric.h), and no segment may be read
+    // into the wrong engine.
+    bool hold = false;
+};
+
 class Link {
 public:
     // `dialed`: this shim opened the connection (the TLS client).
     // `lid_first`..`lid_last`: the range this shim owns, announced in the Hello.
+    Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const LinkIdentity& me, std::string remote);
     Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const InstanceId& instance,
          uint16_t lid_first, uint16_t lid_last, uint16_t listen_port, std::string remote);
     ~Link();
+
+    // A held link (LinkIdentity::hold) whose Hellos are through: `eng` is
+    // the engine of the worker that owns it from now on (the thread that
+    // calls this and every later member), `routes_to` the transport that
+    // the LIDs of the peer's guests are routed to as their partition
+    // announcements arrive (null: none). Sends this worker's guests'
+    // partitions and starts reading segments.
+    void release(Engine& eng, Transport* routes_to);
 
     int fd() const { return fd_.get(); }
     LinkState state() const { return state_; }
@@ -194,6 +217,7 @@ private:
     // closes the link).
     int flush_channel();
     bool on_hello();
+    void announce_guests();
     bool start_frames();
     bool parse();
     bool on_header();
@@ -223,7 +247,9 @@ private:
     void target_fault();
     void send_raw(const void* p, size_t n);
 
-    Engine& eng_;
+    Engine* eng_;
+    Transport* routes_to_ = nullptr;
+    bool held_ = false;  // after the peer's Hello, until release()
     const TlsContext& tls_ctx_;
     UniqueFd fd_;
     TlsChannel tls_;

@@ -27,8 +27,9 @@ constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // 2: incarnations and the P_Key in requests; 3: device GIDs; 4: UD QPs on
 // devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode,
 // partition announcements; 6: encrypt mode in AES-GCM frames, keys of both
-// modes by generation
-constexpr uint32_t kProtocolVersion = 6;
+// modes by generation; 7: workers (a connection joins one worker of each
+// shim: the dialer names the one it wants)
+constexpr uint32_t kProtocolVersion = 7;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
 // Random per shim start: tells a restarted peer apart, and a connection of
@@ -48,8 +49,18 @@ struct Hello {
     // The GID of this shim's RDMA device (--hca), all zeros if it has none:
     // guests of two shims with devices talk through them (hca_bind.h).
     uint8_t device_gid[16];
+    // A connection joins one worker of each shim (docs/protocol.md
+    // "Fabric"): the dialer says which of its workers it is (`worker`) and
+    // which of the listener's it wants (`target`); the listener, whose
+    // Hello leaves before it read the dialer's, says kAnyWorker to both.
+    uint8_t workers;  // how many workers the sending shim runs (1..kMaxFabricWorkers)
+    uint8_t worker;
+    uint8_t target;
+    uint8_t reserved2;
 };
-static_assert(sizeof(Hello) == 48);
+static_assert(sizeof(Hello) == 52);
+constexpr uint8_t kAnyWorker = 0xff;
+constexpr uint32_t kMaxFabricWorkers = 64;
 
 enum class SegType : uint8_t {
     Request = 1,   // requester -> responder shim: fixed part = WireRequest
