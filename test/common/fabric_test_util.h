@@ -50,7 +50,7 @@ inline bool socket_pair(int fds[2]) {
     return ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) == 0;
 }
 
-// A Transport over one Link: what fabric::Peer::send does. A missing or
+// A Transport over one Link: what fabric::Peer::send and qp_gone do. A missing or
 // closed link loses the request (Drop: the requester's timer decides).
 class LinkTransport final : public shim::Transport {
 public:
@@ -79,6 +79,9 @@ public:
         if (!link->send_request(req, ctx.id(), local, nlocal, req.inline_payload, pins))
             return shim::SendResult::Busy;
         return shim::SendResult::InFlight;
+    }
+    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override {
+        if (link && link->state() == fabric::LinkState::Up) link->send_qp_gone(lid, qpn, peer_lid, peer_qpn);
     }
 };
 

@@ -14,6 +14,7 @@
 
 #include "abi_client.h"
 #include "engine.h"
+#include "fabric_test_util.h"
 #include "worker_link.h"
 #include "vrdma/abi.h"
 #include "vrdma/ring.h"
@@ -161,8 +162,56 @@ inline abi::SendWqe send_wqe(uint64_t wr_id, uint32_t opcode, uint32_t flags = I
 
 // Where the two guests of TwoGuests are served: by one engine (one
 // worker), or guest a by one and guest b by another, joined by worker
-// links (worker_link.h) as two workers of a shim are.
-enum class Workers { One, Two };
+// links (worker_link.h) as two workers of a shim are (Two), or by a pair
+// of fabric links over a socketpair, TLS and encrypted frames, as two shims
+// are (Fabric). Each transport's cases run over all three:
+// GENERATE(Workers::One, Workers::Two, Workers::Fabric).
+enum class Workers { One, Two, Fabric };
+
+inline const char* workers_name(Workers w) {
+    return w == Workers::One ? "one worker" : w == Workers::Two ? "two workers" : "two shims (fabric)";
+}
+
+// Two engines joined as two shims of a fabric are: a Link each over a
+// socketpair (test/common/fabric_test_util.h), LID 1 on one side, 2 on the
+// other. pump() moves what either link has, both ways.
+struct FabricJoin {
+    fabric::TlsContext tls_a, tls_b;
+    fabric_test::LinkTransport to_b, to_a;  // a's route to b, b's to a
+    std::unique_ptr<fabric::Link> la, lb;
+    FabricJoin(Engine& ea, Engine& eb) {
+        if (!fabric_test::make_tls(tls_a, "the key of TwoGuests") || !fabric_test::make_tls(tls_b, "the key of TwoGuests"))
+            throw std::runtime_error("fabric key");
+        int fds[2];
+        if (!fabric_test::socket_pair(fds)) throw std::runtime_error("socketpair");
+        la = std::make_unique<fabric::Link>(ea, tls_a, UniqueFd(fds[0]), true, fabric_test::instance(0xa), 1, 1, 0,
+                                            "shim-b");
+        lb = std::make_unique<fabric::Link>(eb, tls_b, UniqueFd(fds[1]), false, fabric_test::instance(0xb), 2, 2, 0,
+                                            "shim-a");
+        to_b.link = la.get();
+        to_a.link = lb.get();
+        ea.routes().add(2, 2, &to_b);
+        eb.routes().add(1, 1, &to_a);
+        to_b.routed_in = &ea;
+        to_a.routed_in = &eb;
+        for (int i = 0; i < 1000 && !(up(*la) && up(*lb)); ++i) pump();
+        if (!up(*la) || !up(*lb)) throw std::runtime_error("the fabric links did not come up");
+    }
+    ~FabricJoin() {
+        to_b.link = to_a.link = nullptr;
+    }
+    static bool up(const fabric::Link& l) { return l.state() == fabric::LinkState::Up; }
+    // One round of both links: what is queued goes out, what arrived is
+    // handled (a long message takes several rounds).
+    void pump() {
+        for (fabric::Link* l : {la.get(), lb.get()}) {
+            if (l->state() == fabric::LinkState::Closed) continue;
+            l->flush();
+            if (l->state() != fabric::LinkState::Closed) l->on_readable();
+            l->take_became_up();
+        }
+    }
+};
 
 // Two guests (LIDs 1 and 2) with the fake clock, on one worker or two. The
 // two workers' engines run in turns on the test's thread: a pass of a's
@@ -177,23 +226,26 @@ struct TwoGuests {
     FakeProvider a, b;
     WorkerInbox inbox_a, inbox_b;  // of a's worker (0) and b's (1)
     std::unique_ptr<WorkerLink> link_ab, link_ba;
+    std::unique_ptr<FabricJoin> fabric;  // Workers::Fabric
     explicit TwoGuests(Workers w = Workers::One)
-        : two(w == Workers::Two),
+        : two(w != Workers::One),
           ga(eng.add_guest("a", 1, 0x1111)),
           gb((two ? eng2 : eng).add_guest("b", 2, 0x2222)),
           a(eng, ga),
           b(two ? eng2 : eng, gb) {
         eng.set_clock(fake_clock);
         eng2.set_clock(fake_clock);
-        if (!two) return;
+        if (w == Workers::Fabric) fabric = std::make_unique<FabricJoin>(eng, eng2);
+        if (w != Workers::Two) return;
         link_ab = std::make_unique<WorkerLink>(eng, 0, 1, inbox_b);
         link_ba = std::make_unique<WorkerLink>(eng2, 1, 0, inbox_a);
         eng.routes().add(2, 2, link_ab.get());
         eng2.routes().add(1, 1, link_ba.get());
     }
     ~TwoGuests() {
-        if (!two) return;
         // The links hold pins of both guests: they go first.
+        fabric.reset();
+        if (!link_ab) return;
         eng.routes().remove(link_ab.get());
         eng2.routes().remove(link_ba.get());
         for (WorkerInbox* in : {&inbox_a, &inbox_b})
@@ -208,6 +260,10 @@ struct TwoGuests {
     Engine& beng() { return two ? eng2 : eng; }
     // What the other worker sent each worker, all of it.
     void receive() {
+        if (fabric) {
+            for (int i = 0; i < 8; ++i) fabric->pump();
+            return;
+        }
         if (!two) return;
         WorkerLink* to_a[2] = {nullptr, link_ab.get()};
         WorkerLink* to_b[2] = {link_ba.get(), nullptr};

@@ -46,7 +46,8 @@ struct RcPair : TwoGuests {
 }  // namespace
 
 TEST_CASE("RC send with several SGEs and immediate data", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     std::memcpy(t.pa(0), "hello ", 6);
     std::memcpy(t.pa(100), "vrdma ", 6);
@@ -81,7 +82,8 @@ TEST_CASE("RC send with several SGEs and immediate data", "[shim][transport]") {
 }
 
 TEST_CASE("RC inline send and unsignaled completions", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     t.b.post_recv(t.qb.rq, 1, {t.sb(0, 64)});
     t.b.post_recv(t.qb.rq, 2, {t.sb(64, 64)});
@@ -102,7 +104,8 @@ TEST_CASE("RC inline send and unsignaled completions", "[shim][transport]") {
 }
 
 TEST_CASE("RDMA write, write with immediate and read", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     std::memcpy(t.pa(0), "0123456789", 10);
     auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
@@ -148,7 +151,8 @@ TEST_CASE("RDMA write, write with immediate and read", "[shim][transport]") {
 }
 
 TEST_CASE("atomics fetch-and-add and compare-and-swap", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     uint64_t v = 100;
     std::memcpy(t.pb(64), &v, 8);
@@ -194,7 +198,8 @@ TEST_CASE("atomics fetch-and-add and compare-and-swap", "[shim][transport]") {
 }
 
 TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     SECTION("bad rkey") {
         RcPair t(workers);
         auto w = send_wqe(1, IBV_WR_RDMA_WRITE);
@@ -268,7 +273,8 @@ TEST_CASE("remote access violations: REM_ACCESS_ERR and both QPs in error", "[sh
 }
 
 TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     SECTION("bad lkey: LOC_PROT_ERR, later WQEs flushed") {
         RcPair t(workers);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {abi::Sge{t.ma.addr, 8, t.ma.lkey + 7}});
@@ -344,7 +350,8 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
 }
 
 TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     SECTION("rnr_retry 0") {
         RcPair t(workers, kAllAccess, 0);
         t.a.post_send(t.qa.sq, send_wqe(1, IBV_WR_SEND), {t.sa(0, 8)});
@@ -395,7 +402,8 @@ TEST_CASE("RNR: rnr_retry 0 fails, rnr_retry 7 waits for a receive", "[shim][tra
 }
 
 TEST_CASE("a vanished peer puts its connected QPs in error at once", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     t.b.post_recv(t.qb.rq, 1, {t.sb(0, 8)});
     t.beng().detach(t.b.ctx_id());  // guest b's process dies
@@ -409,7 +417,8 @@ TEST_CASE("a vanished peer puts its connected QPs in error at once", "[shim][tra
 }
 
 TEST_CASE("a peer that is not connected gives RETRY_EXC_ERR", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     abi::QpAttr reset{};
     reset.qp_state = IBV_QPS_RESET;
@@ -428,7 +437,8 @@ TEST_CASE("a peer that is not connected gives RETRY_EXC_ERR", "[shim][transport]
 }
 
 TEST_CASE("modify to ERR flushes send and receive queues", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     t.b.post_recv(t.qb.rq, 1, {t.sb(0, 8)});
     t.b.post_recv(t.qb.rq, 2, {t.sb(0, 8)});
@@ -457,7 +467,8 @@ TEST_CASE("modify to ERR flushes send and receive queues", "[shim][transport]") 
 }
 
 TEST_CASE("CQ overrun puts the CQ in error and drops completions", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     TwoGuests t(workers);
     uint32_t pd = t.a.pd();
     auto cq = t.a.cq(2);
@@ -477,7 +488,8 @@ TEST_CASE("CQ overrun puts the CQ in error and drops completions", "[shim][trans
 }
 
 TEST_CASE("SRQ receives and the SRQ limit", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     TwoGuests t(workers);
     uint32_t pa = t.a.pd(), pb = t.b.pd();
     auto ca = t.a.cq(64), cb = t.b.cq(64);
@@ -516,7 +528,8 @@ TEST_CASE("SRQ receives and the SRQ limit", "[shim][transport]") {
 }
 
 TEST_CASE("UD: GRH space, qkey, drops and CQE fields", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     TwoGuests t(workers);
     uint32_t pa = t.a.pd(), pb = t.b.pd();
     auto ca = t.a.cq(64), cb = t.b.cq(64);
@@ -617,7 +630,8 @@ TEST_CASE("detaching a context frees everything and leaves others running", "[sh
 }
 
 TEST_CASE("RESET drops posted WQEs; indices keep running", "[shim][transport]") {
-    const Workers workers = GENERATE(Workers::One, Workers::Two);
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
     RcPair t(workers);
     abi::QpAttr a{};
     a.qp_state = IBV_QPS_RESET;
