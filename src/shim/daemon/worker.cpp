@@ -76,24 +76,28 @@ WorkerLink& Worker::link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_i
 
 void Worker::route_to(uint16_t lid, uint32_t peer) { engine_.routes().add(lid, lid, links_[peer].get()); }
 
-bool Worker::start_fabric(const fabric::FabricConfig& cfg, std::string& error) {
-    if (!fabric_.start(cfg, error)) return false;
-    if (!epoll_add(fabric_.epoll_fd(), EPOLLIN, tag(kFabric, 0))) {
-        error = std::string("epoll: ") + strerror(errno);
-        return false;
-    }
+bool Worker::add_poll_group(PollGroup& group, std::string& error) {
+    const std::vector<int> fds = group.fds();
+    for (size_t i = 0; i < fds.size(); ++i)
+        if (!epoll_add(fds[i], EPOLLIN, tag(kGroup, (groups_.size() << 8) | i))) {
+            error = std::string("epoll: ") + strerror(errno);
+            return false;
+        }
+    groups_.push_back(&group);
     return true;
 }
 
+bool Worker::start_fabric(const fabric::FabricConfig& cfg, std::string& error) {
+    return fabric_.start(cfg, error) && add_poll_group(fabric_, error);
+}
+
 bool Worker::set_hca(HcaDevice* dev, Transport* transport, std::string& error) {
-    hca_ = dev;
     engine_.set_hca(dev, transport);
     if (opts_.hca_local) engine_.local_transport().set_device_gid(dev->gid());
-    if (!epoll_add(dev->comp_fd(), EPOLLIN, tag(kHca, 0)) || !epoll_add(dev->async_fd(), EPOLLIN, tag(kHcaAsync, 0))) {
-        error = std::string("epoll: ") + strerror(errno);
-        return false;
-    }
-    return true;
+    // After the fabric's: a peer's announcement of a UD QP (hca_ud.h), sent
+    // before that QP's first datagram, is read before the device delivers
+    // the datagram.
+    return add_poll_group(*dev, error);
 }
 
 bool Worker::start(std::string& error) {
@@ -175,31 +179,20 @@ bool Worker::links_idle() const {
     return inbox_.ring.empty();
 }
 
-// One pass: the contexts, what the other workers sent, the fabric and the
-// device.
+// One pass: the contexts, what the other workers sent, and each poll group
+// (the fabric, the device) in the order they were added.
 bool Worker::pass() {
     bool progress = engine_.poll_once();
     progress |= poll_links();
-    if (fabric_.enabled()) {
-        // What the requesters queued, and what the peers sent (other fabric
-        // events come through poll_events). Either may complete WQEs or
-        // mark QPs for the engine (a batch written over several passes
-        // completes its UD sends in the last one): progress, so that the
-        // worker passes again before it sleeps.
-        progress |= fabric_.flush();
-        progress |= fabric_.poll_links();
-    }
-    // After the links: a peer's announcement of a UD QP (hca_ud.h), sent
-    // before that QP's first datagram, is read before the device delivers
-    // the datagram.
-    if (hca_) progress |= hca_->poll(engine_);
+    for (PollGroup* g : groups_) progress |= g->poll(engine_);
     return progress;
 }
 
 void Worker::run() {
     uint64_t idle_since = monotonic_ns();
     unsigned busy_passes = 0, idle_passes = 0;
-    const bool fabric = fabric_.enabled();
+    bool syscalls = false;  // every pass already makes some
+    for (PollGroup* g : groups_) syscalls |= g->polls_with_syscalls();
     while (!stop_.load(std::memory_order_relaxed)) {
         run_tasks();
         bool progress = pass();
@@ -216,7 +209,7 @@ void Worker::run() {
             // With a fabric, every pass already reads its links (a syscall);
             // the epoll of the rest (connections, control, fabric accepts)
             // is looked at every 8th pass, a few microseconds apart.
-            if (!fabric || ++idle_passes % 8 == 0) poll_events(0);
+            if (!syscalls || ++idle_passes % 8 == 0) poll_events(0);
             sched_yield();
             continue;
         }
@@ -226,7 +219,7 @@ void Worker::run() {
         // its own store).
         engine_.set_sleeping(true);
         inbox_.wake.asleep.store(true, std::memory_order_seq_cst);
-        if (hca_) hca_->arm();  // a completion from now on makes comp_fd readable
+        for (PollGroup* g : groups_) g->arm();  // a device completion from now on makes its fd readable
         const bool more = pass() || has_tasks_.load(std::memory_order_seq_cst) || !links_idle();
         if (more) {
             inbox_.wake.asleep.store(false, std::memory_order_relaxed);
@@ -236,7 +229,8 @@ void Worker::run() {
         }
         int timeout_ms = -1;
         uint64_t dl = engine_.next_deadline_ns();
-        if (uint64_t fdl = fabric_.next_deadline_ns(); fdl && (!dl || fdl < dl)) dl = fdl;
+        for (PollGroup* g : groups_)
+            if (uint64_t gdl = g->next_deadline_ns(); gdl && (!dl || gdl < dl)) dl = gdl;
         if (dl) {
             t = monotonic_ns();
             if (dl <= t + 1'000'000) {  // too close to sleep on a millisecond timer
@@ -269,14 +263,8 @@ void Worker::poll_events(int timeout_ms) {
         case kConn:
             on_connection(id, events);
             break;
-        case kFabric:
-            fabric_.poll();
-            break;
-        case kHca:
-            hca_->consume_events();  // the next pass polls the CQs
-            break;
-        case kHcaAsync:
-            hca_->handle_async(engine_);
+        case kGroup:
+            if ((id >> 8) < groups_.size()) groups_[id >> 8]->on_event(engine_, id & 0xff);
             break;
         case kKick: {
             auto it = conns_.find(id);

@@ -8,14 +8,16 @@
 // hands it accepted connections and operator requests as tasks (post, call),
 // and other workers reach its guests only through the links.
 //
-// The loop (run): a pass over every awake context, the links, the fabric
-// and the device, while there is work; with none, it keeps passing and
-// yields the CPU after each pass for kIdleSpinNs; then it announces that it
-// sleeps (to its guests, in every control block, and to the other workers,
-// in its WorkerWake), looks at everything once more so that nothing rung
+// The loop (run): a pass over every awake context, the links, and the
+// transports' poll groups (poll_group.h: the fabric, the device), while
+// there is work; with none, it keeps passing and yields the CPU after each
+// pass for kIdleSpinNs; then it announces that it sleeps (to its guests, in
+// every control block, and to the other workers, in its WorkerWake), arms
+// the poll groups, looks at everything once more so that nothing rung
 // before the announcement is missed, and sleeps in epoll_wait on the kick
-// eventfds, its connections, its wake eventfd and the fabric's and device's
-// fds, until the earliest RNR, retry or fabric deadline.
+// eventfds, its connections, its wake eventfd and the poll groups' fds,
+// until the earliest RNR, retry or poll group deadline. The loop names no
+// transport.
 #pragma once
 
 #include <atomic>
@@ -101,9 +103,10 @@ public:
     static constexpr uint64_t kIdleSpinNs = 100'000;
 
 private:
-    enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kFabric = 4, kHca = 5, kHcaAsync = 6 };
+    enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kGroup = 4 };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
+    bool add_poll_group(PollGroup& group, std::string& error);
     void epoll_del(int fd);
     void run();
     bool pass();
@@ -121,7 +124,9 @@ private:
     const Options& opts_;
     Engine engine_;
     fabric::Fabric fabric_{engine_};
-    HcaDevice* hca_ = nullptr;
+    // The transports' poll groups (the fabric, the device), polled in this
+    // order every pass; epoll tags name them by index.
+    std::vector<PollGroup*> groups_;
     std::vector<std::unique_ptr<WorkerLink>> links_;  // by peer worker
     std::vector<WorkerLink*> link_ptrs_;             // the same, for receive_messages
     std::map<size_t, const GuestIdentity*> guests_;  // by index in the options

@@ -28,6 +28,7 @@
 
 #include "fabric_key.h"
 #include "link.h"
+#include "poll_group.h"
 #include "tls_channel.h"
 #include "transport.h"
 #include "vrdma_common/unique_fd.h"
@@ -136,7 +137,7 @@ private:
     std::unordered_map<uint32_t, Link::UdOwner> ud_saved_;
 };
 
-class Fabric final : public UdDirectory {
+class Fabric final : public UdDirectory, public PollGroup {
 public:
     explicit Fabric(Engine& eng);
     ~Fabric() override;
@@ -169,7 +170,15 @@ public:
     // the caller must not go to sleep before that pass.
     bool flush();
     // Earliest dial or handshake deadline (0: none).
-    uint64_t next_deadline_ns() const;
+    uint64_t next_deadline_ns() const override;
+
+    // As a poll group of its worker (poll_group.h): each pass flushes and
+    // reads the links; the epoll fd reports the rest (accepts, dials,
+    // handshakes).
+    bool poll(Engine&) override { return flush() | poll_links(); }
+    std::vector<int> fds() const override { return {epoll_fd()}; }
+    void on_event(Engine&, size_t) override { poll(); }
+    bool polls_with_syscalls() const override { return true; }
     // One line per peer (vrdmactl peers).
     std::string status() const;
     // What status() says of each peer, for the metrics.

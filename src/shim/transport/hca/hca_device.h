@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "poll_group.h"
 #include "vrdma/abi.h"
 
 namespace vrdma::shim {
@@ -158,7 +159,7 @@ struct DeviceQp {
 // The vendor id Soft-RoCE (rdma_rxe) reports (and vrdma itself).
 constexpr uint32_t kRxeVendorId = 0xffffff;
 
-class HcaDevice {
+class HcaDevice final : public PollGroup {
 public:
     ~HcaDevice();
 
@@ -233,10 +234,17 @@ public:
     int post_srq_recv(DeviceSrq& s, const RecvWork& w);
 
     // Moves device completions into the guest CQs. True if any.
-    bool poll(Engine& eng);
+    bool poll(Engine& eng) override;
     // Before sleeping: asks for a completion event; the fd (comp_fd) is
     // then readable when one arrives. After waking: consume_events.
-    void arm();
+    void arm() override;
+    // As a poll group (poll_group.h): the completion channel (its events
+    // consumed; the next pass polls the CQs) and the async events.
+    std::vector<int> fds() const override { return {comp_fd(), async_fd()}; }
+    void on_event(Engine& eng, size_t i) override {
+        if (i == 0) consume_events();
+        else handle_async(eng);
+    }
     int comp_fd() const { return channel_ ? channel_->fd : -1; }
     void consume_events();
     int async_fd() const { return ctx_ ? ctx_->async_fd : -1; }
