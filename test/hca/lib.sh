@@ -36,11 +36,12 @@ source "$hca_src/scripts/vm/rxe-up.sh" >/dev/null || {
     exit 1
 }
 
-# start_shim: a shim with rxe0 serving guests gN (LID 10N) and gNb (LID
-# 10N+1), joined to the other VM's shim; waits until the peer is up (the
-# peer's shim may start later: up to 60 s). Log: /tmp/shim.log (appended).
+# start_shim: a shim with rxe0 serving guests gN (LID 10N, worker 0) and
+# gNb (LID 10N+1, worker 1: each worker opens the device for itself),
+# joined to the other VM's shim; waits until the peer is up (the peer's
+# shim may start later: up to 60 s). Log: /tmp/shim.log (appended).
 start_shim() {
-    "$SHIM" --run-dir /run/vrdma --guest "g$N" --guest "g${N}b" --lid-base "$((10 * N))" \
+    "$SHIM" --run-dir /run/vrdma --guest "g$N" --guest "g${N}b" --lid-base "$((10 * N))" --workers 2 \
         --fabric-listen "10.10.0.$N:7400" --fabric-peer "10.10.0.$peer:7400" \
         --fabric-key "$share/fabric.key" --hca rxe0 >>/tmp/shim.log 2>&1 &
     shim_pid=$!

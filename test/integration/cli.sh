@@ -28,7 +28,9 @@ expect_fail 1 '^vrdma-shim: --hca: (no RDMA device named nosuch0|cannot list RDM
 # Workers (docs/protocol.md "Workers"): counts, placements and CPUs checked.
 expect_fail 2 'workers must be 1..64' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 0
 expect_fail 2 'the shim has 2 workers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a:worker=2 --workers 2
-expect_fail 2 'runs one worker' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 2 --hca rxe0
+# (--workers with --hca is accepted: each worker opens the device; a
+# missing one fails as above.)
+expect_fail 1 '^vrdma-shim: --hca: (no RDMA device named nosuch0|cannot list RDMA devices)' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 2 --hca nosuch0
 expect_fail 2 'names 1 CPU for 2 workers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 2 --worker-cpus 0
 expect_fail 2 'worker-cpus wants CPU numbers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --worker-cpus 1-0
 expect_fail 2 'is not one this process may run on' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --worker-cpus 4095

@@ -58,11 +58,13 @@ bool Daemon::start(std::string& error) {
     }
     // The device first: a wrong --hca fails before the run directory is touched.
     if (!opts_.hca.empty()) {
-        hca_ = HcaDevice::open(opts_.hca, error);
-        if (!hca_) return false;
-        hca_transport_ = std::make_unique<HcaTransport>(*hca_);
-        if (!workers_[0]->set_hca(hca_.get(), hca_transport_.get(), error)) return false;
-        LOG_INFO("hca: %s", hca_->describe().c_str());
+        for (auto& w : workers_) {
+            hcas_.push_back(HcaDevice::open(opts_.hca, error));
+            if (!hcas_.back()) return false;
+            hca_transports_.push_back(std::make_unique<HcaTransport>(*hcas_.back()));
+            if (!w->set_hca(hcas_.back().get(), hca_transports_.back().get(), error)) return false;
+        }
+        LOG_INFO("hca: %s (opened by each of %zu worker(s))", hcas_[0]->describe().c_str(), workers_.size());
         if (std::string advice = HcaDevice::memlock_advice(); !advice.empty())
             LOG_WARN("hca: %s", advice.c_str());
     }
@@ -132,7 +134,7 @@ bool Daemon::start(std::string& error) {
         }
         line += " fabric lids " + std::to_string(fc.lid_first) + "-" + std::to_string(fc.lid_last);
     }
-    if (hca_) line += " hca " + hca_->name() + ":" + std::to_string(hca_->port());
+    if (!hcas_.empty()) line += " hca " + hcas_[0]->name() + ":" + std::to_string(hcas_[0]->port());
     if (!run_dir_.mark_ready(error)) return false;
     if (nworkers > 1) line += " workers " + std::to_string(nworkers);
     line += " run-dir " + run_dir_.path();
@@ -205,30 +207,40 @@ std::string Daemon::transports_report() {
                 text += l;
             }
         });
-    uint64_t tcp_copied = 0;  // (ask_workers waits for each worker's answer in turn)
-    auto tcp = std::make_shared<std::atomic<uint64_t>>(0);
-    ask_workers([tcp](Worker& w, std::string&, std::string&) {
+    // The fabric's and the device's figures of every worker, added up (each
+    // read in its worker's thread; ask_workers asks them one at a time, and
+    // a late answer writes into these copies, not into freed memory).
+    struct Totals {
+        std::atomic<uint64_t> tcp{0}, sends{0}, send_bytes{0}, recvs{0}, completions{0}, errors{0}, ud_lost{0},
+            ud_unknown{0};
+    };
+    auto sum = std::make_shared<Totals>();
+    ask_workers([sum](Worker& w, std::string&, std::string&) {
         const fabric::LinkStats t = w.fabric().totals();
-        *tcp += t.tx_payload + t.rx_payload;
-    });
-    tcp_copied = *tcp;
-    report += ask_workers([this, tcp_copied](Worker& w, std::string& text, std::string&) {
-        if (w.index() != 0) return;
-        char l[512];
-        std::snprintf(l, sizeof(l), "tcp copied_bytes %llu\n", (unsigned long long)tcp_copied);
-        text += l;
-        if (hca_) {
-            const HcaDevice::Stats& s = hca_->stats();
-            std::snprintf(l, sizeof(l),
-                          "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0"
-                          " ud_lost %llu ud_unknown %llu\n",
-                          hca_->name().c_str(), hca_->port(), (unsigned long long)s.sends,
-                          (unsigned long long)s.send_bytes, (unsigned long long)s.recvs,
-                          (unsigned long long)s.completions, (unsigned long long)s.errors,
-                          (unsigned long long)s.ud_lost, (unsigned long long)s.ud_unknown);
-            text += l;
+        sum->tcp += t.tx_payload + t.rx_payload;
+        if (const HcaDevice* dev = w.engine().hca()) {
+            const HcaDevice::Stats& s = dev->stats();
+            sum->sends += s.sends;
+            sum->send_bytes += s.send_bytes;
+            sum->recvs += s.recvs;
+            sum->completions += s.completions;
+            sum->errors += s.errors;
+            sum->ud_lost += s.ud_lost;
+            sum->ud_unknown += s.ud_unknown;
         }
     });
+    std::snprintf(line, sizeof(line), "tcp copied_bytes %llu\n", (unsigned long long)sum->tcp.load());
+    report += line;
+    if (!hcas_.empty()) {
+        std::snprintf(line, sizeof(line),
+                      "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0"
+                      " ud_lost %llu ud_unknown %llu\n",
+                      hcas_[0]->name().c_str(), hcas_[0]->port(), (unsigned long long)sum->sends.load(),
+                      (unsigned long long)sum->send_bytes.load(), (unsigned long long)sum->recvs.load(),
+                      (unsigned long long)sum->completions.load(), (unsigned long long)sum->errors.load(),
+                      (unsigned long long)sum->ud_lost.load(), (unsigned long long)sum->ud_unknown.load());
+        report += line;
+    }
     return report;
 }
 

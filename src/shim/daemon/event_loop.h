@@ -105,10 +105,11 @@ private:
     std::string metrics_text();
 
     Options opts_;
-    // The RDMA device (--hca), before the workers: it outlives the guests'
-    // device objects.
-    std::unique_ptr<HcaDevice> hca_;
-    std::unique_ptr<HcaTransport> hca_transport_;
+    // With --hca: the device opened once per worker (each worker's guests'
+    // device objects, CQs and events are its own), and its transport;
+    // before the workers: they outlive the guests' device objects.
+    std::vector<std::unique_ptr<HcaDevice>> hcas_;
+    std::vector<std::unique_ptr<HcaTransport>> hca_transports_;
     SharedTables shared_;
     std::vector<std::unique_ptr<Worker>> workers_;
     std::vector<uint32_t> worker_of_;  // by guest index

@@ -144,9 +144,9 @@ OPTIONS
         half the CPUs the shim may run on (its affinity mask), at least
         1: the guests' own pollers need the other half. In a fabric
         (--fabric-*) each worker has its own connection to each worker
-        of every peer shim, and carries its guests' traffic across it. A
-        shim with a device (--hca) runs one worker; --workers above 1 is
-        refused there.
+        of every peer shim, and carries its guests' traffic across it.
+        With a device (--hca) each worker opens the device for itself:
+        its guests' device objects and completion queues are its own.
 
     --worker-cpus LIST
         Pins worker K to the K-th CPU of LIST (CPU numbers and ranges, as
@@ -405,8 +405,7 @@ bool parse_cpu_list(const std::string& list, std::vector<uint32_t>& out) {
 
 }  // namespace
 
-uint32_t default_workers(const Options& o) {
-    if (!o.hca.empty()) return 1;
+uint32_t default_workers() {
     cpu_set_t set;
     CPU_ZERO(&set);
     const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
@@ -655,13 +654,8 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
         error = "--fabric-key without --fabric-listen or --fabric-peer";
         return false;
     }
-    if (o.workers > 1 && !o.hca.empty()) {
-        error = "--workers " + std::to_string(o.workers) +
-                ": a shim with a device (--hca) runs one worker (docs/protocol.md \"Workers\")";
-        return false;
-    }
     if (!o.workers && !o.worker_cpus.empty()) o.workers = uint32_t(o.worker_cpus.size());
-    if (!o.workers) o.workers = default_workers(o);
+    if (!o.workers) o.workers = default_workers();
     if (!o.worker_cpus.empty()) {
         if (o.worker_cpus.size() != o.workers) {
             error = "--worker-cpus names " + std::to_string(o.worker_cpus.size()) + " CPU" +

@@ -69,9 +69,9 @@ bool parse_weight(const std::string& text, uint32_t& weight);
 const char* help_text();
 
 // The worker count when --workers is not given: half the CPUs this
-// process may run on (sched_getaffinity), at least 1; 1 with a fabric or a
-// device (docs/protocol.md "Workers").
-uint32_t default_workers(const Options& o);
+// process may run on (sched_getaffinity), at least 1 (docs/protocol.md
+// "Workers").
+uint32_t default_workers();
 // What a worker needs to serve guest `i`, copied out of the options (which
 // the daemon's thread extends when guests are added at run time).
 struct GuestSettings {

@@ -71,6 +71,7 @@ WorkerLink& Worker::link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_i
     }
     links_[peer] = std::make_unique<WorkerLink>(engine_, index_, peer, peer_inbox);
     link_ptrs_[peer] = links_[peer].get();
+    if (opts_.hca_local && engine_.hca()) links_[peer]->set_device_gid(engine_.hca()->gid());
     return *links_[peer];
 }
 

@@ -2,8 +2,8 @@
 // (docs/protocol.md "Workers"). It owns an engine with those guests'
 // contexts, their socket connections and kick eventfds, and the links to
 // the other workers (worker_link.h), and in a fabric its own connections
-// to each worker of each peer shim (fabric.h); worker 0 also drives the
-// RDMA device when the shim has one (and is then the only worker).
+// to each worker of each peer shim (fabric.h), and with an RDMA device its
+// own context of it (hca_device.h).
 // Nothing a worker owns is touched by another thread: the daemon's thread
 // hands it accepted connections and operator requests as tasks (post, call),
 // and other workers reach its guests only through the links.
@@ -71,8 +71,7 @@ public:
     void route_to(uint16_t lid, uint32_t peer);
     // Each link, by the worker it reaches (null: this one).
     const std::vector<std::unique_ptr<WorkerLink>>& links() const { return links_; }
-    // The fabric (every worker of a shim in one) and the device (worker 0,
-    // the only one, of a shim with one).
+    // The fabric and the device (every worker of a shim with them).
     bool start_fabric(const fabric::FabricConfig& cfg, std::string& error);
     fabric::Fabric& fabric() { return fabric_; }
     bool set_hca(HcaDevice* dev, Transport* transport, std::string& error);

@@ -46,4 +46,18 @@ bool SharedTables::qpn_taken(uint32_t qpn) const {
     return qpns_.count(qpn) != 0;
 }
 
+void SharedTables::set_device_ud(uint32_t qpn, uint16_t lid, uint64_t guid) {
+    std::lock_guard<std::mutex> lock(device_ud_mutex_);
+    device_ud_[qpn] = UdOwner{lid, guid};
+}
+
+bool SharedTables::device_ud(uint32_t qpn, uint16_t& lid, uint64_t& guid) const {
+    std::lock_guard<std::mutex> lock(device_ud_mutex_);
+    auto it = device_ud_.find(qpn);
+    if (it == device_ud_.end()) return false;
+    lid = it->second.lid;
+    guid = it->second.guid;
+    return true;
+}
+
 }  // namespace vrdma::shim

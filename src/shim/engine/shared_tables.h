@@ -1,21 +1,24 @@
 // What the workers of one shim share (docs/protocol.md "Workers"): the
 // numbers that must be unique shim-wide (QPNs and their quarantine, QP
-// incarnations, SRQ numbers, context ids), the shim-wide mapping count, and the rkey
+// incarnations, SRQ numbers, context ids), the shim-wide mapping count, the rkey
 // and qkey guess throttles (a source's guesses count wherever its targets
-// are served). Everything else belongs to one worker's engine.
+// are served), and the owners of the device's UD QPs. Everything else
+// belongs to one worker's engine.
 //
 // Thread safety: QPNs are taken and given back by control commands only,
 // under a mutex; incarnations, SRQ numbers and context ids are atomic
 // counters; the
 // mapping count is atomic (global_usage: GuestUsage takes with a
 // compare-exchange); the throttles lock only on their slow paths (a
-// source that made an error). No fast path of a worker takes a lock
-// here.
+// source that made an error). No fast path of a worker takes a lock here
+// but one: a UD datagram the device delivers from another worker's guest
+// looks its source up under device_ud's mutex (held for one hash lookup).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "guess_throttle.h"
@@ -59,6 +62,15 @@ public:
     GuessThrottle& guess_throttle() { return guess_throttle_; }
     GuessThrottle& qkey_throttle() { return qkey_throttle_; }
 
+    // The UD QPs of this shim's guests on its RDMA device, by QPN (hca_ud.h):
+    // a datagram the device delivers names only the source QPN, and its
+    // QP may be a guest's of another worker. Set when a UD QP goes onto the
+    // device (a QPN taken again overwrites it); read, under the lock, only
+    // for a datagram from this shim's own device GID whose QPN the
+    // receiving worker does not have.
+    void set_device_ud(uint32_t qpn, uint16_t lid, uint64_t guid);
+    bool device_ud(uint32_t qpn, uint16_t& lid, uint64_t& guid) const;
+
 private:
     mutable std::mutex qpn_mutex_;
     std::unordered_set<uint32_t> qpns_;
@@ -69,6 +81,12 @@ private:
     GlobalUsage global_;
     GuessThrottle guess_throttle_;  // rkeys, by source LID
     GuessThrottle qkey_throttle_;   // qkeys, by (source LID, target LID)
+    struct UdOwner {
+        uint16_t lid;
+        uint64_t guid;
+    };
+    mutable std::mutex device_ud_mutex_;
+    std::unordered_map<uint32_t, UdOwner> device_ud_;
 };
 
 }  // namespace vrdma::shim

@@ -29,6 +29,7 @@ public:
 
     // With --hca-local, this host's RC and UC traffic goes through the
     // device too, as to a peer shim with that GID (hca_bind.h).
+    bool within_shim() const override { return true; }
     const uint8_t* device_gid() const override { return device_gid_; }
     void set_device_gid(const uint8_t* gid) { device_gid_ = gid; }
 

@@ -59,6 +59,10 @@ public:
         (void)eng, (void)qp;
     }
 
+    // True if the transport reaches guests of this shim (the local
+    // transport, a link to another worker).
+    virtual bool within_shim() const { return false; }
+
     // The device GID of the shim this transport reaches when that shim and
     // this one both have an RDMA device (hca_bind.h); null otherwise.
     virtual const uint8_t* device_gid() const { return nullptr; }

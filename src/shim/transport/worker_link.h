@@ -106,6 +106,11 @@ public:
     // The other worker answers every request (a drop too): a late answer is
     // late, never lost.
     bool delivering_since(uint64_t) const override { return true; }
+    bool within_shim() const override { return true; }
+    // With --hca-local: RC and UC QPs to the other worker's guests go
+    // through the device, as those of this worker's do (local_transport.h).
+    const uint8_t* device_gid() const override { return device_gid_; }
+    void set_device_gid(const uint8_t* gid) { device_gid_ = gid; }
     void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override;
     void abandon(Engine& eng, Qp& qp) override;
 
@@ -162,6 +167,7 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<Inbound>> inbound_;
     Inbound one_;  // a request in one piece (no allocation)
     Stats stats_;
+    const uint8_t* device_gid_ = nullptr;
 };
 
 }  // namespace vrdma::shim

@@ -92,6 +92,8 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
         // Peer shims learn who owns the QPN their devices will name as the
         // source of its datagrams, and that its receives are on the device.
         if (eng.ud_directory()) eng.ud_directory()->announce_ud(ctx.guest().lid, qp.qpn, ctx.guest().guid);
+        // And the other workers of this shim (hca_ud.h).
+        eng.shared().set_device_ud(qp.qpn, ctx.guest().lid, ctx.guest().guid);
         LOG_INFO("guest %s: UD QP %u is on %s", ctx.guest().name.c_str(), qp.qpn, dev.name().c_str());
         return 0;
     }

@@ -14,11 +14,12 @@ namespace vrdma::shim {
 namespace {
 
 // The guest that owns UD QP `qpn` of the device with GID `gid`: this
-// shim's, or a peer's as it announced.
+// shim's (this worker's, or another's), or a peer's as it announced.
 bool datagram_source(Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) {
     if (std::memcmp(gid, eng.hca()->gid(), 16) == 0) {
         Engine::QpRef ref = eng.find_qp_by_qpn(qpn);
-        if (!ref || ref.qp->type != IBV_QPT_UD) return false;
+        if (!ref) return eng.shared().device_ud(qpn, lid, guid);
+        if (ref.qp->type != IBV_QPT_UD) return false;
         lid = ref.ctx->guest().lid;
         guid = ref.ctx->guest().guid;
         return true;
@@ -55,6 +56,9 @@ const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn) {
         Engine::QpRef d = eng.find_qp(dlid, dqpn);
         return d && d.qp->type == IBV_QPT_UD && d.qp->device_bound ? eng.hca()->gid() : nullptr;
     }
+    // A guest of another worker of this shim: its UD QPs of the default
+    // partition are on the device, as a peer shim's are.
+    if (t->within_shim()) return eng.hca()->gid();
     // A peer shim with a device has every UD QP of the default partition
     // on it, as this one does (a datagram to one that is not is lost there,
     // as it would be at its responder: another partition).
