@@ -168,7 +168,7 @@ declare -A HOST_PEERS=()   # H -> "ADDR:PORT ..."
 declare -A HOST_KEY=()     # H -> key file
 declare -A HOST_CRYPTO=()  # H -> --fabric-crypto (default: $VRDMA_FABRIC_CRYPTO, else the shim's)
 declare -A HOST_PID=()     # H -> shim pid ("" when not running)
-declare -A HOST_ARGS=()    # H -> more arguments of its shim (default: $VRDMA_SHIM_ARGS)
+declare -A HOST_ARGS=()    # H -> more arguments of its shim (default: $VRDMA_SHIM_ARGS, else --workers 1)
 declare -A HOST_IF=()      # H -> its interface on its first link
 FABRIC_LINKS=0
 FABRIC_NET=""
@@ -288,8 +288,10 @@ fabric_shim_cmd() {
     printf '%s\n' --lid-base "${HOST_LID[$h]}" --fabric-listen "${HOST_ADDR[$h]}:$FABRIC_PORT"
     for p in ${HOST_PEERS[$h]}; do printf '%s\n' --fabric-peer "$p"; done
     printf '%s\n' --fabric-key "${HOST_KEY[$h]}"
+    # One worker unless told (the tests count the links: one per pair of
+    # workers, and the default worker count follows the machine's CPUs).
     local a
-    for a in ${HOST_ARGS[$h]:-${VRDMA_SHIM_ARGS:-}}; do printf '%s\n' "$a"; done
+    for a in ${HOST_ARGS[$h]:-${VRDMA_SHIM_ARGS:---workers 1}}; do printf '%s\n' "$a"; done
     # VRDMA_FABRIC_CRYPTO: every host's --fabric-crypto; HOST_CRYPTO[H]: one host's
     local crypto="${HOST_CRYPTO[$h]:-${VRDMA_FABRIC_CRYPTO:-}}"
     [ -z "$crypto" ] || printf '%s\n' --fabric-crypto "$crypto"
