@@ -129,7 +129,7 @@ else
     if kill -0 "$client" 2>/dev/null; then
         kill -9 "$client"
         pkill -9 -x ib_write_bw
-        fail link-down-error "the client still ran 120 s after the link went down: $(tail -4 /tmp/link_down.out | tr '\n' ' ') transports: $("${CTL[@]}" transports 2>&1 | tr '\n' ' ')"
+        fail link-down-error "the client still ran 120 s after the link went down: $(tail -4 /tmp/link_down.out | tr '\n' ' ') transports: $("${CTL[@]}" transports 2>&1 | tr '\n' ' ') peers: $("${CTL[@]}" peers 2>&1 | tr '\n' ' ') shim log: $(tail -25 /tmp/shim.log | tr '\n' ' ')"
     else
         wait "$client"
         rc=$?

@@ -77,19 +77,21 @@ WorkerLink& Worker::link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_i
 
 void Worker::route_to(uint16_t lid, uint32_t peer) { engine_.routes().add(lid, lid, links_[peer].get()); }
 
-bool Worker::add_poll_group(PollGroup& group, std::string& error) {
+bool Worker::add_poll_group(PollGroup& group, bool first, std::string& error) {
     const std::vector<int> fds = group.fds();
     for (size_t i = 0; i < fds.size(); ++i)
-        if (!epoll_add(fds[i], EPOLLIN, tag(kGroup, (groups_.size() << 8) | i))) {
+        if (!epoll_add(fds[i], EPOLLIN, tag(kGroup, (group_ids_.size() << 8) | i))) {
             error = std::string("epoll: ") + strerror(errno);
             return false;
         }
-    groups_.push_back(&group);
+    group_ids_.push_back(&group);
+    groups_.insert(first ? groups_.begin() : groups_.end(), &group);
     return true;
 }
 
 bool Worker::start_fabric(const fabric::FabricConfig& cfg, std::string& error) {
-    return fabric_.start(cfg, error) && add_poll_group(fabric_, error);
+    // Polled first, whenever it starts: see set_hca.
+    return fabric_.start(cfg, error) && add_poll_group(fabric_, true, error);
 }
 
 bool Worker::set_hca(HcaDevice* dev, Transport* transport, std::string& error) {
@@ -98,7 +100,7 @@ bool Worker::set_hca(HcaDevice* dev, Transport* transport, std::string& error) {
     // After the fabric's: a peer's announcement of a UD QP (hca_ud.h), sent
     // before that QP's first datagram, is read before the device delivers
     // the datagram.
-    return add_poll_group(*dev, error);
+    return add_poll_group(*dev, false, error);
 }
 
 bool Worker::start(std::string& error) {
@@ -265,7 +267,7 @@ void Worker::poll_events(int timeout_ms) {
             on_connection(id, events);
             break;
         case kGroup:
-            if ((id >> 8) < groups_.size()) groups_[id >> 8]->on_event(engine_, id & 0xff);
+            if ((id >> 8) < group_ids_.size()) group_ids_[id >> 8]->on_event(engine_, id & 0xff);
             break;
         case kKick: {
             auto it = conns_.find(id);

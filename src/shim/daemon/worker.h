@@ -105,7 +105,8 @@ private:
     enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kGroup = 4 };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
-    bool add_poll_group(PollGroup& group, std::string& error);
+    // `first`: polled before the groups added so far.
+    bool add_poll_group(PollGroup& group, bool first, std::string& error);
     void epoll_del(int fd);
     void run();
     bool pass();
@@ -123,9 +124,10 @@ private:
     const Options& opts_;
     Engine engine_;
     fabric::Fabric fabric_{engine_};
-    // The transports' poll groups (the fabric, the device), polled in this
-    // order every pass; epoll tags name them by index.
-    std::vector<PollGroup*> groups_;
+    // The transports' poll groups (the fabric, the device), in the order
+    // every pass polls them; and by the id their epoll tags carry (the
+    // order they were added in).
+    std::vector<PollGroup*> groups_, group_ids_;
     std::vector<std::unique_ptr<WorkerLink>> links_;  // by peer worker
     std::vector<WorkerLink*> link_ptrs_;             // the same, for receive_messages
     std::map<size_t, const GuestIdentity*> guests_;  // by index in the options
