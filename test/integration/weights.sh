@@ -7,11 +7,13 @@
 # (-f 0: a stream of small writes is limited by the guest itself in a slow,
 # sanitized build, not by the shim). vrdmactl load must then show that c
 # moved three times d's bytes within 20 % (2.4 to 3.6; measured 3.19 to
-# 3.30 plain and 2.88 to 2.90 under ASan; with equal weights the same
-# script measures 1.0). Shares are of the worker's time, and under TSan a
-# turn's own instrumented work costs more than its 16 KiB copy: the guest
-# of weight 1 pays that cost per 16 KiB, the other per 48 KiB, so its
-# bytes ratio lies between 3 and 9 (measured 5.9 to 7.6); TSan runs are
+# 3.30 plain; with equal weights the same script measures 1.0). Shares
+# are of the worker's time, and under a sanitizer a turn's own
+# instrumented work costs more than its 16 KiB copy: the guest of weight 1
+# pays that cost per 16 KiB, the other per 48 KiB, so the bytes ratio
+# lies between 3 and 9. Under ASan it measured 2.88 to 4.00 (4.00 in a
+# CI run whose worker-time ratio was 2.81), so ASan runs are checked for
+# 2.4 to 6; under TSan it measured 5.9 to 7.6, and TSan runs are
 # checked for 1.8 to 9 (the weight counted, in the right direction),
 # both weights on the guests' lines, and both greedy guests' completions
 # all successful. Then the operator swaps the weights at run time
@@ -69,6 +71,7 @@ check_shares() {
 }
 
 lo=2.4 hi=3.6
+grep -q '^VRDMA_SANITIZE:BOOL=ON' "$VRDMA_BUILD_DIR/CMakeCache.txt" 2>/dev/null && lo=2.4 hi=6
 grep -q '^VRDMA_TSAN:BOOL=ON' "$VRDMA_BUILD_DIR/CMakeCache.txt" 2>/dev/null && lo=1.8 hi=9
 
 note "two greedy guests on one worker, c with weight 3, d with 1"
