@@ -175,7 +175,11 @@ public:
     // As a poll group of its worker (poll_group.h): each pass flushes and
     // reads the links; the epoll fd reports the rest (accepts, dials,
     // handshakes).
-    bool poll(Engine&) override { return flush() | poll_links(); }
+    bool poll(Engine&) override {
+        bool moved = flush();  // both, whatever the first did
+        moved |= poll_links();
+        return moved;
+    }
     std::vector<int> fds() const override { return {epoll_fd()}; }
     void on_event(Engine&, size_t) override { poll(); }
     bool polls_with_syscalls() const override { return true; }
