@@ -213,21 +213,21 @@ bool Fabric::start(const FabricConfig& cfg, std::string& error) {
         error = std::string("epoll: ") + strerror(errno);
         return false;
     }
+    // Every worker says the port in its Hellos; only the one that accepts
+    // listens on it.
+    sockaddr_in listen_addr{};
     if (!cfg.listen.empty()) {
-        sockaddr_in a;
-        if (!parse_endpoint(cfg.listen, a, error)) {
+        if (!parse_endpoint(cfg.listen, listen_addr, error)) {
             error = "--fabric-listen: " + error;
             return false;
         }
-        listen_port_ = ntohs(a.sin_port);
+        listen_port_ = ntohs(listen_addr.sin_port);
     }
     if (!cfg.listen.empty() && cfg.accepts) {
-        sockaddr_in a;
-        parse_endpoint(cfg.listen, a, error);
         listen_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
         int one = 1;
         ::setsockopt(listen_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (!listen_ || ::bind(listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        if (!listen_ || ::bind(listen_.get(), reinterpret_cast<sockaddr*>(&listen_addr), sizeof(listen_addr)) != 0 ||
             ::listen(listen_.get(), 64) != 0) {
             error = "cannot listen on " + cfg.listen + " (--fabric-listen): " + strerror(errno);
             return false;

@@ -318,11 +318,11 @@ void Link::on_readable() {
         flush();  // the Hello, now that the channel is up
         if (state_ == LinkState::Closed) return;
     }
-    if (held_ && rx_ != RxState::Hello) return;
+    if (held_past_hello()) return;
     size_t handled = 0;
     short_read_ = false;
     while (state_ != LinkState::Closed && handled < kReadBudget) {
-        if (!parse() || paused_ || (held_ && rx_ != RxState::Hello)) return;
+        if (!parse() || paused_ || held_past_hello()) return;
         // A read that did not fill what it was offered emptied the socket:
         // what it brought is handled (above) without a read that would
         // only say EAGAIN. Unless a segment is half in: a channel read
@@ -338,7 +338,7 @@ void Link::on_readable() {
     }
     // What the last read brought is handled now, not at the next event
     // (there may be none: the peer waits for the answer).
-    if (!held_ || rx_ == RxState::Hello) parse();
+    if (!held_past_hello()) parse();
 }
 
 // Reads from the socket: into the receive buffer, or (a long payload with

@@ -250,6 +250,8 @@ private:
     Engine* eng_;
     Transport* routes_to_ = nullptr;
     bool held_ = false;  // after the peer's Hello, until release()
+    // Held, with the Hello read: nothing more is read until release().
+    bool held_past_hello() const { return held_ && rx_ != RxState::Hello; }
     const TlsContext& tls_ctx_;
     UniqueFd fd_;
     TlsChannel tls_;
