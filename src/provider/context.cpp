@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "events.h"
+#include "on_demand.h"
 #include "verbs.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/trusted_dir.h"
@@ -29,6 +30,7 @@ constexpr size_t kArenaBytes = 64u << 20;  // sparse: pages appear as rings use 
 void free_context(ibv_context* ibctx);
 
 const verbs_context_ops kContextOps = {
+    .advise_mr = advise_mr,
     .alloc_dm = alloc_dm,
     .alloc_mw = alloc_mw,
     .alloc_parent_domain = alloc_parent_domain,

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -20,6 +21,8 @@
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::prov {
+
+struct Mr;
 
 struct Context {
     verbs_context* vctx = nullptr;
@@ -45,6 +48,10 @@ struct Context {
     Arena arena;
     SegmentTable segments;
     uint64_t dm_bytes = 0;  // device memory allocated (verbs_dm.cpp)
+    // ODP MRs by lkey (on_demand.h), and how many of them were registered
+    // with nothing shared: the post paths look for faults only while some are.
+    std::unordered_map<uint32_t, Mr*> odp_mrs;
+    std::atomic<uint32_t> on_demand_mrs{0};
 
     abi::DeviceAttr dev_attr{};
     uint32_t lid = 0;

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "on_demand.h"
 #include "verbs.h"
 
 namespace vrdma::prov {
@@ -38,6 +39,7 @@ int build_send(Qp& qp, const ibv_send_wr& wr, uint8_t* slot) {
         w.num_sge = 0;
     } else {
         if (uint32_t(wr.num_sge) > qp.sq.max_sge) return EINVAL;
+        fault_in_sges(*qp.ctx, wr.sg_list, size_t(wr.num_sge));
         auto* sge = reinterpret_cast<abi::Sge*>(payload);
         for (int i = 0; i < wr.num_sge; ++i)
             sge[i] = abi::Sge{wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
@@ -98,6 +100,7 @@ int post_to_rq(Context& ctx, WorkQueue& rq, ibv_recv_wr* wr, ibv_recv_wr** bad) 
         std::memcpy(slot, &h, sizeof(h));
         // Lkeys are not checked here: the shim does at execution (Open MPI
         // probes SRQ support with an unregistered buffer).
+        fault_in_sges(ctx, wr->sg_list, size_t(wr->num_sge));
         auto* sge = reinterpret_cast<abi::Sge*>(slot + sizeof(abi::RecvWqe));
         for (int i = 0; i < wr->num_sge; ++i)
             sge[i] = abi::Sge{wr->sg_list[i].addr, wr->sg_list[i].length, wr->sg_list[i].lkey};

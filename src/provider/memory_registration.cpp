@@ -149,13 +149,14 @@ const char* why_not_movable(const MapEntry& e) {
 
 // A segment for the object behind shared mapping e (the whole mapping, so
 // that later registrations inside it reuse the segment).
-int share_object(Context& ctx, const MapEntry& e, uintptr_t addr, size_t len, uint32_t* seg_id) {
+int share_object(Context& ctx, const MapEntry& e, uintptr_t addr, size_t len, uint32_t* seg_id, const char* verb) {
     Segment s;
     std::string why;
     if (int rc = open_mapped_object(e, s.fd, why)) {
-        LOG_ERR("ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                " is shared memory (%s) the shim cannot reach: %s",
-                addr, len, e.start, e.path.empty() ? "anonymous" : e.path.c_str(), why.c_str());
+        if (verb)
+            LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                    " is shared memory (%s) the shim cannot reach: %s",
+                    verb, addr, len, e.start, e.path.empty() ? "anonymous" : e.path.c_str(), why.c_str());
         return rc;
     }
     if (int rc = fill_identity(s)) return rc;
@@ -302,7 +303,7 @@ int add_arena_segment(Context& ctx, size_t len, void** base) {
     return 0;
 }
 
-int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids) {
+int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids, const char* verb) {
     if (len == 0 || addr + len < addr) return EINVAL;
     uintptr_t start = addr & ~(kPage - 1);
     uintptr_t end = (addr + len + kPage - 1) & ~(kPage - 1);
@@ -310,7 +311,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
 
     std::vector<MapEntry> maps = read_maps(false);
     if (maps.empty()) {
-        LOG_ERR("ibv_reg_mr: cannot read /proc/self/maps");
+        if (verb) LOG_ERR("%s: cannot read /proc/self/maps", verb);
         return EFAULT;
     }
     sweep(ctx, maps);
@@ -349,14 +350,15 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
             ctx.segments.segs.emplace(adopted.id, std::move(adopted));
         }
         if (!found && e.shared) {
-            if (int rc = share_object(ctx, e, addr, len, &part.seg)) return rc;
+            if (int rc = share_object(ctx, e, addr, len, &part.seg, verb)) return rc;
             part.ours = found = true;
         }
         if (!found) {
             if (!movable(e)) {
-                LOG_ERR("ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                        " is %s (%s), which cannot be shared with the vrdma shim",
-                        addr, len, s, why_not_movable(e), e.path.empty() ? "anonymous" : e.path.c_str());
+                if (verb)
+                    LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                            " is %s (%s), which cannot be shared with the vrdma shim",
+                            verb, addr, len, s, why_not_movable(e), e.path.empty() ? "anonymous" : e.path.c_str());
                 return EINVAL;
             }
             need_move = true;
@@ -365,9 +367,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
         cur = t;
     }
     if (cur < end) {
-        LOG_ERR("ibv_reg_mr of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                " is not mapped",
-                addr, len, cur);
+        if (verb) LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR " is not mapped", verb, addr, len, cur);
         return EFAULT;
     }
 
@@ -386,9 +386,9 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
             uint32_t id = 0;
             int rc = move_run(ctx, run, &id);
             if (rc) {
-                LOG_ERR("ibv_reg_mr: moving [0x%" PRIxPTR ", 0x%" PRIxPTR
-                        ") onto shared memory failed: %s",
-                        run.front().start, run.back().end, std::strerror(rc));
+                if (verb)
+                    LOG_ERR("%s: moving [0x%" PRIxPTR ", 0x%" PRIxPTR ") onto shared memory failed: %s", verb,
+                            run.front().start, run.back().end, std::strerror(rc));
                 return rc;
             }
             for (Part& p : parts)

@@ -55,8 +55,10 @@ int add_arena_segment(Context& ctx, size_t len, void** base);
 // context's live segments are reused, MAP_SHARED objects are announced as
 // they are, private pages (anonymous or file-backed) are moved onto new
 // segments. On success appends the ids of the segments the range uses (one
-// reference taken on each). 0 or a positive errno (message on stderr).
-int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids);
+// reference taken on each). 0 or a positive errno, with a message on stderr
+// that names the `verb` asking (none when it is null).
+int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>* seg_ids,
+                const char* verb = "ibv_reg_mr");
 
 // Removes from the shim the segments no MR uses whose pages are no longer
 // mapped (after munmap of memory the application owns: device memory).

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "context.h"
@@ -33,6 +34,11 @@ struct Mr {
     uint32_t handle = 0;
     std::vector<uint32_t> segments;  // ids, one reference each
     Dm* dm = nullptr;                // an MR over device memory (ibv_reg_dm_mr)
+    // IBV_ACCESS_ON_DEMAND registered with nothing shared (on_demand.h):
+    // the ranges its faults have had shared so far (start, end), one per
+    // segment, sorted by start (a vector: Mr stays standard-layout).
+    bool on_demand = false;
+    std::vector<std::pair<uintptr_t, uintptr_t>> shared;
 };
 
 struct Cq {

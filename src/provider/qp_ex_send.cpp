@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "data_path.h"
+#include "on_demand.h"
 #include "verbs.h"
 
 namespace vrdma::prov {
@@ -160,6 +161,7 @@ void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* list) {
         qp->wr_err = EINVAL;
         return;
     }
+    fault_in_sges(*qp->ctx, list, num_sge);
     auto* sge = reinterpret_cast<abi::Sge*>(qp->wr_cur + sizeof(abi::SendWqe));
     for (size_t i = 0; i < num_sge; ++i) sge[i] = abi::Sge{list[i].addr, list[i].length, list[i].lkey};
     w->num_sge = uint32_t(num_sge);

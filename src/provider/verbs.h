@@ -32,7 +32,9 @@ ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int);
 // The registration behind ibv_reg_mr and ibv_reg_dm_mr: [addr, addr+length)
 // shared with the shim, named by `iova` in work requests (dm: the device
 // memory it lies in, or null).
-ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova, int access, Dm* dm);
+// With `on_demand`, nothing is shared now (on_demand.h).
+ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova, int access, Dm* dm,
+                        bool on_demand = false);
 int dereg_mr(verbs_mr*);
 int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int);
 ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*);

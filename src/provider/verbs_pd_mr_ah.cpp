@@ -8,6 +8,7 @@
 
 #include "context.h"
 #include "objects.h"
+#include "on_demand.h"
 #include "verbs.h"
 #include "vrdma_common/log.h"
 
@@ -56,10 +57,13 @@ ibv_mr* reg_mr(ibv_pd* pd, void* addr, size_t length, uint64_t hca_va, int acces
         errno = EINVAL;
         return nullptr;
     }
+    if (access & IBV_ACCESS_ON_DEMAND)
+        return register_on_demand(pd, reinterpret_cast<uintptr_t>(addr), length, hca_va, access);
     return register_memory(pd, reinterpret_cast<uintptr_t>(addr), length, hca_va, access, nullptr);
 }
 
-ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova, int access, Dm* dm) {
+ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova, int access, Dm* dm,
+                        bool on_demand) {
     Context& ctx = ctx_of(pd->context);
     auto* mr = new (std::nothrow) Mr{};
     if (!mr) {
@@ -68,7 +72,7 @@ ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova
     }
     std::lock_guard lock(ctx.mem_mu);
     // A zero-length MR (device memory only) names no memory: nothing to share.
-    int rc = length ? share_range(ctx, addr, length, &mr->segments) : 0;
+    int rc = length && !on_demand ? share_range(ctx, addr, length, &mr->segments) : 0;
     if (rc == 0) {
         abi::CmdRegMrReq req{};
         req.pd_handle = pd->handle;
@@ -92,6 +96,7 @@ ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova
             mr->handle = resp.mr_handle;
             mr->dm = dm;
             if (dm) dm_mr_made(dm);
+            if (access & IBV_ACCESS_ON_DEMAND) track_odp(ctx, *mr, on_demand);
             return &m;
         }
         release_segments(ctx, mr->segments);
@@ -108,6 +113,7 @@ int dereg_mr(verbs_mr* vmr) {
     abi::CmdHandleReq req{mr->handle};
     int rc = command(ctx, abi::CmdOp::DeregMr, &req, sizeof(req), nullptr, 0);
     if (rc && rc != EIO) return rc;  // shim gone: the MR is gone with it
+    untrack_odp(ctx, *mr);
     release_segments(ctx, mr->segments);
     if (mr->dm) dm_mr_gone(mr->dm);
     delete mr;
@@ -127,6 +133,9 @@ int rereg_mr(verbs_mr* vmr, int flags, ibv_pd* pd, void* addr, size_t length, in
     };
     if ((flags & IBV_REREG_MR_CHANGE_PD) && (!pd || pd->context != vmr->ibv_mr.context)) return fail(EINVAL);
     if (mr->dm) return fail(EINVAL);  // an MR over device memory stays as registered (as on mlx5)
+    // An ODP MR stays as registered: its faults follow its registration
+    // (rxe refuses any re-registration of an ODP MR too).
+    if (vmr->access & IBV_ACCESS_ON_DEMAND) return fail(EOPNOTSUPP);
     std::lock_guard lock(ctx.mem_mu);
     std::vector<uint32_t> segments;
     bool translate = flags & IBV_REREG_MR_CHANGE_TRANSLATION;

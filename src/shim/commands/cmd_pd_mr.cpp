@@ -13,16 +13,15 @@ namespace {
 constexpr uint32_t kOptionalAccess = IBV_ACCESS_OPTIONAL_RANGE;  // may be ignored by definition
 constexpr uint32_t kMrAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                                IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_HUGETLB |
-                               kOptionalAccess;
-// Flags that say how the MR is made, not what it allows: not kept in Mr::access.
-constexpr uint32_t kMakingAccess = kOptionalAccess | IBV_ACCESS_ZERO_BASED;
+                               IBV_ACCESS_ON_DEMAND | kOptionalAccess;
+// Flags that say how the MR is made, not what it allows: not kept in
+// Mr::access (a device registration of an ODP MR's mapping is an ordinary one).
+constexpr uint32_t kMakingAccess = kOptionalAccess | IBV_ACCESS_ZERO_BASED | IBV_ACCESS_ON_DEMAND;
 
-// The access flags of a registration: 0, EOPNOTSUPP or EINVAL, as the
-// kernel checks them (ib_check_mr_access) on a device without ODP.
-// IBV_ACCESS_ZERO_BASED is not among them (EINVAL): RegMr takes it off
-// first, ReregMr cannot change it.
+// The access flags of a registration: 0 or EINVAL, as the kernel checks
+// them (ib_check_mr_access). IBV_ACCESS_ZERO_BASED is not among them
+// (EINVAL): RegMr takes it off first, ReregMr cannot change it.
 int check_access(uint32_t access) {
-    if (access & IBV_ACCESS_ON_DEMAND) return EOPNOTSUPP;
     if (access & ~kMrAccess) return EINVAL;
     if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE))
         return EINVAL;
@@ -31,6 +30,11 @@ int check_access(uint32_t access) {
 
 bool range_ok(const Context& ctx, uint64_t addr, uint64_t length) {
     return length != 0 && length <= ctx.quotas().max_mr_size && addr + length >= addr;
+}
+
+// The implicit ODP MR: the whole address space (ibv_reg_mr(pd, NULL, SIZE_MAX, ...)).
+bool implicit_odp(const abi::CmdRegMrReq& r) {
+    return (r.access & IBV_ACCESS_ON_DEMAND) && r.addr == 0 && r.iova == 0 && r.length == UINT64_MAX;
 }
 
 }  // namespace
@@ -70,24 +74,36 @@ int cmd_reg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     // zero-based MR starts at 0, and only one of those may be empty.
     const bool zero_based = r.access & IBV_ACCESS_ZERO_BASED;
     if (zero_based && r.iova != 0) return EINVAL;
-    if (r.iova + r.length < r.iova) return EINVAL;
-    if (!(zero_based && r.length == 0) && !range_ok(ctx, r.addr, r.length)) return EINVAL;
+    const bool implicit = implicit_odp(r);
+    if (!implicit) {
+        if (r.iova + r.length < r.iova) return EINVAL;
+        if (!(zero_based && r.length == 0) && !range_ok(ctx, r.addr, r.length)) return EINVAL;
+    }
+    // The implicit MR's bytes are the segments' (charged as they come), not its length.
+    const uint64_t charged_bytes = implicit ? 0 : r.length;
     PendingCharges charge(ctx);
-    if (!charge.take(Res::Mr, 1, "RegMr") || !charge.take(Res::MrBytes, r.length, "RegMr")) return ENOMEM;
+    if (!charge.take(Res::Mr, 1, "RegMr") || !charge.take(Res::MrBytes, charged_bytes, "RegMr")) return ENOMEM;
     auto mr = std::make_unique<Mr>();
     if (r.length) {
-        if (int err = ctx.segments.map_range(r.addr, r.length, mr->mem, ctx.charges.usage())) return err;
+        int err = implicit ? EFAULT : ctx.segments.map_range(r.addr, r.length, mr->mem, ctx.charges.usage());
+        // ODP over memory not all shared yet: served on demand, at the
+        // addresses the guest's faults share (so named by those addresses).
+        if (err == EFAULT && (r.access & IBV_ACCESS_ON_DEMAND) && r.iova == r.addr)
+            mr->on_demand = true;
+        else if (err)
+            return err;
     }
     mr->pd = r.pd_handle;
     mr->access = r.access & ~kMakingAccess;
     mr->addr = r.iova;
     mr->length = r.length;
+    mr->charged_bytes = charged_bytes;
     // With a device, the memory is registered there too, at the addresses
     // work requests name it by, and the device's key is the MR's
     // (hca_device.h). Memory the device refuses (an iova whose offset in
     // its page differs from the memory's, as a zero-based MR's may) still
     // serves this host and TCP.
-    if (pd->dev && r.length) {
+    if (pd->dev && r.length && !mr->on_demand) {
         int derr = 0;
         auto d = eng.hca()->reg_mr(pd->dev, mr->mem.host, r.length, r.iova, mr->access, derr);
         if (d) mr->dev.reset(d.release());
@@ -118,7 +134,7 @@ int cmd_dereg_mr(Engine&, Context& ctx, const uint8_t* req, uint8_t*) {
     auto mr = ctx.mrs.erase(r.handle);
     ctx.keys.release(mr->key);
     ctx.charges.give(Res::Mr, 1);
-    ctx.charges.give(Res::MrBytes, mr->length);
+    ctx.charges.give(Res::MrBytes, mr->charged_bytes);
     if (Pd* pd = ctx.pds.get(mr->pd)) --pd->users;
     return 0;
 }
@@ -132,6 +148,8 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdReregMrReq>(req);
     Mr* mr = ctx.mrs.get(r.mr_handle);
     if (!mr || mr->bound_windows) return EINVAL;
+    // An ODP MR stays as registered (as on rxe); no MR becomes one.
+    if (mr->on_demand || (r.access & IBV_ACCESS_ON_DEMAND)) return EOPNOTSUPP;
     constexpr uint32_t kFlags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
     if (r.flags == 0 || (r.flags & ~kFlags)) return EINVAL;
     Pd* new_pd = nullptr;
@@ -167,10 +185,11 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         mr->dev.reset(d.release());  // the old device MR is deregistered here
     }
     if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
-        ctx.charges.give(Res::MrBytes, mr->length);
+        ctx.charges.give(Res::MrBytes, mr->charged_bytes);
         charge.keep();
         mr->addr = r.addr;
         mr->length = r.length;
+        mr->charged_bytes = r.length;
         mr->mem = std::move(mem);
     }
     mr->access = access;

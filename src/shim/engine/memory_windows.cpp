@@ -2,6 +2,8 @@
 
 #include <infiniband/verbs.h>
 
+#include "work_queue.h"
+
 namespace vrdma::shim {
 namespace {
 
@@ -78,15 +80,14 @@ bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t rkey) {
 }
 
 uint8_t* resolve_window(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
-                        uint32_t access, std::shared_ptr<Mapping>** keep) {
+                        uint32_t access, const std::shared_ptr<Mapping>** keep) {
     const Mw* mw = window_of(ctx, rkey);
     if (!mw || !mw->bound || mw->pd != qp.pd || (mw->access & access) != access) return nullptr;
     if (mw->type == IBV_MW_TYPE_2 && mw->qp != qp.handle) return nullptr;
     if (!range_inside(addr, len, mw->addr, mw->length)) return nullptr;
     Mr* mr = ctx.mrs.get(mw->mr);
     if (!mr || !range_inside(addr, len, mr->addr, mr->length)) return nullptr;
-    if (keep) *keep = &mr->mem.keepalive;
-    return mr->mem.host + (addr - mr->addr);
+    return mr_bytes(ctx, *mr, addr, len, keep);
 }
 
 }  // namespace vrdma::shim

@@ -38,6 +38,6 @@ void unbind_window(Context& ctx, Mw& mw);
 // `qp`: the shim's pointer to [addr, addr+len), or null if any check fails.
 // `keep` (if given) gets the mapping that backs the range.
 uint8_t* resolve_window(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
-                        uint32_t access, std::shared_ptr<Mapping>** keep);
+                        uint32_t access, const std::shared_ptr<Mapping>** keep);
 
 }  // namespace vrdma::shim

@@ -89,8 +89,10 @@ struct Table {
 };
 constexpr Table kTable;
 
-constexpr uint32_t kKnownAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+// IBV_ACCESS_ON_DEMAND changes nothing for a QP; applications that use ODP
+// pass their MRs' flags (rdma-core's suite does), and rxe and mlx5 take it.
+constexpr uint32_t kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                                  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ON_DEMAND;
 
 bool ah_ok(const abi::AhAttr& ah) {
     if (ah.dlid == 0 || ah.dlid >= 0xc000) return false;  // unicast LIDs only

@@ -46,6 +46,16 @@ struct Mr {
     uint64_t addr = 0;    // gva
     uint64_t length = 0;
     HostRange mem;        // contiguous shim mapping of [addr, addr+length)
+    // IBV_ACCESS_ON_DEMAND over memory not all shared at registration (the
+    // implicit MR, or a range with holes): no `mem`; each access is
+    // translated through the context's segments as they are then
+    // (mr_bytes, work_queue.h).
+    bool on_demand = false;
+    // On demand: mappings composed of several segments for ranges that
+    // straddle them (oldest first, at most kMaxComposed), charged to the guest.
+    static constexpr size_t kMaxComposed = 4 * abi::kMaxSge;
+    mutable std::vector<HostRange> composed;
+    uint64_t charged_bytes = 0;  // MrBytes taken from the guest's quota
     uint32_t bound_windows = 0;  // memory windows bound to it: it cannot change or go
     // With a device: the registration whose key is `key` (null if the
     // device refused the memory: the MR then serves local and TCP only).

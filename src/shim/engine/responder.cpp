@@ -243,7 +243,7 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         // receive queue untouched.
         if (req.length > 0) {
             if ((qp.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) == 0) return;
-            std::shared_ptr<Mapping>* keep = nullptr;
+            const std::shared_ptr<Mapping>* keep = nullptr;
             uint8_t* p = resolve_rkey(ctx, qp, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
             if (!p) return;
             if (pins && keep) pins->add(*keep);
@@ -410,7 +410,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if ((is_atomic || is_atomic_write) && (req.length != 8 || (req.remote_addr & 7)))
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         if (req.length > 0) {
-            std::shared_ptr<Mapping>* keep = nullptr;
+            const std::shared_ptr<Mapping>* keep = nullptr;
             uint8_t* p = (qp.attr.qp_access_flags & need) == need
                              ? resolve_rkey(ctx, qp, req.rkey, req.remote_addr, req.length, need, &keep)
                              : nullptr;

@@ -93,23 +93,54 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
         const Mr* mr = ctx.mrs.get(ctx.keys.lookup(s.lkey, KeyKind::Mr));
         if (!mr || mr->pd != pd || (mr->access & access) != access) return IBV_WC_LOC_PROT_ERR;
         if (!range_inside(s.addr, s.length, mr->addr, mr->length)) return IBV_WC_LOC_PROT_ERR;
-        out[spans++] = Span{mr->mem.host + (s.addr - mr->addr), s.length};
-        if (pins) pins->add(mr->mem.keepalive);
+        const std::shared_ptr<Mapping>* keep = nullptr;
+        uint8_t* p = mr_bytes(ctx, *mr, s.addr, s.length, &keep);
+        if (!p) return IBV_WC_LOC_PROT_ERR;
+        out[spans++] = Span{p, s.length};
+        if (pins) pins->add(*keep);
         total += s.length;
     }
     if (total > kMaxMsgSize) return IBV_WC_LOC_LEN_ERR;
     return IBV_WC_SUCCESS;
 }
 
+uint8_t* mr_bytes(const Context& ctx, const Mr& mr, uint64_t addr, uint64_t len,
+                  const std::shared_ptr<Mapping>** keep) {
+    if (!mr.on_demand) {
+        if (keep) *keep = &mr.mem.keepalive;
+        return mr.mem.host + (addr - mr.addr);
+    }
+    if (const SegmentTable::Piece* piece = ctx.segments.find_within_one(addr, len)) {
+        if (keep) *keep = &piece->map;
+        return piece->map->base + (addr - piece->map->gva);
+    }
+    // Over several segments (the guest's faults shared it in parts): one
+    // mapping composed of them, kept with the MR for the next access.
+    for (const HostRange& c : mr.composed) {
+        const Mapping& m = *c.keepalive;
+        if (range_inside(addr, len, m.gva, m.len)) {
+            if (keep) *keep = &c.keepalive;
+            return m.base + (addr - m.gva);
+        }
+    }
+    HostRange r;
+    if (ctx.segments.map_range(addr, len, r, ctx.charges.usage()) != 0) return nullptr;
+    // The oldest goes (a request in flight keeps its own reference); never
+    // one made for this work request, which makes at most kMaxSge.
+    if (mr.composed.size() == Mr::kMaxComposed) mr.composed.erase(mr.composed.begin());
+    mr.composed.push_back(std::move(r));
+    if (keep) *keep = &mr.composed.back().keepalive;
+    return mr.composed.back().host;
+}
+
 uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
-                      uint32_t access, std::shared_ptr<Mapping>** keep) {
+                      uint32_t access, const std::shared_ptr<Mapping>** keep) {
     const uint32_t handle = ctx.keys.lookup(rkey, KeyKind::Mr);
     if (!handle) return resolve_window(ctx, qp, rkey, addr, len, access, keep);
     Mr* mr = ctx.mrs.get(handle);
     if (!mr || mr->pd != qp.pd || (mr->access & access) != access) return nullptr;
     if (!range_inside(addr, len, mr->addr, mr->length)) return nullptr;
-    if (keep) *keep = &mr->mem.keepalive;
-    return mr->mem.host + (addr - mr->addr);
+    return mr_bytes(ctx, *mr, addr, len, keep);
 }
 
 bool Pins::fragile() const {

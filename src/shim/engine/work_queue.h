@@ -90,7 +90,14 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
 // [addr, addr+len). Null if any check fails. `keep` (if given) gets the
 // mapping that backs the range.
 uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
-                      uint32_t access, std::shared_ptr<Mapping>** keep = nullptr);
+                      uint32_t access, const std::shared_ptr<Mapping>** keep = nullptr);
+
+// The shim's bytes for [addr, addr+len) of `mr` (the caller has checked
+// the range is inside it): its mapping, or for an MR served on demand the
+// segment that holds the whole range now (null if none: never faulted in,
+// or split over two segments). `keep` (if given) gets the mapping.
+uint8_t* mr_bytes(const Context& ctx, const Mr& mr, uint64_t addr, uint64_t len,
+                  const std::shared_ptr<Mapping>** keep = nullptr);
 
 // Which side of a copy_sg lost a page under it (fault_guard.h).
 enum class CopyFault { None, Dst, Src };
