@@ -17,8 +17,9 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 6;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
-                                  // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova
+constexpr uint32_t kVersion = 7;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+                                  // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova;
+                                  // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -146,7 +147,9 @@ struct SendWqe {
     uint32_t remote_qpn;    // UD
     uint32_t remote_qkey;   // UD
     uint32_t mr_lkey;       // BIND_MW
-    uint64_t reserved3[2];
+    uint32_t xrc_remote_srqn;  // XRC_SEND: the SRQ the message is for
+    uint32_t reserved4;
+    uint64_t reserved3;
 };
 static_assert(sizeof(SendWqe) == 96);
 static_assert(offsetof(SendWqe, remote_addr) == 32);
@@ -237,6 +240,8 @@ enum class CmdOp : uint32_t {
     ReregMr,
     AllocMw,
     DeallocMw,
+    OpenXrcd,
+    CloseXrcd,
     kMax
 };
 
@@ -418,9 +423,9 @@ struct CmdCreateQpReq {
     uint64_t sq_gva;          // wq_ring_bytes(sq_entries, sq_stride)
     uint64_t rq_gva;          // 0 when srq_handle != 0
     uint64_t user_handle;     // the provider's ibv_qp*
-    uint32_t pd_handle;
-    uint32_t qp_type;         // IBV_QPT_RC or IBV_QPT_UD
-    uint32_t send_cq_handle;
+    uint32_t pd_handle;       // 0 for IBV_QPT_XRC_RECV
+    uint32_t qp_type;         // IBV_QPT_RC, UC, UD, XRC_SEND or XRC_RECV
+    uint32_t send_cq_handle;  // 0 for XRC_RECV
     uint32_t recv_cq_handle;
     uint32_t srq_handle;      // 0: own receive queue
     uint32_t sq_entries;      // power of two
@@ -431,7 +436,9 @@ struct CmdCreateQpReq {
     uint32_t max_recv_sge;
     uint32_t max_inline_data;
     uint32_t sq_sig_all;
+    uint32_t xrcd_handle;     // XRC_RECV: its domain (it has no queues, CQs or PD)
 };
+// XRC_SEND: no receive queue (rq_*, recv_cq_handle and srq_handle 0).
 // work_slot: the QP's bit in ControlBlock::work_bits, which the provider
 // must set when the QP has new work (several QPs may share one beyond
 // kWorkSlots QPs; kNoWorkSlot: none, the provider rings the doorbell counter
@@ -449,11 +456,18 @@ struct CmdCreateSrqReq {
     uint32_t stride;          // power of two
     uint32_t max_sge;
     uint32_t srq_limit;
+    uint32_t srq_type;        // IBV_SRQT_BASIC or IBV_SRQT_XRC
+    uint32_t xrcd_handle;     // XRC: its domain
+    uint32_t cq_handle;       // XRC: where its receive completions go
 };
 struct CmdCreateSrqResp { uint32_t srq_handle; uint32_t srqn; };
 
 struct CmdModifySrqReq { uint32_t srq_handle; uint32_t attr_mask; uint32_t max_wr; uint32_t srq_limit; };
 struct CmdQuerySrqResp { uint32_t max_wr; uint32_t max_sge; uint32_t srq_limit; };
+
+// An XRC domain: the context's own (an XRC_RECV QP and the XRC SRQs it
+// delivers to must share one).
+struct CmdOpenXrcdResp { uint32_t xrcd_handle; };
 
 struct CmdCreateAhReq { uint32_t pd_handle; uint32_t reserved; AhAttr attr; };
 struct CmdCreateAhResp { uint32_t ah_handle; };

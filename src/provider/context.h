@@ -23,6 +23,7 @@
 namespace vrdma::prov {
 
 struct Mr;
+struct Xrcd;
 
 struct Context {
     verbs_context* vctx = nullptr;
@@ -52,6 +53,7 @@ struct Context {
     // with nothing shared: the post paths look for faults only while some are.
     std::unordered_map<uint32_t, Mr*> odp_mrs;
     std::atomic<uint32_t> on_demand_mrs{0};
+    std::vector<Xrcd*> xrcds;  // open XRC domains (verbs_xrc.cpp), under mem_mu
 
     abi::DeviceAttr dev_attr{};
     uint32_t lid = 0;

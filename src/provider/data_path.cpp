@@ -70,6 +70,7 @@ int build_send(Qp& qp, const ibv_send_wr& wr, uint8_t* slot) {
     default:
         break;
     }
+    if (type == IBV_QPT_XRC_SEND) w.xrc_remote_srqn = wr.qp_type.xrc.remote_srqn;
     if (type == IBV_QPT_UD) {
         if (!wr.wr.ud.ah) return EINVAL;
         w.ah_handle = to_ah(wr.wr.ud.ah)->handle;
@@ -121,7 +122,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
         *bad = wr;
         return EIO;
     }
-    if (!send_state_ok(ibqp->state)) {
+    if (!send_state_ok(ibqp->state) || !qp->sq.mem) {  // an XRC_RECV QP has no send queue
         *bad = wr;
         return EINVAL;
     }

@@ -12,6 +12,7 @@
 namespace vrdma::prov {
 
 inline bool opcode_allowed(ibv_qp_type type, ibv_wr_opcode op) {
+    if (type == IBV_QPT_XRC_SEND) type = IBV_QPT_RC;  // an RC requester, each message to an XRC SRQ
     switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:

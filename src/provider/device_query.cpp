@@ -50,13 +50,14 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     ex.phys_port_cnt_ex = d.phys_port_cnt;
     ex.max_dm_size = kMaxDmBytes;
     // On-demand paging (on_demand.h): every operation of RC, UC and UD, the
-    // implicit MR too. No XRC.
+    // implicit MR too; XRC sends and XRC SRQ receives.
     ex.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
     constexpr uint32_t kRecv = IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_SRQ_RECV;
     ex.odp_caps.per_transport_caps.rc_odp_caps = IBV_ODP_SUPPORT_SEND | kRecv | IBV_ODP_SUPPORT_WRITE |
                                                  IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC;
     ex.odp_caps.per_transport_caps.uc_odp_caps = IBV_ODP_SUPPORT_SEND | kRecv | IBV_ODP_SUPPORT_WRITE;
     ex.odp_caps.per_transport_caps.ud_odp_caps = IBV_ODP_SUPPORT_SEND | kRecv;
+    ex.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV;
 
     std::memcpy(attr, &ex, std::min(attr_size, sizeof(ex)));
     return 0;

@@ -107,6 +107,19 @@ struct Qp {
     uint32_t async_read = 0;   // under Context::ev_mu
 };
 
+// An XRC domain. Opened twice on the same file (ibv_open_xrcd with an fd),
+// it is the same domain, counted; the domain is this context's own.
+struct Xrcd {
+    verbs_xrcd vx;
+    uint32_t handle = 0;
+    bool has_file = false;
+    dev_t dev = 0;
+    ino_t ino = 0;
+    uint32_t opens = 0;  // under the context's mem_mu
+};
+inline Xrcd* to_xrcd(ibv_xrcd* x) { return reinterpret_cast<Xrcd*>(x); }
+inline Xrcd* to_xrcd(verbs_xrcd* x) { return reinterpret_cast<Xrcd*>(x); }
+
 struct Ah {
     ibv_ah ibv;
     uint32_t handle = 0;
@@ -114,7 +127,7 @@ struct Ah {
 
 static_assert(std::is_standard_layout_v<Cq> && std::is_standard_layout_v<Qp> &&
               std::is_standard_layout_v<Srq> && std::is_standard_layout_v<Mr> &&
-              std::is_standard_layout_v<Ah>);
+              std::is_standard_layout_v<Ah> && std::is_standard_layout_v<Xrcd>);
 
 inline Cq* to_cq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Qp* to_qp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }

@@ -23,7 +23,8 @@ abi::SendWqe* begin(ibv_qp_ex* qpx, ibv_wr_opcode op) {
     if (qp->wr_err) return nullptr;
     // Atomic write exists only here: ibv_send_wr has no field for its value.
     const ibv_qp_type type = qp->vqp.qp.qp_type;
-    if (op == IBV_WR_ATOMIC_WRITE ? type != IBV_QPT_RC : !opcode_allowed(type, op)) {
+    const bool reliable = type == IBV_QPT_RC || type == IBV_QPT_XRC_SEND;
+    if (op == IBV_WR_ATOMIC_WRITE ? !reliable : !opcode_allowed(type, op)) {
         qp->wr_err = EINVAL;
         return nullptr;
     }
@@ -169,6 +170,10 @@ void wr_set_sge_list(ibv_qp_ex* qpx, size_t num_sge, const ibv_sge* list) {
     w->send_flags &= ~unsigned(IBV_SEND_INLINE);
 }
 
+void wr_set_xrc_srqn(ibv_qp_ex* qpx, uint32_t remote_srqn) {
+    if (auto* w = cur(qp_of(qpx))) w->xrc_remote_srqn = remote_srqn;
+}
+
 void wr_set_sge(ibv_qp_ex* qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
     ibv_sge s{addr, length, lkey};
     wr_set_sge_list(qpx, 1, &s);
@@ -215,6 +220,7 @@ void install_qp_ex_ops(Qp& qp, uint64_t ops) {
     x.wr_set_inline_data = wr_set_inline_data;
     x.wr_set_inline_data_list = wr_set_inline_data_list;
     if (qp.vqp.qp.qp_type == IBV_QPT_UD) x.wr_set_ud_addr = wr_set_ud_addr;
+    if (qp.vqp.qp.qp_type == IBV_QPT_XRC_SEND) x.wr_set_xrc_srqn = wr_set_xrc_srqn;
     if (ops & IBV_QP_EX_WITH_SEND) x.wr_send = wr_send;
     if (ops & IBV_QP_EX_WITH_SEND_WITH_IMM) x.wr_send_imm = wr_send_imm;
     if (ops & IBV_QP_EX_WITH_RDMA_WRITE) x.wr_rdma_write = wr_rdma_write;

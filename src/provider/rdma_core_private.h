@@ -85,7 +85,11 @@ struct verbs_device {
     uint64_t core_support;
 };
 
-struct verbs_xrcd;
+struct verbs_xrcd {
+    ibv_xrcd xrcd;
+    uint32_t comp_mask;
+    uint32_t handle;
+};
 
 enum ibv_mr_type {
     IBV_MR_TYPE_MR,

@@ -40,6 +40,12 @@ int rereg_mr(verbs_mr*, int, ibv_pd*, void*, size_t, int);
 ibv_ah* create_ah(ibv_pd*, ibv_ah_attr*);
 int destroy_ah(ibv_ah*);
 
+// verbs_xrc.cpp
+ibv_xrcd* open_xrcd(ibv_context*, ibv_xrcd_init_attr*);
+int close_xrcd(ibv_xrcd*);
+// ibv_create_qp_ex of an IBV_QPT_XRC_RECV QP (create_qp_ex's).
+ibv_qp* create_xrc_recv_qp(ibv_context*, ibv_qp_init_attr_ex*);
+
 // verbs_mw.cpp
 ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type);
 int dealloc_mw(ibv_mw*);
@@ -74,6 +80,8 @@ int destroy_qp(ibv_qp*);
 
 // verbs_srq.cpp
 ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*);
+ibv_srq* create_srq_ex(ibv_context*, ibv_srq_init_attr_ex*);
+int get_srq_num(ibv_srq*, uint32_t*);
 int modify_srq(ibv_srq*, ibv_srq_attr*, int);
 int query_srq(ibv_srq*, ibv_srq_attr*);
 int destroy_srq(ibv_srq*);

@@ -34,21 +34,26 @@ struct QpCreate {
 ibv_qp* create_common(const QpCreate& c) {
     Context& ctx = ctx_of(c.pd->context);
     const abi::DeviceAttr& d = ctx.dev_attr;
-    if (c.type != IBV_QPT_RC && c.type != IBV_QPT_UC && c.type != IBV_QPT_UD) {
+    if (c.type != IBV_QPT_RC && c.type != IBV_QPT_UC && c.type != IBV_QPT_UD && c.type != IBV_QPT_XRC_SEND) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
+    // An XRC_SEND QP receives nothing: a receive CQ or SRQ given for it is
+    // ignored, as the kernel does.
+    const bool xrc_send = c.type == IBV_QPT_XRC_SEND;
+    ibv_cq* const recv_cq = xrc_send ? nullptr : c.recv_cq;
+    ibv_srq* const srq_in = xrc_send ? nullptr : c.srq;
+    const bool own_rq = !srq_in && !xrc_send;
     ibv_qp_cap& cap = *c.cap;
     uint32_t max_sge = std::min(d.max_sge, abi::kMaxSge);
     uint32_t max_inline = std::min(d.max_inline_data, abi::kMaxInline);
     // Objects of another context: their handles mean nothing to this one's
     // shim (a kernel device answers EINVAL for a handle it does not know).
     bool foreign = (c.send_cq && c.send_cq->context != c.pd->context) ||
-                   (c.recv_cq && c.recv_cq->context != c.pd->context) ||
-                   (c.srq && c.srq->context != c.pd->context);
-    if (foreign || !c.send_cq || (!c.recv_cq) || cap.max_send_wr > d.max_qp_wr || cap.max_send_sge > max_sge ||
-        cap.max_inline_data > max_inline ||
-        (!c.srq && (cap.max_recv_wr > d.max_qp_wr || cap.max_recv_sge > max_sge))) {
+                   (recv_cq && recv_cq->context != c.pd->context) || (srq_in && srq_in->context != c.pd->context);
+    if (foreign || !c.send_cq || (!recv_cq && !xrc_send) || cap.max_send_wr > d.max_qp_wr ||
+        cap.max_send_sge > max_sge || cap.max_inline_data > max_inline ||
+        (own_rq && (cap.max_recv_wr > d.max_qp_wr || cap.max_recv_sge > max_sge))) {
         errno = EINVAL;
         return nullptr;
     }
@@ -66,7 +71,7 @@ ibv_qp* create_common(const QpCreate& c) {
                                           sizeof(abi::SendWqe) + cap.max_inline_data);
     uint64_t sq_stride = pow2_at_least(std::max<uint64_t>(sq_need, abi::kMinWqeStride));
     uint64_t rq_entries = 0, rq_stride = 0;
-    if (!c.srq) {
+    if (own_rq) {
         rq_entries = pow2_at_least(std::max<uint32_t>(1, cap.max_recv_wr));
         uint64_t rq_need = sizeof(abi::RecvWqe) + uint64_t(std::max<uint32_t>(1, cap.max_recv_sge)) * sizeof(abi::Sge);
         rq_stride = pow2_at_least(std::max<uint64_t>(rq_need, abi::kMinWqeStride));
@@ -83,7 +88,7 @@ ibv_qp* create_common(const QpCreate& c) {
     qp->sq.max_sge = std::min<uint32_t>(room / sizeof(abi::Sge), max_sge);
     qp->sq.max_wr = uint32_t(sq_entries);
     qp->max_inline = std::min<uint32_t>(room, max_inline);
-    if (!c.srq) {
+    if (own_rq) {
         qp->rq.entries = uint32_t(rq_entries);
         qp->rq.stride = uint32_t(rq_stride);
         qp->rq.max_sge = std::min<uint32_t>(uint32_t(rq_stride - sizeof(abi::RecvWqe)) / sizeof(abi::Sge), max_sge);
@@ -91,8 +96,8 @@ ibv_qp* create_common(const QpCreate& c) {
     }
 
     qp->sq.mem = alloc_ring(ctx, abi::wq_ring_bytes(qp->sq.entries, qp->sq.stride));
-    if (qp->sq.mem && !c.srq) qp->rq.mem = alloc_ring(ctx, abi::wq_ring_bytes(qp->rq.entries, qp->rq.stride));
-    if (!qp->sq.mem || (!c.srq && !qp->rq.mem)) {
+    if (qp->sq.mem && own_rq) qp->rq.mem = alloc_ring(ctx, abi::wq_ring_bytes(qp->rq.entries, qp->rq.stride));
+    if (!qp->sq.mem || (own_rq && !qp->rq.mem)) {
         int e = errno;
         free_ring(ctx, qp->sq.mem);
         delete qp;
@@ -104,7 +109,7 @@ ibv_qp* create_common(const QpCreate& c) {
         wq->hdr = static_cast<abi::RingHeader*>(wq->mem);
         wq->slots = static_cast<uint8_t*>(wq->mem) + abi::wq_slots_offset();
     }
-    qp->srq = c.srq ? to_srq(c.srq) : nullptr;
+    qp->srq = srq_in ? to_srq(srq_in) : nullptr;
     qp->sq_sig_all = c.sq_sig_all != 0;
 
     abi::CmdCreateQpReq req{};
@@ -114,7 +119,7 @@ ibv_qp* create_common(const QpCreate& c) {
     req.pd_handle = c.pd->handle;
     req.qp_type = c.type;
     req.send_cq_handle = to_cq(c.send_cq)->handle;
-    req.recv_cq_handle = to_cq(c.recv_cq)->handle;
+    req.recv_cq_handle = recv_cq ? to_cq(recv_cq)->handle : 0;
     req.srq_handle = qp->srq ? qp->srq->handle : 0;
     req.sq_entries = qp->sq.entries;
     req.sq_stride = qp->sq.stride;
@@ -141,9 +146,11 @@ ibv_qp* create_common(const QpCreate& c) {
     cap.max_send_wr = qp->sq.max_wr;
     cap.max_send_sge = qp->sq.max_sge;
     cap.max_inline_data = qp->max_inline;
-    if (!c.srq) {
+    if (own_rq) {
         cap.max_recv_wr = qp->rq.max_wr;
         cap.max_recv_sge = qp->rq.max_sge;
+    } else if (xrc_send) {
+        cap.max_recv_wr = cap.max_recv_sge = 0;
     }
 
     ibv_qp& q = qp->vqp.qp;
@@ -151,8 +158,8 @@ ibv_qp* create_common(const QpCreate& c) {
     q.qp_context = c.qp_context;
     q.pd = c.pd;
     q.send_cq = c.send_cq;
-    q.recv_cq = c.recv_cq;
-    q.srq = c.srq;
+    q.recv_cq = recv_cq;
+    q.srq = srq_in;
     q.handle = resp.qp_handle;
     q.qp_num = resp.qpn;
     q.state = IBV_QPS_RESET;
@@ -204,8 +211,10 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
                                   attr->sq_sig_all, attr->qp_context, false, 0});
 }
 
-ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* attr) {
-    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) {
+    uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS |
+                     IBV_QP_INIT_ATTR_XRCD;
+    if (attr->qp_type == IBV_QPT_XRC_RECV && !(attr->comp_mask & ~known)) return create_xrc_recv_qp(ibctx, attr);
     if ((attr->comp_mask & ~known) || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd ||
         ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
         errno = EOPNOTSUPP;
@@ -214,10 +223,11 @@ ibv_qp* create_qp_ex(ibv_context*, ibv_qp_init_attr_ex* attr) {
     bool ex = attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
     uint64_t ops = ex ? attr->send_ops_flags : 0;
     uint64_t supported = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM;
-    if (attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_UC)
+    const bool reliable = attr->qp_type == IBV_QPT_RC || attr->qp_type == IBV_QPT_XRC_SEND;
+    if (reliable || attr->qp_type == IBV_QPT_UC)
         supported |= IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_BIND_MW |
                      IBV_QP_EX_WITH_LOCAL_INV;
-    if (attr->qp_type == IBV_QPT_RC)
+    if (reliable)
         supported |= IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
                      IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_SEND_WITH_INV;
     if (ops & ~supported) {

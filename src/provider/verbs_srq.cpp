@@ -9,11 +9,12 @@
 #include "verbs.h"
 
 namespace vrdma::prov {
+namespace {
 
-ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
+// A basic SRQ, or an XRC one (`xrcd` and `cq` set).
+ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, ibv_xrcd* xrcd, ibv_cq* cq) {
     Context& ctx = ctx_of(pd->context);
     const abi::DeviceAttr& d = ctx.dev_attr;
-    ibv_srq_attr& attr = init->attr;
     uint32_t max_sge = std::min(d.max_srq_sge, abi::kMaxSge);
     if (attr.max_wr == 0 || attr.max_wr > d.max_srq_wr || attr.max_sge > max_sge || attr.srq_limit > attr.max_wr) {
         errno = EINVAL;
@@ -57,6 +58,9 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     req.stride = rq.stride;
     req.max_sge = rq.max_sge;
     req.srq_limit = attr.srq_limit;
+    req.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+    req.xrcd_handle = xrcd ? to_xrcd(xrcd)->handle : 0;
+    req.cq_handle = cq ? to_cq(cq)->handle : 0;
     abi::CmdCreateSrqResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateSrq, &req, sizeof(req), &resp, sizeof(resp))) {
         free_ring(ctx, rq.mem);
@@ -66,14 +70,60 @@ ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
     }
     srq->handle = resp.srq_handle;
     srq->srq_limit = attr.srq_limit;
-    srq->vsrq.srq.handle = resp.srq_handle;
-    srq->vsrq.srq_type = IBV_SRQT_BASIC;
+    ibv_srq& s = srq->vsrq.srq;
+    s.handle = resp.srq_handle;
+    // What libibverbs' ibv_create_srq fills itself; ibv_create_srq_ex
+    // leaves it to the provider.
+    s.context = pd->context;
+    s.srq_context = srq_context;
+    s.pd = pd;
+    s.events_completed = 0;
+    pthread_mutex_init(&s.mutex, nullptr);
+    pthread_cond_init(&s.cond, nullptr);
+    srq->vsrq.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
     srq->vsrq.srq_num = resp.srqn;
+    if (xrcd) {
+        srq->vsrq.xrcd = &to_xrcd(xrcd)->vx;
+        srq->vsrq.cq = cq;
+    }
     attr.max_wr = rq.max_wr;
     attr.max_sge = rq.max_sge;
     std::lock_guard lock(ctx.ev_mu);
-    ctx.live_srqs.insert(&srq->vsrq.srq);
-    return &srq->vsrq.srq;
+    ctx.live_srqs.insert(&s);
+    return &s;
+}
+
+}  // namespace
+
+ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
+    return create_common(pd, init->attr, init->srq_context, nullptr, nullptr);
+}
+
+// Basic and XRC SRQs (tag matching is not offered: EOPNOTSUPP).
+ibv_srq* create_srq_ex(ibv_context* ibctx, ibv_srq_init_attr_ex* a) {
+    constexpr uint32_t kKnown =
+        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    const ibv_srq_type type = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? a->srq_type : IBV_SRQT_BASIC;
+    if ((a->comp_mask & ~kKnown) || (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC)) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if (!(a->comp_mask & IBV_SRQ_INIT_ATTR_PD) || !a->pd || a->pd->context != ibctx) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (type == IBV_SRQT_BASIC) return create_common(a->pd, a->attr, a->srq_context, nullptr, nullptr);
+    const bool named = (a->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) && (a->comp_mask & IBV_SRQ_INIT_ATTR_CQ);
+    if (!named || !a->xrcd || !a->cq || a->xrcd->context != ibctx || a->cq->context != ibctx) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    return create_common(a->pd, a->attr, a->srq_context, a->xrcd, a->cq);
+}
+
+int get_srq_num(ibv_srq* ibsrq, uint32_t* srq_num) {
+    *srq_num = to_srq(ibsrq)->vsrq.srq_num;
+    return 0;
 }
 
 int modify_srq(ibv_srq* ibsrq, ibv_srq_attr* attr, int mask) {

@@ -46,6 +46,8 @@ const Expected kExpected[] = {
     {CmdOp::ReregMr, "ReregMr", cmd_rereg_mr, sizeof(abi::CmdReregMrReq), sizeof(abi::CmdReregMrResp)},
     {CmdOp::AllocMw, "AllocMw", cmd_alloc_mw, sizeof(abi::CmdAllocMwReq), sizeof(abi::CmdAllocMwResp)},
     {CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw, sizeof(abi::CmdHandleReq), 0},
+    {CmdOp::OpenXrcd, "OpenXrcd", cmd_open_xrcd, 0, sizeof(abi::CmdOpenXrcdResp)},
+    {CmdOp::CloseXrcd, "CloseXrcd", cmd_close_xrcd, sizeof(abi::CmdHandleReq), 0},
 };
 
 }  // namespace

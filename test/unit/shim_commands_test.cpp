@@ -121,11 +121,11 @@ TEST_CASE("an MR named by another address: the iova is what work requests use, z
     qp.pd = pd;
     t.a.at(buf + 100)[0] = 0x5a;  // the MR's byte 0, written where the guest sees it
     t.a.at(buf + 100)[3999] = 0xa5;
-    const uint8_t* host = resolve_rkey(t.a.ctx(), qp, mr->key, 0, 4000, 0, nullptr);
+    const uint8_t* host = resolve_rkey(t.a.ctx(), qp, qp.pd, mr->key, 0, 4000, 0, nullptr);
     REQUIRE(host != nullptr);
     CHECK(host[0] == 0x5a);
     CHECK(host[3999] == 0xa5);
-    CHECK(resolve_rkey(t.a.ctx(), qp, mr->key, buf + 100, 8, 0, nullptr) == nullptr);  // its own address is not the MR's
+    CHECK(resolve_rkey(t.a.ctx(), qp, qp.pd, mr->key, buf + 100, 8, 0, nullptr) == nullptr);  // its own address is not the MR's
 }
 
 TEST_CASE("CQ creation validates entries and ring placement", "[shim][commands]") {

@@ -189,5 +189,15 @@ TEST_CASE("QP state machine follows the IB rules", "[shim][qp]") {
     CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RTR, IBV_QPS_RTS, uc, IBV_QP_SQ_PSN | IBV_QP_TIMEOUT));
     CHECK(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, uc, IBV_QP_ACCESS_FLAGS));
     CHECK_FALSE(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, uc, IBV_QP_QKEY));
-    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPT_XRC_SEND, init_rc));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPT_RAW_PACKET, init_rc));
+    // XRC: as RC, but the sending side sets no receive attributes at RTR and
+    // the receiving side only a timeout and the PSN at RTS (the kernel's table).
+    for (uint32_t xrc : {uint32_t(IBV_QPT_XRC_SEND), uint32_t(IBV_QPT_XRC_RECV)})
+        CHECK(qp_modify_is_ok(IBV_QPS_RESET, IBV_QPS_INIT, xrc, init_rc));
+    CHECK(qp_modify_is_ok(IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPT_XRC_SEND, rtr_uc));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPT_XRC_SEND, rtr_rc));
+    CHECK(qp_modify_is_ok(IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPT_XRC_RECV, rtr_rc));
+    CHECK(qp_modify_is_ok(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_XRC_RECV, IBV_QP_TIMEOUT | IBV_QP_SQ_PSN));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPT_XRC_RECV, IBV_QP_SQ_PSN));
+    CHECK_FALSE(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, IBV_QPT_XRC_SEND, 0));
 }

@@ -45,27 +45,74 @@ void bind_peer(Engine& eng, Qp& qp) {
     if (Engine::QpRef peer = eng.find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num)) qp.peer_incarnation = peer.qp->incarnation;
 }
 
+// The end of every CreateQp: the QP gets its number and incarnation, a
+// handle, and its work slot in the answer.
+int publish_qp(Engine& eng, Context& ctx, std::unique_ptr<Qp> qp, uint32_t qpn, uint8_t* resp) {
+    qp->qpn = qpn;
+    qp->incarnation = eng.new_incarnation();
+    qp->state = IBV_QPS_RESET;
+    Qp* created = qp.get();
+    uint32_t h = ctx.qps.insert(std::move(qp));
+    if (!h) return ENOMEM;
+    created->handle = h;
+    eng.register_qp(qpn, ctx, h);
+    // Work slots are the QP table's slots modulo kWorkSlots: beyond 4096
+    // QPs a bit names a few QPs, all looked at when it is set (engine.cpp).
+    const uint32_t slot = ctx.qps.slot_of(h);
+    store_resp(resp, abi::CmdCreateQpResp{h, qpn, slot % abi::kWorkSlots, 0});
+    return 0;
+}
+
+// An XRC_RECV QP: nothing but its domain (no PD, CQs or queues; each
+// message names the XRC SRQ it goes to). Not on a device.
+int create_xrc_recv(Engine& eng, Context& ctx, const abi::CmdCreateQpReq& r, uint8_t* resp) {
+    Xrcd* xrcd = ctx.xrcds.get(r.xrcd_handle);
+    if (!xrcd) return EINVAL;
+    if (r.pd_handle || r.send_cq_handle || r.recv_cq_handle || r.srq_handle || r.sq_gva || r.rq_gva ||
+        r.sq_entries || r.rq_entries || r.max_send_sge || r.max_recv_sge || r.max_inline_data || r.sq_sig_all)
+        return EINVAL;
+    PendingCharges charge(ctx);
+    if (!charge.take(Res::Qp, 1, "CreateQp")) return ENOMEM;
+    auto qp = std::make_unique<Qp>();
+    qp->type = IBV_QPT_RC;
+    qp->xrc = XrcRole::Recv;
+    qp->xrcd = r.xrcd_handle;
+    qp->user_handle = r.user_handle;
+    const uint32_t qpn = eng.alloc_qpn();
+    if (!qpn) return ENOMEM;
+    if (int err = publish_qp(eng, ctx, std::move(qp), qpn, resp)) return err;
+    charge.keep();
+    ++xrcd->users;
+    return 0;
+}
+
 }  // namespace
 
 int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdCreateQpReq>(req);
+    if (r.qp_type == IBV_QPT_XRC_RECV) return create_xrc_recv(eng, ctx, r, resp);
     const Quotas& q = ctx.quotas();
-    if (r.qp_type != IBV_QPT_RC && r.qp_type != IBV_QPT_UD && r.qp_type != IBV_QPT_UC) return EINVAL;
+    // XRC_SEND: an RC requester with no receive side, each message naming
+    // its XRC SRQ (resources.h XrcRole).
+    const bool xrc_send = r.qp_type == IBV_QPT_XRC_SEND;
+    if (r.qp_type != IBV_QPT_RC && r.qp_type != IBV_QPT_UD && r.qp_type != IBV_QPT_UC && !xrc_send) return EINVAL;
+    if (r.xrcd_handle) return EINVAL;
+    if (xrc_send && (r.recv_cq_handle || r.srq_handle || r.rq_gva || r.rq_entries || r.max_recv_sge)) return EINVAL;
     Pd* pd = ctx.pds.get(r.pd_handle);
     Cq* scq = ctx.cqs.get(r.send_cq_handle);
-    Cq* rcq = ctx.cqs.get(r.recv_cq_handle);
-    if (!pd || !scq || !rcq) return EINVAL;
+    Cq* rcq = xrc_send ? nullptr : ctx.cqs.get(r.recv_cq_handle);
+    if (!pd || !scq || (!rcq && !xrc_send)) return EINVAL;
     Srq* srq = nullptr;
     if (r.srq_handle) {
         srq = ctx.srqs.get(r.srq_handle);
-        if (!srq) return EINVAL;
+        if (!srq || srq->xrcd) return EINVAL;  // an XRC SRQ takes messages of XRC_RECV QPs only
         if (r.rq_gva || r.rq_entries) return EINVAL;
     }
     if (r.max_send_sge > q.max_sge || r.max_inline_data > q.max_inline || r.sq_sig_all > 1) return EINVAL;
     uint64_t sq_min = sizeof(abi::SendWqe) +
                       std::max<uint64_t>(uint64_t(r.max_send_sge) * sizeof(abi::Sge), r.max_inline_data);
     if (!wq_geometry_ok(r.sq_entries, q.max_qp_wr, r.sq_stride, sq_min)) return EINVAL;
-    if (!srq) {
+    if (!srq && !xrc_send) {
         if (r.max_recv_sge > q.max_sge) return EINVAL;
         uint64_t rq_min = sizeof(abi::RecvWqe) + uint64_t(r.max_recv_sge) * sizeof(abi::Sge);
         if (!wq_geometry_ok(r.rq_entries, q.max_qp_wr, r.rq_stride, rq_min)) return EINVAL;
@@ -77,40 +124,32 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
 
     auto qp = std::make_unique<Qp>();
     if (int err = setup_wq(ctx, r.sq_gva, r.sq_entries, r.sq_stride, qp->sq)) return err;
-    if (!srq)
+    if (!srq && !xrc_send)
         if (int err = setup_wq(ctx, r.rq_gva, r.rq_entries, r.rq_stride, qp->rq)) return err;
-    // With a device, the device QP's number is the QP's (hca_bind.h).
-    qp->dev = hca_create_qp(eng, *pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
-                            r.max_inline_data);
+    // With a device, the device QP's number is the QP's (hca_bind.h). XRC
+    // runs on this host and the TCP fabric only.
+    if (!xrc_send)
+        qp->dev = hca_create_qp(eng, *pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge,
+                                r.max_recv_sge, r.max_inline_data);
     uint32_t qpn = qp->dev ? qp->dev->qp->qp_num : eng.alloc_qpn();
     if (!qpn) return ENOMEM;
-    qp->qpn = qpn;
-    qp->incarnation = eng.new_incarnation();
-    qp->type = r.qp_type;
+    qp->type = xrc_send ? uint32_t(IBV_QPT_RC) : r.qp_type;
+    qp->xrc = xrc_send ? XrcRole::Send : XrcRole::None;
     qp->pd = r.pd_handle;
     qp->send_cq = r.send_cq_handle;
-    qp->recv_cq = r.recv_cq_handle;
+    qp->recv_cq = rcq ? r.recv_cq_handle : 0;
     qp->srq = r.srq_handle;
     qp->max_send_sge = r.max_send_sge;
-    qp->max_recv_sge = srq ? 0 : r.max_recv_sge;
+    qp->max_recv_sge = srq || xrc_send ? 0 : r.max_recv_sge;
     qp->max_inline = r.max_inline_data;
     qp->sig_all = r.sq_sig_all != 0;
     qp->user_handle = r.user_handle;
-    qp->state = IBV_QPS_RESET;
-    Qp* created = qp.get();
-    uint32_t h = ctx.qps.insert(std::move(qp));
-    if (!h) return ENOMEM;
-    created->handle = h;
+    if (int err = publish_qp(eng, ctx, std::move(qp), qpn, resp)) return err;
     charge.keep();
-    eng.register_qp(qpn, ctx, h);
     ++pd->users;
     ++scq->users;
-    ++rcq->users;
+    if (rcq) ++rcq->users;
     if (srq) ++srq->users;
-    // Work slots are the QP table's slots modulo kWorkSlots: beyond 4096
-    // QPs a bit names a few QPs, all looked at when it is set (engine.cpp).
-    const uint32_t slot = ctx.qps.slot_of(h);
-    store_resp(resp, abi::CmdCreateQpResp{h, qpn, slot % abi::kWorkSlots, 0});
     return 0;
 }
 
@@ -123,7 +162,10 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
     const uint32_t cur = qp->state;
     if ((mask & IBV_QP_CUR_STATE) && r.attr.cur_qp_state != cur) return EINVAL;
     const uint32_t next = (mask & IBV_QP_STATE) ? r.attr.qp_state : cur;
-    if (!qp_modify_is_ok(cur, next, qp->type, mask)) return EINVAL;
+    const uint32_t table_type = qp->xrc == XrcRole::Send   ? uint32_t(IBV_QPT_XRC_SEND)
+                                : qp->xrc == XrcRole::Recv ? uint32_t(IBV_QPT_XRC_RECV)
+                                                           : qp->type;
+    if (!qp_modify_is_ok(cur, next, table_type, mask)) return EINVAL;
     if (int err = qp_check_attr_values(r.attr, mask, ctx.quotas())) return err;
     if ((mask & IBV_QP_QKEY) && (r.attr.qkey & 0x80000000u) && !ctx.guest().controlled_qkeys) return EPERM;
     if ((mask & IBV_QP_PKEY_INDEX) && r.attr.pkey_index >= ctx.guest().pkeys.size()) return EINVAL;
@@ -214,6 +256,8 @@ int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     if (Cq* cq = ctx.cqs.get(qp->recv_cq)) --cq->users;
     if (qp->srq)
         if (Srq* srq = ctx.srqs.get(qp->srq)) --srq->users;
+    if (qp->xrc == XrcRole::Recv)
+        if (Xrcd* x = ctx.xrcds.get(qp->xrcd)) --x->users;
     return 0;
 }
 

@@ -14,6 +14,16 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     const Quotas& q = ctx.quotas();
     Pd* pd = ctx.pds.get(r.pd_handle);
     if (!pd) return EINVAL;
+    // An XRC SRQ belongs to a domain and completes into its own CQ.
+    Xrcd* xrcd = nullptr;
+    Cq* cq = nullptr;
+    if (r.srq_type == IBV_SRQT_XRC) {
+        xrcd = ctx.xrcds.get(r.xrcd_handle);
+        cq = ctx.cqs.get(r.cq_handle);
+        if (!xrcd || !cq) return EINVAL;
+    } else if (r.srq_type != IBV_SRQT_BASIC || r.xrcd_handle || r.cq_handle) {
+        return EINVAL;
+    }
     if (r.max_sge == 0 || r.max_sge > q.max_sge) return EINVAL;
     uint64_t min_stride = sizeof(abi::RecvWqe) + uint64_t(r.max_sge) * sizeof(abi::Sge);
     if (!wq_geometry_ok(r.entries, q.max_srq_wr, r.stride, min_stride)) return EINVAL;
@@ -33,12 +43,20 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     srq->limit = 0;  // like most HCAs, srq_limit is ignored at creation
     srq->srqn = eng.alloc_srqn();
     srq->user_handle = r.user_handle;
-    srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);
+    // XRC runs on this host and the TCP fabric only: no device SRQ.
+    if (!xrcd) srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);
+    srq->xrcd = xrcd ? r.xrcd_handle : 0;
+    srq->cq = cq ? r.cq_handle : 0;
     uint32_t srqn = srq->srqn;
     uint32_t h = ctx.srqs.insert(std::move(srq));
     if (!h) return ENOMEM;
     charge.keep();
     ++pd->users;
+    if (xrcd) {
+        ++xrcd->users;
+        ++cq->users;
+        ctx.xrc_srqs[srqn] = h;
+    }
     store_resp(resp, abi::CmdCreateSrqResp{h, srqn});
     return 0;
 }
@@ -74,6 +92,11 @@ int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     ctx.charges.give(Res::Srq, 1);
     ctx.charges.give(Res::Wr, gone->wq.entries);
     if (Pd* pd = ctx.pds.get(gone->pd)) --pd->users;
+    if (gone->xrcd) {
+        ctx.xrc_srqs.erase(gone->srqn);
+        if (Xrcd* x = ctx.xrcds.get(gone->xrcd)) --x->users;
+        if (Cq* cq = ctx.cqs.get(gone->cq)) --cq->users;
+    }
     return 0;
 }
 

@@ -53,6 +53,8 @@ constexpr CommandSpec kCommands[] = {
     command<abi::CmdReregMrReq, abi::CmdReregMrResp>(CmdOp::ReregMr, "ReregMr", cmd_rereg_mr),
     command<abi::CmdAllocMwReq, abi::CmdAllocMwResp>(CmdOp::AllocMw, "AllocMw", cmd_alloc_mw),
     command<abi::CmdHandleReq, NoRecord>(CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw),
+    command<NoRecord, abi::CmdOpenXrcdResp>(CmdOp::OpenXrcd, "OpenXrcd", cmd_open_xrcd),
+    command<abi::CmdHandleReq, NoRecord>(CmdOp::CloseXrcd, "CloseXrcd", cmd_close_xrcd),
 };
 constexpr uint32_t kOps = uint32_t(CmdOp::kMax);
 constexpr size_t kCommandCount = sizeof(kCommands) / sizeof(kCommands[0]);

@@ -60,6 +60,8 @@ int cmd_resize_cq(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_rereg_mr(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_alloc_mw(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_dealloc_mw(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_open_xrcd(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_close_xrcd(Engine&, Context&, const uint8_t*, uint8_t*);
 
 // Helpers shared by the handlers.
 template <typename T>

@@ -59,6 +59,8 @@ public:
     HandleTable<Srq, HandleType::Srq> srqs;
     HandleTable<Ah, HandleType::Ah> ahs;
     HandleTable<Mw, HandleType::Mw> mws;
+    HandleTable<Xrcd, HandleType::Xrcd> xrcds;
+    std::map<uint32_t, uint32_t> xrc_srqs;  // XRC SRQs: number -> handle
     KeyTable keys;  // lkeys and rkeys -> MR and MW handles
 
     // Engine state.

@@ -81,7 +81,7 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.max_qp_wr = q.max_qp_wr;
     a.device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SHUTDOWN_PORT | IBV_DEVICE_PORT_ACTIVE_EVENT |
                          IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_N_NOTIFY_CQ | IBV_DEVICE_MEM_WINDOW |
-                         IBV_DEVICE_MEM_WINDOW_TYPE_2B;
+                         IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_XRC;
     a.max_sge = q.max_sge;
     a.max_sge_rd = q.max_sge;
     a.max_cq = q.max_cq;

@@ -12,7 +12,7 @@
 
 namespace vrdma::shim {
 
-enum class HandleType : uint32_t { Pd = 1, Mr = 2, Cq = 3, Qp = 4, Srq = 5, Ah = 6, Mw = 7 };
+enum class HandleType : uint32_t { Xrcd = 0, Pd = 1, Mr = 2, Cq = 3, Qp = 4, Srq = 5, Ah = 6, Mw = 7 };
 
 constexpr uint32_t kHandleSlotBits = 21;
 constexpr uint32_t kHandleGenBits = 8;

@@ -79,10 +79,10 @@ bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t rkey) {
     return true;
 }
 
-uint8_t* resolve_window(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
+uint8_t* resolve_window(const Context& ctx, const Qp& qp, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
                         uint32_t access, const std::shared_ptr<Mapping>** keep) {
     const Mw* mw = window_of(ctx, rkey);
-    if (!mw || !mw->bound || mw->pd != qp.pd || (mw->access & access) != access) return nullptr;
+    if (!mw || !mw->bound || mw->pd != pd || (mw->access & access) != access) return nullptr;
     if (mw->type == IBV_MW_TYPE_2 && mw->qp != qp.handle) return nullptr;
     if (!range_inside(addr, len, mw->addr, mw->length)) return nullptr;
     Mr* mr = ctx.mrs.get(mw->mr);

@@ -35,9 +35,9 @@ bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t rkey);
 // Drops a window's binding (DeallocMw; the invalidations above).
 void unbind_window(Context& ctx, Mw& mw);
 // Remote access through the window `rkey` names, for a request arriving at
-// `qp`: the shim's pointer to [addr, addr+len), or null if any check fails.
-// `keep` (if given) gets the mapping that backs the range.
-uint8_t* resolve_window(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
+// `qp` whose keys are in PD `pd`: the shim's pointer to [addr, addr+len), or
+// null if any check fails. `keep` (if given) gets the mapping that backs it.
+uint8_t* resolve_window(const Context& ctx, const Qp& qp, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
                         uint32_t access, const std::shared_ptr<Mapping>** keep);
 
 }  // namespace vrdma::shim

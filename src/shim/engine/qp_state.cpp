@@ -105,13 +105,21 @@ bool ah_ok(const abi::AhAttr& ah) {
 
 bool qp_modify_is_ok(uint32_t cur, uint32_t next, uint32_t qp_type, uint32_t mask) {
     if (cur >= kStates || next >= kStates) return false;
-    if (qp_type != IBV_QPT_RC && qp_type != IBV_QPT_UD && qp_type != IBV_QPT_UC) return false;
+    const bool xrc = qp_type == IBV_QPT_XRC_SEND || qp_type == IBV_QPT_XRC_RECV;
+    if (qp_type != IBV_QPT_RC && qp_type != IBV_QPT_UD && qp_type != IBV_QPT_UC && !xrc) return false;
     const Rule& rule = kTable.r[cur][next];
     if (!rule.valid) return false;
-    if (cur == IBV_QPS_SQE && qp_type == IBV_QPT_RC && next == IBV_QPS_RTS) return false;
+    const bool reliable = qp_type == IBV_QPT_RC || xrc;
+    if (cur == IBV_QPS_SQE && reliable && next == IBV_QPS_RTS) return false;
     mask &= ~uint32_t(IBV_QP_STATE);
-    uint32_t req = qp_type == IBV_QPT_RC ? rule.req_rc : qp_type == IBV_QPT_UD ? rule.req_ud : rule.req_uc;
-    uint32_t opt = qp_type == IBV_QPT_RC ? rule.opt_rc : qp_type == IBV_QPT_UD ? rule.opt_ud : rule.opt_uc;
+    uint32_t req = reliable ? rule.req_rc : qp_type == IBV_QPT_UD ? rule.req_ud : rule.req_uc;
+    uint32_t opt = reliable ? rule.opt_rc : qp_type == IBV_QPT_UD ? rule.opt_ud : rule.opt_uc;
+    // XRC as the kernel's table has it: the sending side has no receive
+    // queue (no RNR timer or RDMA-read depth to set at RTR), the receiving
+    // side no send queue (only a timeout and the PSN at RTS).
+    if (qp_type == IBV_QPT_XRC_SEND && cur == IBV_QPS_INIT && next == IBV_QPS_RTR) req = rule.req_uc;
+    if (qp_type == IBV_QPT_XRC_RECV && cur == IBV_QPS_RTR && next == IBV_QPS_RTS)
+        req = IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
     if ((mask & req) != req) return false;
     if (mask & ~(req | opt)) return false;
     return true;

@@ -15,6 +15,7 @@ namespace vrdma::shim {
 
 // True if `cur` -> `next` is a legal transition for `qp_type` and `mask`
 // has every required and only allowed attributes (IBV_QP_STATE excluded).
+// XRC QPs are checked as IBV_QPT_XRC_SEND and IBV_QPT_XRC_RECV.
 bool qp_modify_is_ok(uint32_t cur, uint32_t next, uint32_t qp_type, uint32_t mask);
 
 // Checks the values of the attributes named by `mask`. 0 or EINVAL.

@@ -66,6 +66,9 @@ struct Request {
     uint64_t remote_addr = 0;
     uint64_t compare_add = 0;  // atomics; ATOMIC_WRITE: the value stored
     uint64_t swap = 0;
+    // RC from an XRC_SEND QP: the XRC SRQ the message is for (its number;
+    // 0: not XRC). The target is an XRC_RECV QP of that SRQ's domain.
+    uint32_t xrc_srqn = 0;
     // UD only.
     uint32_t qkey = 0;
     bool grh = false;          // the sender's address handle is global

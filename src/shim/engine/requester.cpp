@@ -298,6 +298,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.has_imm = op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     req.imm = w.hdr.imm_data;
     req.length = op == IBV_WR_ATOMIC_WRITE ? 8 : len;
+    if (qp.xrc == XrcRole::Send) req.xrc_srqn = w.hdr.xrc_remote_srqn;
     req.rkey = w.hdr.rkey;
     req.remote_addr = w.hdr.remote_addr;
     req.compare_add = w.hdr.compare_add;
@@ -574,6 +575,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
     // RNR or retry timer) finish, and then the send queue is drained.
     const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
     if (qp.state != IBV_QPS_RTS && !draining) return false;
+    if (!qp.sq.ring) return false;  // an XRC_RECV QP: no send queue
     auto drained = [&] {
         qp.sq_draining = false;
         if (qp.sqd_notify) post_qp_event(ctx, qp, IBV_EVENT_SQ_DRAINED);

@@ -112,8 +112,16 @@ struct WorkQueue {
     uint8_t* slot(uint32_t idx) const { return slots + uint64_t(idx & (entries - 1)) * stride; }
 };
 
+// An XRC domain (cmd_xrcd.cpp): XRC_RECV QPs and XRC SRQs of one domain
+// work together.
+struct Xrcd {
+    uint32_t users = 0;  // XRC_RECV QPs and XRC SRQs in it
+};
+
 struct Srq {
     uint32_t pd = 0;
+    uint32_t xrcd = 0;            // an XRC SRQ: its domain (0: a basic SRQ)
+    uint32_t cq = 0;              // an XRC SRQ: where its receive completions go
     WorkQueue wq;
     uint32_t max_sge = 0;
     uint32_t limit = 0;           // armed when nonzero
@@ -138,6 +146,12 @@ struct SlicedCopyDeleter {
 // request (a timeout) waiting to be sent again.
 enum class SqWait : uint8_t { None, Rnr, Retry };
 
+// XRC (IBA 9.8, 11.2.7): an XRC_SEND QP is an RC requester whose messages
+// each name an XRC SRQ of the target's domain; an XRC_RECV QP is an RC
+// responder with no queues of its own, which delivers each message to the
+// SRQ it names. Both are type IBV_QPT_RC to the engine.
+enum class XrcRole : uint8_t { None, Send, Recv };
+
 struct Qp {
     uint32_t handle = 0;          // its handle in the context's table
     bool work_marked = false;     // in the context's list of QPs with work (Context::mark_work)
@@ -148,6 +162,8 @@ struct Qp {
     uint64_t incarnation = 0;
     uint64_t peer_incarnation = 0;
     uint32_t type = 0;            // IBV_QPT_RC, IBV_QPT_UC or IBV_QPT_UD
+    XrcRole xrc = XrcRole::None;  // type RC: an XRC QP
+    uint32_t xrcd = 0;            // XrcRole::Recv: its domain
     uint32_t pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
     WorkQueue sq, rq;             // rq unused when srq != 0
     uint32_t max_send_sge = 0, max_recv_sge = 0, max_inline = 0;

@@ -27,9 +27,14 @@ struct RecvQueue {
     uint32_t max_sge = 0;
 };
 
-RecvQueue recv_queue_of(Context& ctx, Qp& qp) {
+// `xrc`: the XRC SRQ an XRC_RECV QP's request names (respond_rc found it).
+RecvQueue recv_queue_of(Context& ctx, Qp& qp, Srq* xrc) {
     RecvQueue r;
-    if (qp.srq) {
+    if (xrc) {
+        r.srq = xrc;
+        r.wq = &xrc->wq;
+        r.max_sge = xrc->max_sge;
+    } else if (qp.srq) {
         r.srq = ctx.srqs.get(qp.srq);
         // An SRQ that feeds the device has no WQE for the shim (hca_bind.h).
         if (r.srq && !r.srq->feeds_device) {
@@ -45,8 +50,8 @@ RecvQueue recv_queue_of(Context& ctx, Qp& qp) {
 
 // True if a receive WQE is posted. An invalid producer index puts the QP in
 // error (and reads as "nothing posted").
-bool recv_available(Context& ctx, Qp& qp, RecvQueue& rq) {
-    rq = recv_queue_of(ctx, qp);
+bool recv_available(Context& ctx, Qp& qp, RecvQueue& rq, Srq* xrc = nullptr) {
+    rq = recv_queue_of(ctx, qp, xrc);
     if (!rq.wq) return false;
     uint32_t n;
     if (!wq_pending(*rq.wq, n)) {
@@ -101,6 +106,15 @@ bool from_connected_peer(Engine& eng, const Request& req, Qp& qp) {
     return !qp.peer_incarnation || qp.peer_incarnation == req.src_incarnation;
 }
 
+// The XRC SRQ numbered `srqn` if it is in the domain of XRC_RECV QP `qp`.
+Srq* xrc_target(Context& ctx, const Qp& qp, uint32_t srqn) {
+    if (qp.xrc != XrcRole::Recv) return nullptr;
+    auto it = ctx.xrc_srqs.find(srqn);
+    if (it == ctx.xrc_srqs.end()) return nullptr;
+    Srq* s = ctx.srqs.get(it->second);
+    return s && s->xrcd == qp.xrcd ? s : nullptr;
+}
+
 // A connection to a QP on another shim is bound to the incarnation of the
 // first peer message this QP accepts (a request in sequence, or an answer:
 // requester_on_response).
@@ -143,8 +157,10 @@ uint32_t take_recv_wqe(Context& ctx, Qp& qp, RecvQueue& rq, Delivery& d, uint64_
     uint32_t st = read_recv_wqe(*rq.wq, rq.wq->cons, rq.max_sge, rw);
     wr_id = rw.wr_id;
     cap = 0;
+    // An XRC SRQ's buffers are in its own PD (an XRC_RECV QP has none).
+    const uint32_t pd = qp.xrc == XrcRole::Recv ? rq.srq->pd : qp.pd;
     if (st == IBV_WC_SUCCESS)
-        st = resolve_sges(ctx, qp.pd, rw.sge, rw.num_sge, IBV_ACCESS_LOCAL_WRITE, d.spans, d.nspans, cap, pins);
+        st = resolve_sges(ctx, pd, rw.sge, rw.num_sge, IBV_ACCESS_LOCAL_WRITE, d.spans, d.nspans, cap, pins);
     consume_recv(ctx, rq);
     return st;
 }
@@ -170,6 +186,7 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.ctx_id = dst.ctx->id();
     d.qp_handle = dst.handle;
     d.qpn = dst.qp->qpn;
+    d.recv_cq = dst.qp->recv_cq;
     uint64_t wr_id, cap;
     uint32_t st = take_recv_wqe(*dst.ctx, *dst.qp, rq, d, wr_id, cap, pins);
     if (st == IBV_WC_SUCCESS && cap < abi::kUdGrhBytes + req.length) st = IBV_WC_LOC_LEN_ERR;
@@ -221,6 +238,7 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.ctx_id = ctx.id();
     d.qp_handle = dst.handle;
     d.qpn = qp.qpn;
+    d.recv_cq = qp.recv_cq;
 
     RecvQueue rq;
     const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -244,7 +262,8 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if (req.length > 0) {
             if ((qp.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) == 0) return;
             const std::shared_ptr<Mapping>* keep = nullptr;
-            uint8_t* p = resolve_rkey(ctx, qp, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
+            uint8_t* p =
+                resolve_rkey(ctx, qp, qp.pd, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
             if (!p) return;
             if (pins && keep) pins->add(*keep);
             d.spans[0] = Span{p, req.length};
@@ -318,7 +337,9 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     d.resp.psn = req.psn;
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
-    if (!dst || dst.qp->type != IBV_QPT_RC || !qp_takes_requests(dst.qp->state)) return;
+    // An XRC_SEND QP has no receive side: nothing is for it.
+    if (!dst || dst.qp->type != IBV_QPT_RC || dst.qp->xrc == XrcRole::Send || !qp_takes_requests(dst.qp->state))
+        return;
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
     if (!ctx.guest().port_active) return;
@@ -332,6 +353,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.ctx_id = ctx.id();
     d.qp_handle = dst.handle;
     d.qpn = qp.qpn;
+    d.recv_cq = qp.recv_cq;
     d.resp.incarnation = qp.incarnation;
 
     const uint32_t op = req.opcode;
@@ -370,13 +392,23 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     }
     if (!is_send && !is_write && !is_read && !is_atomic) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
     if (req.length > kMaxMsgSize) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+    // XRC: the message names an XRC SRQ of the XRC_RECV QP's domain; it
+    // consumes from that SRQ, completes into its CQ, and that SRQ's PD holds
+    // the keys. Any other RC QP takes no SRQ number.
+    Srq* xsrq = nullptr;
+    if (qp.xrc == XrcRole::Recv || req.xrc_srqn) {
+        xsrq = xrc_target(ctx, qp, req.xrc_srqn);
+        if (!xsrq) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        d.recv_cq = xsrq->cq;
+    }
+    const uint32_t pd = xsrq ? xsrq->pd : qp.pd;
     bind_remote_peer(qp, req);
     qp_request_arrived(ctx, qp);
 
     // A receive WQE first for what consumes one: no data moves before an RNR.
     RecvQueue rq;
     const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-    if (consumes && !recv_available(ctx, qp, rq)) {
+    if (consumes && !recv_available(ctx, qp, rq, xsrq)) {
         if (qp.state == IBV_QPS_ERR) return;  // it just failed: the request is lost
         d.resp.syndrome = Syndrome::RnrNak;
         d.resp.rnr_timer = qp.attr.min_rnr_timer;
@@ -412,7 +444,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         if (req.length > 0) {
             const std::shared_ptr<Mapping>* keep = nullptr;
             uint8_t* p = (qp.attr.qp_access_flags & need) == need
-                             ? resolve_rkey(ctx, qp, req.rkey, req.remote_addr, req.length, need, &keep)
+                             ? resolve_rkey(ctx, qp, pd, req.rkey, req.remote_addr, req.length, need, &keep)
                              : nullptr;
             if (!p) {
                 note_access_error(eng, ctx, qp, req);
@@ -516,7 +548,7 @@ void responder_memory_fault(Delivery& d) {
         d.cqe.status = IBV_WC_LOC_PROT_ERR;
         d.cqe.byte_len = 0;
         d.cqe.wc_flags = 0;
-        cq_push(*d.ctx, d.qp->recv_cq, d.cqe, d.solicited);
+        cq_push(*d.ctx, d.recv_cq, d.cqe, d.solicited);
     }
     if (d.qp->type == IBV_QPT_RC) qp_set_error(*d.ctx, *d.qp, IBV_EVENT_QP_ACCESS_ERR);
 }
@@ -528,11 +560,11 @@ void responder_finish(Delivery& d, bool payload_ok) {
         d.cqe.status = IBV_WC_REM_ABORT_ERR;
         d.cqe.byte_len = 0;
         d.cqe.wc_flags = 0;
-        cq_push(*d.ctx, d.qp->recv_cq, d.cqe, d.solicited);
+        cq_push(*d.ctx, d.recv_cq, d.cqe, d.solicited);
         qp_set_error(*d.ctx, *d.qp, IBV_EVENT_QP_FATAL);
         return;
     }
-    cq_push(*d.ctx, d.qp->recv_cq, d.cqe, d.solicited);
+    cq_push(*d.ctx, d.recv_cq, d.cqe, d.solicited);
 }
 
 }  // namespace vrdma::shim

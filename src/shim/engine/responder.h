@@ -43,6 +43,7 @@ struct Delivery {
     uint64_t ctx_id = 0;
     uint32_t qp_handle = 0;
     uint32_t qpn = 0;
+    uint32_t recv_cq = 0;  // the QP's, or the XRC SRQ's the request named
     abi::Cqe cqe{};
     bool solicited = false;
 
@@ -60,6 +61,7 @@ struct Delivery {
         ctx_id = 0;
         qp_handle = 0;
         qpn = 0;
+        recv_cq = 0;
         cqe = abi::Cqe{};
         solicited = false;
     }

@@ -133,12 +133,12 @@ uint8_t* mr_bytes(const Context& ctx, const Mr& mr, uint64_t addr, uint64_t len,
     return mr.composed.back().host;
 }
 
-uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
+uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
                       uint32_t access, const std::shared_ptr<Mapping>** keep) {
     const uint32_t handle = ctx.keys.lookup(rkey, KeyKind::Mr);
-    if (!handle) return resolve_window(ctx, qp, rkey, addr, len, access, keep);
+    if (!handle) return resolve_window(ctx, qp, pd, rkey, addr, len, access, keep);
     Mr* mr = ctx.mrs.get(handle);
-    if (!mr || mr->pd != qp.pd || (mr->access & access) != access) return nullptr;
+    if (!mr || mr->pd != pd || (mr->access & access) != access) return nullptr;
     if (!range_inside(addr, len, mr->addr, mr->length)) return nullptr;
     return mr_bytes(ctx, *mr, addr, len, keep);
 }

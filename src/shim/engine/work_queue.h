@@ -86,10 +86,10 @@ uint32_t resolve_sges(const Context& ctx, uint32_t pd, const abi::Sge* sge, uint
                       Span* out, uint32_t& spans, uint64_t& total, Pins* pins = nullptr);
 
 // Resolves a remote key for a request arriving at `qp`: an MR of `ctx` in
-// the QP's PD with `access`, or a memory window (memory_windows.h), covering
+// PD `pd` (the QP's, or an XRC SRQ's) with `access`, or a memory window (memory_windows.h), covering
 // [addr, addr+len). Null if any check fails. `keep` (if given) gets the
 // mapping that backs the range.
-uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t rkey, uint64_t addr, uint64_t len,
+uint8_t* resolve_rkey(const Context& ctx, const Qp& qp, uint32_t pd, uint32_t rkey, uint64_t addr, uint64_t len,
                       uint32_t access, const std::shared_ptr<Mapping>** keep = nullptr);
 
 // The shim's bytes for [addr, addr+len) of `mr` (the caller has checked

@@ -25,7 +25,9 @@ WireRequest encode(const Request& r) {
     w.imm = r.imm;
     w.length = r.length;
     w.rkey = r.rkey;
-    w.qkey = r.qkey;
+    // Only UD has a Q_Key; an RC request of an XRC_SEND QP carries the
+    // target SRQ's number there (the XRCETH of IBA 9.8).
+    w.qkey = r.qp_type == IBV_QPT_UD ? r.qkey : r.xrc_srqn;
     w.remote_addr = r.remote_addr;
     w.compare_add = r.compare_add;
     w.swap = r.swap;
@@ -61,7 +63,10 @@ bool decode(const WireRequest& w, Request& r) {
     r.imm = w.imm;
     r.length = w.length;
     r.rkey = w.rkey;
-    r.qkey = w.qkey;
+    if (w.qp_type == IBV_QPT_UD)
+        r.qkey = w.qkey;
+    else
+        r.xrc_srqn = w.qkey;
     r.remote_addr = w.remote_addr;
     r.compare_add = w.compare_add;
     r.swap = w.swap;
