@@ -43,8 +43,6 @@ int destroy_ah(ibv_ah*);
 // verbs_xrc.cpp
 ibv_xrcd* open_xrcd(ibv_context*, ibv_xrcd_init_attr*);
 int close_xrcd(ibv_xrcd*);
-// ibv_create_qp_ex of an IBV_QPT_XRC_RECV QP (create_qp_ex's).
-ibv_qp* create_xrc_recv_qp(ibv_context*, ibv_qp_init_attr_ex*);
 
 // verbs_mw.cpp
 ibv_mw* alloc_mw(ibv_pd*, ibv_mw_type);

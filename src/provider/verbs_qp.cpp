@@ -31,6 +31,39 @@ struct QpCreate {
     uint64_t send_ops_flags;
 };
 
+// The QP the shim made, as the application sees it (the fields libibverbs
+// leaves to the provider), and known to the event code.
+ibv_qp* publish(Qp& qp, const QpCreate& c, ibv_context* ibctx, ibv_cq* recv_cq, ibv_srq* srq,
+                const abi::CmdCreateQpResp& resp) {
+    qp.handle = resp.qp_handle;
+    // A slot the shim cannot have given (a bad reply) is not used: such a
+    // QP rings the doorbell counter, which always works.
+    const uint32_t slot = resp.work_slot < abi::kWorkSlots ? resp.work_slot : abi::kNoWorkSlot;
+    qp.sq.work_slot = qp.rq.work_slot = slot;
+    ibv_qp& q = qp.vqp.qp;
+    q.context = ibctx;
+    q.qp_context = c.qp_context;
+    q.pd = c.pd;
+    q.send_cq = c.send_cq;
+    q.recv_cq = recv_cq;
+    q.srq = srq;
+    q.handle = resp.qp_handle;
+    q.qp_num = resp.qpn;
+    q.state = IBV_QPS_RESET;
+    q.qp_type = c.type;
+    pthread_mutex_init(&q.mutex, nullptr);
+    pthread_cond_init(&q.cond, nullptr);
+    q.events_completed = 0;
+    if (c.ex) {
+        qp.vqp.comp_mask |= VRDMA_VERBS_QP_EX;
+        install_qp_ex_ops(qp, c.send_ops_flags);
+    }
+    Context& ctx = *qp.ctx;
+    std::lock_guard lock(ctx.ev_mu);
+    ctx.live_qps.insert(&q);
+    return &q;
+}
+
 ibv_qp* create_common(const QpCreate& c) {
     Context& ctx = ctx_of(c.pd->context);
     const abi::DeviceAttr& d = ctx.dev_attr;
@@ -137,12 +170,6 @@ ibv_qp* create_common(const QpCreate& c) {
         errno = rc;
         return nullptr;
     }
-    qp->handle = resp.qp_handle;
-    // A slot the shim cannot have given (a bad reply) is not used: such a
-    // QP rings the doorbell counter, which always works.
-    const uint32_t slot = resp.work_slot < abi::kWorkSlots ? resp.work_slot : abi::kNoWorkSlot;
-    qp->sq.work_slot = qp->rq.work_slot = slot;
-
     cap.max_send_wr = qp->sq.max_wr;
     cap.max_send_sge = qp->sq.max_sge;
     cap.max_inline_data = qp->max_inline;
@@ -153,27 +180,7 @@ ibv_qp* create_common(const QpCreate& c) {
         cap.max_recv_wr = cap.max_recv_sge = 0;
     }
 
-    ibv_qp& q = qp->vqp.qp;
-    q.context = c.pd->context;
-    q.qp_context = c.qp_context;
-    q.pd = c.pd;
-    q.send_cq = c.send_cq;
-    q.recv_cq = recv_cq;
-    q.srq = srq_in;
-    q.handle = resp.qp_handle;
-    q.qp_num = resp.qpn;
-    q.state = IBV_QPS_RESET;
-    q.qp_type = c.type;
-    pthread_mutex_init(&q.mutex, nullptr);
-    pthread_cond_init(&q.cond, nullptr);
-    q.events_completed = 0;
-    if (c.ex) {
-        qp->vqp.comp_mask |= VRDMA_VERBS_QP_EX;
-        install_qp_ex_ops(*qp, c.send_ops_flags);
-    }
-    std::lock_guard lock(ctx.ev_mu);
-    ctx.live_qps.insert(&q);
-    return &q;
+    return publish(*qp, c, c.pd->context, recv_cq, srq_in, resp);
 }
 
 void to_abi_ah(const ibv_ah_attr& s, abi::AhAttr& a) {
@@ -204,6 +211,39 @@ void from_abi_ah(const abi::AhAttr& a, ibv_ah_attr& s) {
     s.grh.traffic_class = a.traffic_class;
 }
 
+// An XRC_RECV QP: nothing but its domain (no PD, CQs or queues).
+ibv_qp* create_xrc_recv(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) {
+    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd || attr->xrcd->context != ibctx) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Context& ctx = ctx_of(ibctx);
+    auto* qp = new (std::nothrow) Qp{};
+    if (!qp) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    qp->ctx = &ctx;
+    Xrcd* xrcd = to_xrcd(attr->xrcd);
+    abi::CmdCreateQpReq req{};
+    req.user_handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
+    req.qp_type = IBV_QPT_XRC_RECV;
+    req.xrcd_handle = xrcd->handle;
+    abi::CmdCreateQpResp resp{};
+    if (int rc = command(ctx, abi::CmdOp::CreateQp, &req, sizeof(req), &resp, sizeof(resp))) {
+        delete qp;
+        errno = rc;
+        return nullptr;
+    }
+    attr->cap = ibv_qp_cap{};
+    qp->vqp.comp_mask |= VRDMA_VERBS_QP_XRCD;
+    qp->vqp.xrcd = &xrcd->vx;
+    QpCreate c{};
+    c.type = IBV_QPT_XRC_RECV;
+    c.qp_context = attr->qp_context;
+    return publish(*qp, c, ibctx, nullptr, nullptr, resp);
+}
+
 }  // namespace
 
 ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
@@ -214,7 +254,7 @@ ibv_qp* create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
 ibv_qp* create_qp_ex(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) {
     uint32_t known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS |
                      IBV_QP_INIT_ATTR_XRCD;
-    if (attr->qp_type == IBV_QPT_XRC_RECV && !(attr->comp_mask & ~known)) return create_xrc_recv_qp(ibctx, attr);
+    if (attr->qp_type == IBV_QPT_XRC_RECV && !(attr->comp_mask & ~known)) return create_xrc_recv(ibctx, attr);
     if ((attr->comp_mask & ~known) || !(attr->comp_mask & IBV_QP_INIT_ATTR_PD) || !attr->pd ||
         ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && attr->create_flags)) {
         errno = EOPNOTSUPP;

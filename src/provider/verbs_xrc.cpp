@@ -1,15 +1,13 @@
-// XRC: domains (ibv_open_xrcd), and the receiving QP of a domain
-// (IBV_QPT_XRC_RECV), which has no queues, CQs or PD of its own: each
-// message names the XRC SRQ it goes to (docs/protocol.md "XRC").
+// XRC domains (ibv_open_xrcd). XRC QPs are made in verbs_qp.cpp, XRC SRQs
+// in verbs_srq.cpp (docs/protocol.md "XRC").
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <fcntl.h>
 #include <mutex>
 #include <new>
 
 #include "context.h"
-#include "events.h"
 #include "objects.h"
 #include "verbs.h"
 
@@ -85,48 +83,6 @@ int close_xrcd(ibv_xrcd* ibx) {
     std::erase(ctx.xrcds, x);
     delete x;
     return 0;
-}
-
-ibv_qp* create_xrc_recv_qp(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) {
-    Context& ctx = ctx_of(ibctx);
-    if (!(attr->comp_mask & IBV_QP_INIT_ATTR_XRCD) || !attr->xrcd || attr->xrcd->context != ibctx) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    auto* qp = new (std::nothrow) Qp{};
-    if (!qp) {
-        errno = ENOMEM;
-        return nullptr;
-    }
-    qp->ctx = &ctx;
-    abi::CmdCreateQpReq req{};
-    req.user_handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
-    req.qp_type = IBV_QPT_XRC_RECV;
-    req.xrcd_handle = to_xrcd(attr->xrcd)->handle;
-    abi::CmdCreateQpResp resp{};
-    if (int rc = command(ctx, abi::CmdOp::CreateQp, &req, sizeof(req), &resp, sizeof(resp))) {
-        delete qp;
-        errno = rc;
-        return nullptr;
-    }
-    qp->handle = resp.qp_handle;
-    qp->sq.work_slot = qp->rq.work_slot = abi::kNoWorkSlot;
-    attr->cap = ibv_qp_cap{};
-    ibv_qp& q = qp->vqp.qp;
-    q.context = ibctx;
-    q.qp_context = attr->qp_context;
-    q.handle = resp.qp_handle;
-    q.qp_num = resp.qpn;
-    q.state = IBV_QPS_RESET;
-    q.qp_type = IBV_QPT_XRC_RECV;
-    pthread_mutex_init(&q.mutex, nullptr);
-    pthread_cond_init(&q.cond, nullptr);
-    q.events_completed = 0;
-    qp->vqp.comp_mask |= VRDMA_VERBS_QP_XRCD;
-    qp->vqp.xrcd = &to_xrcd(attr->xrcd)->vx;
-    std::lock_guard lock(ctx.ev_mu);
-    ctx.live_qps.insert(&q);
-    return &q;
 }
 
 }  // namespace vrdma::prov
