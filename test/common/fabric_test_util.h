@@ -80,7 +80,7 @@ public:
             return shim::SendResult::Busy;
         return shim::SendResult::InFlight;
     }
-    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override {
+    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn, int) override {
         if (link && link->state() == fabric::LinkState::Up) link->send_qp_gone(lid, qpn, peer_lid, peer_qpn);
     }
 };

@@ -47,6 +47,14 @@ ibv_qp_attr rtr(uint16_t lid, uint32_t qpn) {
     return a;
 }
 
+// Through a device (test-hca's run) XRC is not offered: its QPs get no
+// device QP, and a destination only the device reaches is refused at RTR.
+bool xrc_reaches_peer() {
+    if (!through_rxe()) return true;
+    WARN("XRC across the HCA transport is not offered: the XRC cases between guests are not run through rxe");
+    return false;
+}
+
 // The receiving side of one domain on `d`: the domain, XRC SRQs completing
 // into one CQ, and an XRC_RECV QP.
 struct XrcTarget {
@@ -160,6 +168,7 @@ int post_srq(ibv_srq* srq, uint64_t wr_id, ibv_sge s) {
 
 TEST_CASE("XRC: each message lands in the XRC SRQ it names and completes into that SRQ's CQ", "[xrc]") {
     Device dev, peer(Device::kPeer);
+    if (!xrc_reaches_peer()) return;
     ibv_device_attr attr{};
     REQUIRE(ibv_query_device(dev.ctx, &attr) == 0);
     CHECK((attr.device_cap_flags & IBV_DEVICE_XRC) != 0);
@@ -209,6 +218,7 @@ TEST_CASE("XRC: each message lands in the XRC SRQ it names and completes into th
 
 TEST_CASE("XRC: a message naming no SRQ of the receiver's domain is refused", "[xrc]") {
     Device dev, peer(Device::kPeer);
+    if (!xrc_reaches_peer()) return;
     XrcTarget t(dev), other(dev, 1);
     XrcSender s(peer, t, dev.lid);
     Buffer out(peer.pd, 64, kAll);

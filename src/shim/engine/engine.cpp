@@ -133,14 +133,29 @@ void Engine::destroy_resources(Context& ctx) {
     if (!gone.empty()) fail_peers_of(ctx.guest().lid, gone);
 }
 
-void Engine::fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn) {
+void Engine::fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn, int event) {
     QpRef q = find_qp(lid, qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != gone_lid || q.qp->attr.dest_qp_num != gone_qpn)
         return;
     if (!connected_state(q.qp->state)) return;
-    LOG_INFO("guest %s: QP %u to error: its peer QP %u (lid %u, another shim) vanished", q.ctx->guest().name.c_str(),
-             qpn, gone_qpn, gone_lid);
-    qp_set_error(*q.ctx, *q.qp, IBV_EVENT_QP_FATAL);
+    if (event == IBV_EVENT_QP_FATAL)
+        LOG_INFO("guest %s: QP %u to error: its peer QP %u (lid %u, another shim or worker) vanished",
+                 q.ctx->guest().name.c_str(), qpn, gone_qpn, gone_lid);
+    qp_set_error(*q.ctx, *q.qp, event);
+}
+
+void Engine::fail_responder_of(Context& ctx, const Qp& qp, uint32_t status) {
+    const int event = status == IBV_WC_REM_ACCESS_ERR    ? IBV_EVENT_QP_ACCESS_ERR
+                      : status == IBV_WC_REM_INV_REQ_ERR ? IBV_EVENT_QP_REQ_ERR
+                      : status == IBV_WC_REM_OP_ERR      ? IBV_EVENT_QP_FATAL
+                                                         : -1;
+    if (event < 0 || qp.type != IBV_QPT_RC) return;
+    const uint16_t lid = qp.attr.ah.dlid;
+    Transport* t = routes_.lookup(lid);
+    if (t == &local_)
+        fail_peer_qp(ctx.guest().lid, qp.qpn, lid, qp.attr.dest_qp_num, event);
+    else if (t)
+        t->qp_gone(ctx.guest().lid, qp.qpn, lid, qp.attr.dest_qp_num, event);
 }
 
 // RC QPs of other contexts connected to QPs that vanished go to error now,

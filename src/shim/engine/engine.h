@@ -124,9 +124,20 @@ public:
     bool qpn_taken(uint32_t qpn) const { return shared_->qpn_taken(qpn); }
     uint64_t new_incarnation() { return shared_->new_incarnation(); }
     uint32_t alloc_srqn() { return shared_->alloc_srqn(); }
-    // QP (gone_lid, gone_qpn) of another shim vanished: the QP (lid, qpn)
-    // of this shim connected to exactly it goes to error (QP_FATAL).
-    void fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn);
+    // QP (gone_lid, gone_qpn) of another shim or worker vanished or failed:
+    // the QP (lid, qpn) of this engine connected to exactly it goes to error
+    // with `event` (QP_FATAL; what a device's responder raises when the
+    // failure was its own: fail_responder_of).
+    void fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn,
+                      int event = IBV_EVENT_QP_FATAL);
+    // RC QP `qp` of `ctx` completed a request with a remote error its
+    // device reported (REM_ACCESS, REM_INV_REQ or REM_OP): the responder QP
+    // on a device is in error, but the device may neither say so nor flush
+    // the receives the shim hands it later (rxe in Linux 6.1). The
+    // responder's guest QP goes to error here, on its worker or its shim
+    // (through the transport that reaches it), with the event a device
+    // raises for that error.
+    void fail_responder_of(Context& ctx, const Qp& qp, uint32_t status);
 
     // Destination LID -> transport. Every guest of this engine is routed to
     // the local transport; peer shims add their LID ranges.

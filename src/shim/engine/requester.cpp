@@ -704,8 +704,12 @@ void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint
         // flushed, and the shim's flush of the guest's queues answers it.
         complete_head(eng, ctx, qp, status, nullptr, 0);
         qp.sq_next = qp.sq.cons;
-        if (qp.type == IBV_QPT_RC) qp_set_error(ctx, qp, -1);
-        else qp_set_sq_error(ctx, qp);
+        if (qp.type == IBV_QPT_RC) {
+            qp_set_error(ctx, qp, -1);
+            eng.fail_responder_of(ctx, qp, status);
+        } else {
+            qp_set_sq_error(ctx, qp);
+        }
         return;
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);

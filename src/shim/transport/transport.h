@@ -68,10 +68,13 @@ public:
     virtual const uint8_t* device_gid() const { return nullptr; }
 
     // RC QP (lid, qpn), connected to (peer_lid, peer_qpn) which this
-    // transport reaches, vanished with its process: the peer QP goes to
-    // error at once rather than wait for a timeout (protocol.md).
-    virtual void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) {
-        (void)lid, (void)qpn, (void)peer_lid, (void)peer_qpn;
+    // transport reaches, vanished with its process (or failed its peer:
+    // Engine::fail_responder_of): the peer QP goes to error at once with
+    // `event` rather than wait for a timeout (protocol.md). A transport
+    // that cannot carry the event raises QP_FATAL.
+    virtual void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn,
+                         int event = IBV_EVENT_QP_FATAL) {
+        (void)lid, (void)qpn, (void)peer_lid, (void)peer_qpn, (void)event;
     }
 };
 

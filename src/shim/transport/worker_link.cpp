@@ -156,9 +156,10 @@ void WorkerLink::abandon(Engine&, Qp& qp) {
     commit(m);
 }
 
-void WorkerLink::qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) {
+void WorkerLink::qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn, int event) {
     WorkerMsg& m = answer_slot();
     m.kind = WorkerMsg::Kind::QpGone;
+    m.event = event;
     m.lid = peer_lid;  // the survivor, on the other worker
     m.qpn = peer_qpn;
     m.peer_lid = lid;  // the QP that vanished, here
@@ -261,7 +262,7 @@ void WorkerLink::on_answer(WorkerMsg& m) {
     case WorkerMsg::Kind::Release:
         break;  // the pins it brought back go with the slot
     case WorkerMsg::Kind::QpGone:
-        eng_.fail_peer_qp(m.peer_lid, m.peer_qpn, m.lid, m.qpn);
+        eng_.fail_peer_qp(m.peer_lid, m.peer_qpn, m.lid, m.qpn, m.event);
         break;
     }
 }

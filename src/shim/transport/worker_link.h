@@ -46,7 +46,7 @@ struct WorkerMsg {
         Sent,     // back: a UD or UC request was delivered (its payload left the sender's memory)
         Abort,    // to the responder's worker: the requester gave up the transfer in slices
         Release,  // back: the answer to Abort; the pins return
-        QpGone,   // to the worker of `lid`: the QP (peer_lid, peer_qpn) it is connected to vanished
+        QpGone,   // to the worker of `lid`: the QP (peer_lid, peer_qpn) it is connected to vanished or failed
     };
     Kind kind = Kind::Request;
     Request req;  // Request (its wqe pointer cleared)
@@ -65,6 +65,7 @@ struct WorkerMsg {
     uint16_t lid = 0, peer_lid = 0;
     uint32_t qpn = 0, peer_qpn = 0;
     uint32_t sq_idx = 0;  // Sent: the send queue index of the WQE
+    int event = 0;        // QpGone: the async event the survivor raises
     uint32_t from = 0;    // the worker that sent it
 };
 
@@ -111,7 +112,7 @@ public:
     // through the device, as those of this worker's do (local_transport.h).
     const uint8_t* device_gid() const override { return device_gid_; }
     void set_device_gid(const uint8_t* gid) { device_gid_ = gid; }
-    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override;
+    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn, int event) override;
     void abandon(Engine& eng, Qp& qp) override;
 
     // A message the other worker sent (receive_messages): a request for

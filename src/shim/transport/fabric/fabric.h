@@ -91,7 +91,8 @@ public:
     // Kept from the peer's last Hello: QPs bound to the device do not need
     // the TCP link, and new ones may bind while it is down.
     const uint8_t* device_gid() const override { return has_device_ ? device_gid_ : nullptr; }
-    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn) override {
+    // The wire carries no event: the peer raises QP_FATAL.
+    void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn, int) override {
         if (up()) link_->send_qp_gone(lid, qpn, peer_lid, peer_qpn);
     }
     // What the peer announced of its UD QP `qpn` (null: nothing), on the

@@ -204,8 +204,9 @@ int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
     const uint8_t* gid = device_path(eng, ctx, qp);
     if (!gid) return next == IBV_QPS_RTR ? srq_admits_unbound(ctx, qp) : 0;
     if (!qp.dev) {
-        LOG_WARN("guest %s: QP %u to lid %u needs the device and has no device QP (the device refused it)",
-                 ctx.guest().name.c_str(), qp.qpn, qp.attr.ah.dlid);
+        LOG_WARN("guest %s: QP %u to lid %u needs the device and has no device QP (%s)", ctx.guest().name.c_str(),
+                 qp.qpn, qp.attr.ah.dlid,
+                 qp.xrc != XrcRole::None ? "XRC does not run on the device" : "the device refused it");
         return EOPNOTSUPP;
     }
     const int rc = bind(eng, ctx, qp, next, gid);

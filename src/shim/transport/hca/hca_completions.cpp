@@ -57,7 +57,14 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
     // receive counts as solicited (a solicited-only waiter may wake for an
     // unsolicited one; it never sleeps through a solicited one).
     cq_push(ctx, qp.recv_cq, c, true);
-    if (c.status != IBV_WC_SUCCESS) qp_set_error(ctx, qp, -1);
+    if (c.status == IBV_WC_SUCCESS) return;
+    // A receive the device failed puts the QP in error. A device raises the
+    // async event for that; rxe raises none, so the shim does, as its own
+    // responder would (a flush is no new error).
+    const int event = c.status == IBV_WC_WR_FLUSH_ERR  ? -1
+                      : c.status == IBV_WC_LOC_LEN_ERR ? IBV_EVENT_QP_REQ_ERR
+                                                       : IBV_EVENT_QP_FATAL;
+    qp_set_error(ctx, qp, event);
 }
 
 void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
