@@ -41,14 +41,18 @@ bool all_mapped(uintptr_t addr, size_t length) {
     return false;
 }
 
-// Whether [addr, addr+len) lies in one segment this MR has had shared: the
-// shim translates an on-demand range inside one of its segments.
+// Whether [addr, addr+len) lies in segments this MR has had shared (one,
+// or several that follow each other: the shim composes those). One pass:
+// the ranges are sorted by start.
 bool covered(const Mr& mr, uintptr_t addr, uint64_t len) {
-    auto it = std::upper_bound(mr.shared.begin(), mr.shared.end(), addr,
-                               [](uintptr_t a, const std::pair<uintptr_t, uintptr_t>& r) { return a < r.first; });
-    if (it == mr.shared.begin()) return false;
-    --it;
-    return addr >= it->first && addr + len <= it->second;
+    uintptr_t cur = addr;
+    const uintptr_t end = addr + len;
+    for (const auto& [start, stop] : mr.shared) {
+        if (start > cur) break;
+        if (stop > cur) cur = stop;
+        if (cur >= end) return true;
+    }
+    return false;
 }
 
 void note_shared(Mr& mr, uintptr_t start, uintptr_t end) {

@@ -127,6 +127,40 @@ TEST_CASE("an implicit ODP MR: sends and receives out of memory never registered
     munmap(mem, 4 << 20);
 }
 
+TEST_CASE("an implicit ODP MR: a range that two faults shared in two pieces moves whole", "[odp]") {
+    Device dev, peer(Device::kPeer);
+    if (!odp_reaches_peer()) return;
+    ibv_mr* mr = implicit_mr(dev);
+    REQUIRE(mr != nullptr);
+    RcPair p(dev, peer);
+    Buffer other(peer.pd, 4 * kPage, kOdp & ~IBV_ACCESS_ON_DEMAND);
+    constexpr size_t kMap = 8 << 20, kWindow = 2 << 20;
+    uint8_t* mem = fresh(kMap);
+    // A 2 MiB boundary inside the mapping: a fault shares the window on one
+    // side of it, and a range across it then needs the window on the other.
+    uint8_t* edge = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(mem) + kWindow) & ~uintptr_t(kWindow - 1));
+    pattern(edge - 2 * kPage, 4 * kPage, 7);
+    REQUIRE(post_recv(p.b.qp, 1, {sge(other, 0, kPage)}) == 0);
+    CHECK(send_from(p, ibv_sge{reinterpret_cast<uint64_t>(edge - kPage), uint32_t(kPage), mr->lkey}) ==
+          IBV_WC_SUCCESS);
+    CHECK(complete(p.b.recv_cq) == IBV_WC_SUCCESS);
+    for (int i = 0; i < 3; ++i) {  // the second and third find it shared
+        std::memset(other.data, 0, 4 * kPage);
+        REQUIRE(post_recv(p.b.qp, 2, {sge(other, 0, 2 * kPage)}) == 0);
+        CHECK(send_from(p, ibv_sge{reinterpret_cast<uint64_t>(edge - kPage), uint32_t(2 * kPage), mr->lkey}) ==
+              IBV_WC_SUCCESS);
+        CHECK(complete(p.b.recv_cq) == IBV_WC_SUCCESS);
+        CHECK(std::memcmp(other.data, edge - kPage, 2 * kPage) == 0);
+    }
+    // The peer reads across the boundary by the MR's rkey.
+    std::memset(other.data, 0, 4 * kPage);
+    CHECK(peer_rdma(p, IBV_WR_RDMA_READ, reinterpret_cast<uint64_t>(edge - 1000), mr->rkey, other, 2000) ==
+          IBV_WC_SUCCESS);
+    CHECK(std::memcmp(other.data, edge - 1000, 2000) == 0);
+    CHECK(ibv_dereg_mr(mr) == 0);
+    munmap(mem, kMap);
+}
+
 TEST_CASE("an explicit ODP MR over a range with a hole: registered, and the hole works once mapped", "[odp]") {
     Device dev, peer(Device::kPeer);
     if (!odp_reaches_peer()) return;

@@ -42,6 +42,10 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     srq->max_sge = r.max_sge;
     srq->limit = 0;  // like most HCAs, srq_limit is ignored at creation
     srq->srqn = eng.alloc_srqn();
+    // An XRC SRQ is found by its number (responder.cpp): never 0, never
+    // one of this context's live XRC SRQs (the shim-wide counter wraps at
+    // 24 bits, and another guest may turn it).
+    while (xrcd && (srq->srqn == 0 || ctx.xrc_srqs.count(srq->srqn))) srq->srqn = eng.alloc_srqn();
     srq->user_handle = r.user_handle;
     // XRC runs on this host and the TCP fabric only: no device SRQ.
     if (!xrcd) srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);

@@ -72,9 +72,11 @@ uint32_t invalidate_local(Context& ctx, const Qp& qp, uint32_t rkey) {
     return IBV_WC_SUCCESS;
 }
 
-bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t rkey) {
+bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t rkey) { return invalidate_remote(ctx, qp, qp.pd, rkey); }
+
+bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t pd, uint32_t rkey) {
     Mw* mw = window_of(ctx, rkey);
-    if (!mw || mw->type != IBV_MW_TYPE_2 || !mw->bound || mw->pd != qp.pd || mw->qp != qp.handle) return false;
+    if (!mw || mw->type != IBV_MW_TYPE_2 || !mw->bound || mw->pd != pd || mw->qp != qp.handle) return false;
     unbind_window(ctx, *mw);
     return true;
 }

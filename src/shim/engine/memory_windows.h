@@ -30,8 +30,10 @@ uint32_t bind_window(Context& ctx, const Qp& qp, const abi::SendWqe& w);
 // QP's PD. IBV_WC_SUCCESS or IBV_WC_LOC_QP_OP_ERR.
 uint32_t invalidate_local(Context& ctx, const Qp& qp, uint32_t rkey);
 // A Send with Invalidate of `rkey` arriving at `qp`: frees a bound type 2
-// window of the QP's PD bound through this QP. False if there is none.
+// window of the QP's PD (`pd`: an XRC SRQ's, for an XRC_RECV QP) bound
+// through this QP. False if there is none.
 bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t rkey);
+bool invalidate_remote(Context& ctx, const Qp& qp, uint32_t pd, uint32_t rkey);
 // Drops a window's binding (DeallocMw; the invalidations above).
 void unbind_window(Context& ctx, Mw& mw);
 // Remote access through the window `rkey` names, for a request arriving at

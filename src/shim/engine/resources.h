@@ -52,7 +52,8 @@ struct Mr {
     // (mr_bytes, work_queue.h).
     bool on_demand = false;
     // On demand: mappings composed of several segments for ranges that
-    // straddle them (oldest first, at most kMaxComposed), charged to the guest.
+    // straddle them (at most kMaxComposed, kept until the MR goes), charged
+    // to the guest; an access that would need one more fails.
     static constexpr size_t kMaxComposed = 4 * abi::kMaxSge;
     mutable std::vector<HostRange> composed;
     uint64_t charged_bytes = 0;  // MrBytes taken from the guest's quota

@@ -429,7 +429,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         // Send with Invalidate frees a type 2 window of this QP before the
         // receive completes; an rkey that names none is a class J error, as
         // in rxe: both sides see a remote invalid request and fail.
-        if (op == IBV_WR_SEND_WITH_INV && !invalidate_remote(ctx, qp, req.rkey)) {
+        if (op == IBV_WR_SEND_WITH_INV && !invalidate_remote(ctx, qp, pd, req.rkey)) {
             note_access_error(eng, ctx, qp, req);
             set_recv_cqe(d, req, wr_id, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
             return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);

@@ -123,11 +123,12 @@ uint8_t* mr_bytes(const Context& ctx, const Mr& mr, uint64_t addr, uint64_t len,
             return m.base + (addr - m.gva);
         }
     }
+    // At most kMaxComposed per MR, kept until it goes: each costs system
+    // calls on the worker, so their number, not a cache's turnover, bounds
+    // that work (and the guest's mapping quota bounds them all).
+    if (mr.composed.size() >= Mr::kMaxComposed) return nullptr;
     HostRange r;
     if (ctx.segments.map_range(addr, len, r, ctx.charges.usage()) != 0) return nullptr;
-    // The oldest goes (a request in flight keeps its own reference); never
-    // one made for this work request, which makes at most kMaxSge.
-    if (mr.composed.size() == Mr::kMaxComposed) mr.composed.erase(mr.composed.begin());
     mr.composed.push_back(std::move(r));
     if (keep) *keep = &mr.composed.back().keepalive;
     return mr.composed.back().host;

@@ -58,12 +58,12 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
     // unsolicited one; it never sleeps through a solicited one).
     cq_push(ctx, qp.recv_cq, c, true);
     if (c.status == IBV_WC_SUCCESS) return;
-    // A receive the device failed puts the QP in error. A device raises the
-    // async event for that; rxe raises none, so the shim does, as its own
-    // responder would (a flush is no new error).
-    const int event = c.status == IBV_WC_WR_FLUSH_ERR  ? -1
-                      : c.status == IBV_WC_LOC_LEN_ERR ? IBV_EVENT_QP_REQ_ERR
-                                                       : IBV_EVENT_QP_FATAL;
+    // A receive the device failed puts the QP in error (the device's QP is).
+    // For RC a device raises the async event too; rxe raises none, so the
+    // shim does, as its own RC responder would (a flush is no new error).
+    int event = -1;
+    if (qp.type == IBV_QPT_RC && c.status != IBV_WC_WR_FLUSH_ERR)
+        event = c.status == IBV_WC_LOC_LEN_ERR ? IBV_EVENT_QP_REQ_ERR : IBV_EVENT_QP_FATAL;
     qp_set_error(ctx, qp, event);
 }
 
