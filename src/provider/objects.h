@@ -110,8 +110,7 @@ struct Qp {
 // An XRC domain. Opened twice on the same file (ibv_open_xrcd with an fd),
 // it is the same domain, counted; the domain is this context's own.
 struct Xrcd {
-    verbs_xrcd vx;
-    uint32_t handle = 0;
+    verbs_xrcd vx;  // vx.handle: the shim's handle
     bool has_file = false;
     dev_t dev = 0;
     ino_t ino = 0;

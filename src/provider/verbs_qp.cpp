@@ -228,7 +228,7 @@ ibv_qp* create_xrc_recv(ibv_context* ibctx, ibv_qp_init_attr_ex* attr) {
     abi::CmdCreateQpReq req{};
     req.user_handle = reinterpret_cast<uintptr_t>(&qp->vqp.qp);
     req.qp_type = IBV_QPT_XRC_RECV;
-    req.xrcd_handle = xrcd->handle;
+    req.xrcd_handle = xrcd->vx.handle;
     abi::CmdCreateQpResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateQp, &req, sizeof(req), &resp, sizeof(resp))) {
         delete qp;

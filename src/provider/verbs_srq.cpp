@@ -59,7 +59,7 @@ ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, ibv_xr
     req.max_sge = rq.max_sge;
     req.srq_limit = attr.srq_limit;
     req.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
-    req.xrcd_handle = xrcd ? to_xrcd(xrcd)->handle : 0;
+    req.xrcd_handle = xrcd ? to_xrcd(xrcd)->vx.handle : 0;
     req.cq_handle = cq ? to_cq(cq)->handle : 0;
     abi::CmdCreateSrqResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateSrq, &req, sizeof(req), &resp, sizeof(resp))) {

@@ -60,7 +60,6 @@ ibv_xrcd* open_xrcd(ibv_context* ibctx, ibv_xrcd_init_attr* attr) {
     }
     x->vx.xrcd.context = ibctx;
     x->vx.handle = resp.xrcd_handle;
-    x->handle = resp.xrcd_handle;
     x->has_file = has_file;
     x->dev = st.st_dev;
     x->ino = st.st_ino;
@@ -77,7 +76,7 @@ int close_xrcd(ibv_xrcd* ibx) {
         --x->opens;
         return 0;
     }
-    abi::CmdHandleReq req{x->handle};
+    abi::CmdHandleReq req{x->vx.handle};
     int rc = command(ctx, abi::CmdOp::CloseXrcd, &req, sizeof(req), nullptr, 0);
     if (rc && rc != EIO) return rc;  // EBUSY: QPs or SRQs are in it
     std::erase(ctx.xrcds, x);
