@@ -541,4 +541,41 @@ constexpr uint32_t kMaxInline = 1024;
 constexpr uint32_t kUdGrhBytes = 40;
 constexpr uint32_t kCompVectors = 1;    // ibv_context::num_comp_vectors; a CQ's comp_vector is below it
 
+// ---------------------------------------------------------------------------
+// The rdma_cm socket, RUN_DIR/NAME/rdma_cm.sock (docs/protocol.md "rdma_cm").
+//
+// The provider emulates the kernel's UCMA character device,
+// /dev/infiniband/rdma_cm, for librdmacm: each open() of it is one
+// connection to this socket (SOCK_SEQPACKET), served by the shim's
+// connection manager. A command librdmacm write()s is sent as it is (the
+// kernel's rdma_ucm_cmd_hdr and body, include/rdma/rdma_user_cm.h); the
+// reply carries the bytes the kernel would have written to the command's
+// response pointer, which the provider copies there. One request at a time
+// per connection, each answered by one CmSockReply.
+// ---------------------------------------------------------------------------
+constexpr const char* kCmSocketName = "rdma_cm.sock";  // beside the guest's vrdma.sock
+constexpr uint32_t kCmMaxCommand = 512;   // a UCMA command, with SET_OPTION's value after it
+constexpr uint32_t kCmMaxResponse = 512;  // the largest response the shim writes
+
+enum class CmSockOp : uint32_t {
+    Open = 1,     // first message; fds: [eventfd]: the shim adds 1 per event queued (EFD_SEMAPHORE)
+    Command = 2,  // a UCMA command; MIGRATE_ID's fd is the target channel's channel_id
+};
+
+struct CmSockRequest {
+    uint32_t magic;
+    uint32_t version;
+    CmSockOp op;
+    uint32_t len;  // bytes that follow (Command: the command, then SET_OPTION's optlen bytes)
+};
+static_assert(sizeof(CmSockRequest) == 16);
+
+struct CmSockReply {
+    uint32_t magic;
+    int32_t status;      // 0 or a positive errno; GET_EVENT: EAGAIN when no event is queued
+    uint32_t len;        // response bytes that follow
+    uint32_t channel_id; // Open: the channel's id (for MIGRATE_ID)
+};
+static_assert(sizeof(CmSockReply) == 16);
+
 }  // namespace vrdma::abi

@@ -15,17 +15,11 @@
 #include "vrdma/abi.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/log.h"
+#include "guest_fd.h"
 #include "listen_socket.h"
 
 namespace vrdma::shim {
 namespace {
-
-bool is_eventfd(int fd) {
-    char path[64], target[64] = {};
-    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-    ssize_t n = ::readlink(path, target, sizeof(target) - 1);
-    return n > 0 && std::strcmp(target, "anon_inode:[eventfd]") == 0;
-}
 
 [[gnu::format(printf, 4, 5)]] bool reply(Connection& c, int status, uint32_t lid, const char* fmt, ...) {
     abi::SockReply r{};

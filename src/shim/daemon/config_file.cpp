@@ -52,11 +52,11 @@ bool guest_arg(const toml::value& g, std::string& out, std::string& error) {
     }
     out = g.at("name").as_string().str;
     static const std::set<std::string> kKeys = {"name",   "owner",  "group", "pkeys",
-                                                "worker", "weight", "controlled-qkeys"};
+                                                "worker", "weight", "controlled-qkeys", "ip"};
     for (const auto& [key, v] : g.as_table()) {
         if (!kKeys.count(key)) {
             error = toml::format_error("a [[guest]] has no key '" + key +
-                                           "' (name, owner, group, pkeys, controlled-qkeys, worker, weight)",
+                                           "' (name, owner, group, pkeys, controlled-qkeys, worker, weight, ip)",
                                        v, "here");
             return false;
         }
@@ -70,11 +70,13 @@ bool guest_arg(const toml::value& g, std::string& out, std::string& error) {
             continue;
         }
         std::string text;
-        if (key == "pkeys" && v.is_array()) {
+        if ((key == "pkeys" || key == "ip") && v.is_array()) {
             for (const toml::value& p : v.as_array()) {
                 std::string one;
                 if (!scalar_text(p, one) || p.is_boolean()) {
-                    error = toml::format_error("pkeys are strings like \"0x8001\" or numbers", p, "here");
+                    error = toml::format_error(key == "ip" ? "ip is a list of address strings like \"10.0.0.1\""
+                                                           : "pkeys are strings like \"0x8001\" or numbers",
+                                               p, "here");
                     return false;
                 }
                 text += (text.empty() ? "" : ",") + one;

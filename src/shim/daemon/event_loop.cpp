@@ -384,6 +384,12 @@ void Daemon::poll_events(int timeout_ms) {
         case kMetricsConn:
             on_metrics(id);
             break;
+        case kCmListen:
+            accept_cm(id);
+            break;
+        case kCmConn:
+            on_cm(id);
+            break;
         }
     });
 }
@@ -478,7 +484,56 @@ bool Daemon::publish_guest(size_t i, const GuestIdentity& id, std::string& error
         return false;
     }
     listeners_[i] = std::move(lfd);
+
+    if (cm_listeners_.size() <= i) cm_listeners_.resize(i + 1);
+    UniqueFd cfd;
+    const std::string cm_path = guest_paths(run_dir_.path(), id.name).dir + "/" + abi::kCmSocketName;
+    if (!open_guest_socket(published_[i]->guest_dir_fd(), cm_path, opts_.access[i], cfd, error)) return false;
+    if (!epoll_add(cfd.get(), EPOLLIN, tag(kCmListen, i))) {
+        error = std::string("epoll: ") + strerror(errno);
+        return false;
+    }
+    cm_listeners_[i] = std::move(cfd);
+    cm::CmGuest g;
+    g.name = id.name;
+    g.lid = id.lid;
+    g.guid = id.guid;
+    g.pkey = id.pkeys.empty() ? 0xffff : id.pkeys[0];
+    if (i < opts_.addresses.size()) g.addrs = opts_.addresses[i];
+    cm_.set_guest(i, std::move(g));
     return true;
+}
+
+void Daemon::accept_cm(size_t guest_index) {
+    if (guest_index >= cm_listeners_.size() || !cm_listeners_[guest_index]) return;
+    for (;;) {
+        int fd = ::accept4(cm_listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (rdma_cm): %s", strerror(errno));
+            return;  // at the fd limit the guest's own socket's spare-fd dance is not repeated: it retries
+        }
+        UniqueFd sock(fd);
+        ucred cred{};
+        socklen_t len = sizeof(cred);
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+            !opts_.access[guest_index].allows(cred.uid, cred.gid)) {
+            LOG_WARN("guest %s: rdma_cm connection from pid %d uid %u refused: only %s and root may use this guest",
+                     opts_.guests[guest_index].c_str(), int(cred.pid), unsigned(cred.uid),
+                     opts_.access[guest_index].describe().c_str());
+            continue;  // closed: librdmacm's open() fails
+        }
+        const uint64_t channel = cm_.add_connection(guest_index, std::move(sock));
+        if (!channel) {
+            LOG_WARN("guest %s: rdma_cm connection from pid %d refused: the guest holds %u channels",
+                     opts_.guests[guest_index].c_str(), int(cred.pid), cm::CmService::kMaxChannels);
+            continue;
+        }
+        if (!epoll_add(cm_.socket_of(channel), EPOLLIN | EPOLLRDHUP, tag(kCmConn, channel))) cm_.close_channel(channel);
+    }
+}
+
+void Daemon::on_cm(uint64_t channel) {
+    if (!cm_.on_readable(channel)) cm_.close_channel(channel);  // closing the socket takes it out of epoll
 }
 
 uint16_t Daemon::free_lid() const {
@@ -511,6 +566,13 @@ std::string Daemon::add_guest(const std::string& spec, std::string& error) {
         error = "the run directory is too long for the socket path of guest '" + name + "'";
         return "";
     }
+    for (size_t k = 0; k < opts_.addresses.size(); ++k)
+        for (const cm::IpAddress& a : one.addresses[0])
+            if (lids_[k] && std::find(opts_.addresses[k].begin(), opts_.addresses[k].end(), a) !=
+                                opts_.addresses[k].end()) {
+                error = "ip " + a.str() + " is guest " + opts_.guests[k] + "'s already";
+                return "";
+            }
     const uint16_t lid = free_lid();
     if (!lid) {
         error = "no free LID in this shim's range " + std::to_string(opts_.lid_base) + "-" +
@@ -534,6 +596,7 @@ std::string Daemon::add_guest(const std::string& spec, std::string& error) {
     opts_.pkeys.push_back(one.pkeys[0]);
     opts_.worker_of.push_back(int(w));
     opts_.weights.push_back(one.weights[0]);
+    opts_.addresses.push_back(one.addresses[0]);
     worker_of_.push_back(w);
     lids_.push_back(lid);
     Worker& worker = *workers_[w];
@@ -570,6 +633,11 @@ void Daemon::forget_guest(size_t i) {
         epoll_del(listeners_[i].get());
         listeners_[i].reset();
     }
+    if (i < cm_listeners_.size() && cm_listeners_[i]) {
+        epoll_del(cm_listeners_[i].get());
+        cm_listeners_[i].reset();
+    }
+    cm_.remove_guest(i);
     opts_.guests[i].clear();
     lids_[i] = 0;
 }

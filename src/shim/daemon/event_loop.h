@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "cm_service.h"
 #include "control_socket.h"
 #include "epoll_set.h"
 #include "hca_device.h"
@@ -50,12 +51,20 @@ public:
     static constexpr int kWorkerAnswerMs = 5000;
 
 private:
-    enum Kind : uint64_t { kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4, kMetrics = 5, kMetricsConn = 6 };
+    enum Kind : uint64_t {
+        kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4, kMetrics = 5, kMetricsConn = 6,
+        kCmListen = 7,  // a guest's rdma_cm.sock
+        kCmConn = 8,    // one of its connections (a channel of the CM)
+    };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
     void poll_events(int timeout_ms);
     void accept_all(size_t guest_index);
+    // rdma_cm (cm/): connections to guest `i`'s rdma_cm.sock, served in
+    // this thread by cm_.
+    void accept_cm(size_t guest_index);
+    void on_cm(uint64_t channel);
     // Accepts what waits on `listener` (the control socket, the metrics
     // port): each connection gets an id, is watched as `kind` and is handed
     // to `keep`; past 16 held (`held`) it is closed at once.
@@ -118,6 +127,8 @@ private:
     RunDir run_dir_;
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;
+    std::vector<UniqueFd> cm_listeners_;  // by guest index: RUN_DIR/NAME/rdma_cm.sock
+    cm::CmService cm_;
     UniqueFd control_;                           // RUN_DIR/control.sock
     std::string control_path_;
     std::map<uint64_t, UniqueFd> control_conns_;  // operator connections awaiting their request

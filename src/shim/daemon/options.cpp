@@ -21,7 +21,7 @@ const char* help_text() {
 
 SYNOPSIS
     vrdma-shim [--config FILE] [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
-               [:worker=K][:weight=W] [--guest ...] [--workers N] [--worker-cpus LIST]
+               [:worker=K][:weight=W][:ip=ADDR,...] [--guest ...] [--workers N] [--worker-cpus LIST]
                [--lid-base N] [--lid-count N]
                [--attach-timeout SECONDS]
                [--rkey-guess-limit N] [--qkey-guess-limit N]
@@ -60,7 +60,7 @@ OPTIONS
         without "--" (run-dir = "/run/vrdma", workers = 2, hca-local = true;
         [fabric] listen/peer/key/... for --fabric-*, [quota] KEY = N for
         --quota, one [[guest]] table per guest with name, owner, group,
-        pkeys, controlled-qkeys, worker, weight). It can say everything
+        pkeys, controlled-qkeys, worker, weight, ip = ["10.0.0.1"]). It can say everything
         the command line can; the command line overrides it (a --guest
         there replaces the file's guest of that name, --fabric-peer there
         replaces the file's peers). An error names the file and line.
@@ -86,6 +86,7 @@ OPTIONS
         fds opened without following links.
 
     --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K][:weight=W]
+            [:ip=ADDR[,ADDR...]]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given. More can be
@@ -131,6 +132,14 @@ OPTIONS
         of weight). A guest alone on its worker gets all of it whatever
         its weight. vrdmactl weight NAME W changes it while the shim
         runs; vrdmactl load shows each guest's weight and busy_s.
+        :ip=ADDR[,ADDR...] gives the guest IP addresses (1 to 16, IPv4 or
+        IPv6, each guest's its own) for rdma_cm: librdmacm programs run
+        under vrdma-run (rping, ucmatose, perftest -R) bind, listen on and
+        connect to them by address and port, and an address resolves to
+        the guest that has it. Every guest also has the loopback addresses
+        (127.0.0.1, ::1) and the wildcard, which mean the guest itself. A
+        guest may bind only its own addresses. Example:
+            vrdma-shim --guest a:ip=10.0.0.1 --guest b:ip=10.0.0.2,fd00::2
 
     --workers N
         Worker threads that serve the guests (1..64). Each worker serves
@@ -421,12 +430,32 @@ bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
     int worker = -1;
     uint32_t weight = 1;
     std::vector<uint16_t> table;
+    std::vector<cm::IpAddress> addrs;
     std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
     for (size_t start = 0; start < spec.size();) {
         size_t end = spec.find(':', start);
         if (end == std::string::npos) end = spec.size();
+        // An IPv6 address has colons of its own: ip= runs on to the next
+        // part that starts as one of the other keys.
+        if (spec.compare(start, 3, "ip=") == 0) {
+            static const char* const kKeys[] = {"owner=", "group=", "pkeys=", "controlled-qkeys", "worker=", "weight=", "ip="};
+            while (end < spec.size()) {
+                bool key = false;
+                for (const char* k : kKeys) key = key || spec.compare(end + 1, std::strlen(k), k) == 0;
+                if (key) break;
+                end = spec.find(':', end + 1);
+                if (end == std::string::npos) end = spec.size();
+            }
+        }
         std::string part = spec.substr(start, end - start);
-        if (part == "controlled-qkeys") {
+        if (part.rfind("ip=", 0) == 0) {
+            std::string why;
+            if (!addrs.empty() || !cm::parse_ip_list(part.substr(3), addrs, why)) {
+                error = "--guest " + g + ": ip= wants the guest's IP addresses for rdma_cm, ADDR[,ADDR...]: " +
+                        (why.empty() ? "given twice" : why);
+                return false;
+            }
+        } else if (part == "controlled-qkeys") {
             qkeys = true;
         } else if (part.rfind("worker=", 0) == 0) {
             uint32_t k;
@@ -468,12 +497,19 @@ bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
             error = "guest '" + g + "' given twice";
             return false;
         }
+    for (size_t k = 0; k < o.addresses.size(); ++k)
+        for (const cm::IpAddress& a : addrs)
+            if (std::find(o.addresses[k].begin(), o.addresses[k].end(), a) != o.addresses[k].end()) {
+                error = "--guest " + g + ": ip " + a.str() + " is guest " + o.guests[k] + "'s already";
+                return false;
+            }
     o.guests.push_back(g);
     o.access.push_back(acc);
     o.controlled_qkeys.push_back(qkeys);
     o.pkeys.push_back(table);
     o.worker_of.push_back(worker);
     o.weights.push_back(weight);
+    o.addresses.push_back(addrs);
     return true;
 }
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ip_address.h"
 #include "device_model.h"
 #include "guess_throttle.h"
 #include "guest_access.h"
@@ -22,6 +23,7 @@ struct Options {
     std::vector<std::vector<uint16_t>> pkeys;  // parallel to guests: :pkeys=..., empty: the default 0xffff
     std::vector<int> worker_of;  // parallel to guests: :worker=K, -1: round-robin
     std::vector<uint32_t> weights;  // parallel to guests: :weight=W (Engine::set_weight), 1 by default
+    std::vector<std::vector<cm::IpAddress>> addresses;  // parallel to guests: :ip=ADDR,... (rdma_cm)
     // --workers: worker threads (0: the default, default_workers()).
     uint32_t workers = 0;
     // --worker-cpus: the CPU each worker is pinned to, by worker (empty:

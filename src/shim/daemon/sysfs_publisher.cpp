@@ -66,6 +66,8 @@ bool GuestPublication::publish(int run_fd, const std::string& run_dir, const std
     char buf[64];
     std::vector<File> files = {
         {verbs, "abi_version", "6"},
+        // librdmacm reads the UCMA ABI here (the provider emulates the device).
+        {"sys/class/misc/rdma_cm", "abi_version", "4"},
         {verbs + "/" + uv, "ibdev", abi::kDeviceName},
         {verbs + "/" + uv, "abi_version", "1"},
         {verbs + "/" + uv, "dev", "1:3"},

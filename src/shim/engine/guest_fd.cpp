@@ -1,11 +1,15 @@
 #include "guest_fd.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
 
 #include "vrdma_common/log.h"
 
@@ -85,6 +89,32 @@ ssize_t guest_fd_read(int fd, void* buf, size_t len) {
     g.disarm();
     errno = e;
     return n;
+}
+
+bool guest_eventfd_add(int fd) {
+    const uint64_t one = 1;
+    Guard& g = guard();
+    g.arm(kGuestFdTimeoutMs);
+    ssize_t n = ::write(fd, &one, sizeof(one));
+    g.disarm();
+    return n == ssize_t(sizeof(one));
+}
+
+void guest_eventfd_take(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return;
+    uint64_t v;
+    Guard& g = guard();
+    g.arm(kGuestFdTimeoutMs);
+    (void)::read(fd, &v, sizeof(v));
+    g.disarm();
+}
+
+bool is_eventfd(int fd) {
+    char path[64], target[64] = {};
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    ssize_t n = ::readlink(path, target, sizeof(target) - 1);
+    return n > 0 && std::strcmp(target, "anon_inode:[eventfd]") == 0;
 }
 
 }  // namespace vrdma::shim

@@ -1,0 +1,291 @@
+// The LD_PRELOAD role of libvrdma for rdma_cm: the kernel's UCMA character
+// device, /dev/infiniband/rdma_cm, emulated for librdmacm (docs/protocol.md
+// "rdma_cm").
+//
+// librdmacm has no provider layer: it open()s the device, checks with
+// fstat() that it is a character device, and write()s each command, whose
+// response the kernel writes to a pointer inside the command. Here:
+//   open()   connects to the guest's rdma_cm.sock (the guest of vrdma0, in
+//            SYSFS_PATH) and returns an eventfd, which the shim counts up
+//            once per event it queues: poll and epoll on the fd say
+//            readable exactly while events wait, and O_NONBLOCK on it is
+//            what makes GET_EVENT return EAGAIN;
+//   fstat()  says S_IFCHR for such an fd;
+//   write()  forwards the command to the shim and copies the response to
+//            the command's response pointer; GET_EVENT first takes one
+//            count from the eventfd (blocking unless O_NONBLOCK);
+//   close()  hangs up, and the shim destroys the channel's ids.
+// Every other fd and path goes to libc untouched, for one atomic load.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+
+#include <rdma/rdma_user_cm.h>
+
+#include "vrdma/abi.h"
+#include "vrdma_common/fd_passing.h"
+#include "vrdma_common/log.h"
+#include "vrdma_common/trusted_dir.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace {
+
+constexpr const char* kDevicePath = "/dev/infiniband/rdma_cm";
+constexpr int kMaxFd = 1 << 16;
+
+struct CmFile {
+    vrdma::UniqueFd sock;
+    uint32_t channel_id = 0;
+    std::mutex mu;  // one request at a time on the socket
+};
+
+// By fd number (the eventfd's). Entries are never freed while in the table;
+// close() takes one out before it frees it.
+std::atomic<CmFile*> g_files[kMaxFd];
+
+CmFile* file_of(int fd) {
+    if (fd < 0 || fd >= kMaxFd) return nullptr;
+    return g_files[fd].load(std::memory_order_acquire);
+}
+
+template <typename Fn>
+Fn real(const char* name) {
+    return reinterpret_cast<Fn>(::dlsym(RTLD_NEXT, name));
+}
+using OpenFn = int (*)(const char*, int, ...);
+using WriteFn = ssize_t (*)(int, const void*, size_t);
+using CloseFn = int (*)(int);
+using FstatFn = int (*)(int, struct stat*);
+using Fstat64Fn = int (*)(int, struct stat64*);
+
+OpenFn real_open() {
+    static OpenFn fn = real<OpenFn>("open");
+    return fn;
+}
+OpenFn real_open64() {
+    static OpenFn fn = real<OpenFn>("open64");
+    return fn;
+}
+WriteFn real_write() {
+    static WriteFn fn = real<WriteFn>("write");
+    return fn;
+}
+CloseFn real_close() {
+    static CloseFn fn = real<CloseFn>("close");
+    return fn;
+}
+
+// RUN_DIR/NAME/rdma_cm.sock of vrdma0's guest, from its vrdma_socket attribute.
+bool cm_socket_path(std::string& out) {
+    const char* sysfs = std::getenv("SYSFS_PATH");
+    if (!sysfs) return false;
+    std::ifstream f(std::string(sysfs) + "/class/infiniband/" + vrdma::abi::kDeviceName + "/" +
+                    vrdma::abi::kSocketAttr);
+    std::string sock;
+    if (!f || !std::getline(f, sock)) return false;
+    const size_t slash = sock.rfind('/');
+    if (slash == std::string::npos) return false;
+    out = sock.substr(0, slash + 1) + vrdma::abi::kCmSocketName;
+    return true;
+}
+
+// One request and its reply; the response bytes go to `resp` (at most
+// `resp_len`). Returns 0 or an errno.
+int exchange(CmFile& f, vrdma::abi::CmSockOp op, const void* body, size_t len, int pass_fd, void* resp,
+             size_t resp_len, uint32_t* channel_id = nullptr) {
+    alignas(8) uint8_t buf[sizeof(vrdma::abi::CmSockRequest) + vrdma::abi::kCmMaxCommand];
+    if (len > vrdma::abi::kCmMaxCommand) return EINVAL;
+    vrdma::abi::CmSockRequest req{vrdma::abi::kMagic, vrdma::abi::kVersion, op, uint32_t(len)};
+    std::memcpy(buf, &req, sizeof(req));
+    if (len) std::memcpy(buf + sizeof(req), body, len);
+    std::lock_guard lock(f.mu);
+    int fds[1] = {pass_fd};
+    if (vrdma::send_with_fds(f.sock.get(), buf, sizeof(req) + len,
+                             std::span<const int>(fds, pass_fd >= 0 ? 1 : 0), MSG_NOSIGNAL) < 0)
+        return ENODEV;  // the shim is gone
+    alignas(8) uint8_t in[sizeof(vrdma::abi::CmSockReply) + vrdma::abi::kCmMaxResponse];
+    ssize_t n;
+    do {
+        n = ::recv(f.sock.get(), in, sizeof(in), 0);
+    } while (n < 0 && errno == EINTR);
+    vrdma::abi::CmSockReply rep;
+    if (n < ssize_t(sizeof(rep))) return ENODEV;
+    std::memcpy(&rep, in, sizeof(rep));
+    if (rep.magic != vrdma::abi::kMagic || rep.len > size_t(n) - sizeof(rep)) return EPROTO;
+    if (rep.status) return rep.status;
+    if (channel_id) *channel_id = rep.channel_id;
+    if (resp && resp_len) std::memcpy(resp, in + sizeof(rep), std::min<size_t>(rep.len, resp_len));
+    return 0;
+}
+
+int cm_open(int flags) {
+    std::string path;
+    if (!cm_socket_path(path)) {
+        errno = ENODEV;  // no vrdma device in this process: as a host without rdma_cm
+        return -1;
+    }
+    auto* f = new (std::nothrow) CmFile;
+    if (!f) {
+        errno = ENOMEM;
+        return -1;
+    }
+    std::string why;
+    int err = 0;
+    if (vrdma::connect_to_shim(path, f->sock, why, &err) != vrdma::ShimConnect::Ok) {
+        LOG_ERR("rdma_cm: cannot use %s: %s", path.c_str(), why.c_str());
+        delete f;
+        errno = err ? err : ENODEV;
+        return -1;
+    }
+    int efd = ::eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC | ((flags & O_NONBLOCK) ? EFD_NONBLOCK : 0));
+    if (efd < 0 || efd >= kMaxFd) {
+        err = efd < 0 ? errno : EMFILE;
+        if (efd >= 0) real_close()(efd);
+        delete f;
+        errno = err;
+        return -1;
+    }
+    if (int rc = exchange(*f, vrdma::abi::CmSockOp::Open, nullptr, 0, efd, nullptr, 0, &f->channel_id)) {
+        LOG_ERR("rdma_cm: the vrdma shim at %s refused the channel: %s", path.c_str(), std::strerror(rc));
+        real_close()(efd);
+        delete f;
+        errno = rc;
+        return -1;
+    }
+    g_files[efd].store(f, std::memory_order_release);
+    return efd;
+}
+
+ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
+    rdma_ucm_cmd_hdr hdr;
+    if (len < sizeof(hdr)) {
+        errno = EINVAL;
+        return -1;
+    }
+    std::memcpy(&hdr, buf, sizeof(hdr));
+    if (sizeof(hdr) + hdr.in > len || sizeof(hdr) + hdr.in > vrdma::abi::kCmMaxCommand) {
+        errno = EINVAL;
+        return -1;
+    }
+    alignas(8) uint8_t cmd[vrdma::abi::kCmMaxCommand];
+    size_t cmd_len = sizeof(hdr) + hdr.in;
+    std::memcpy(cmd, buf, cmd_len);
+    uint8_t* body = cmd + sizeof(hdr);
+    // Where the kernel would write the response: the first field, but for
+    // CREATE_ID, whose first field is the caller's uid.
+    uint64_t response = 0;
+    const size_t resp_at = hdr.cmd == RDMA_USER_CM_CMD_CREATE_ID ? 8 : 0;
+    if (hdr.out && hdr.in >= resp_at + 8) std::memcpy(&response, body + resp_at, 8);
+
+    if (hdr.cmd == RDMA_USER_CM_CMD_SET_OPTION) {  // its value travels after it
+        rdma_ucm_set_option so{};
+        std::memcpy(&so, body, std::min<size_t>(hdr.in, sizeof(so)));
+        if (so.optlen > 256 || cmd_len + so.optlen > sizeof(cmd) || (so.optlen && !so.optval)) {
+            errno = EINVAL;
+            return -1;
+        }
+        std::memcpy(cmd + cmd_len, reinterpret_cast<const void*>(uintptr_t(so.optval)), so.optlen);
+        cmd_len += so.optlen;
+    } else if (hdr.cmd == RDMA_USER_CM_CMD_MIGRATE_ID) {  // an fd here is a channel id there
+        rdma_ucm_migrate_id m{};
+        std::memcpy(&m, body, std::min<size_t>(hdr.in, sizeof(m)));
+        CmFile* from = file_of(int(m.fd));
+        if (!from) {
+            errno = EBADF;
+            return -1;
+        }
+        m.fd = from->channel_id;
+        std::memcpy(body, &m, std::min<size_t>(hdr.in, sizeof(m)));
+    }
+    for (;;) {
+        if (hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) {
+            uint64_t one;
+            if (::read(fd, &one, sizeof(one)) < 0) return -1;  // EAGAIN (O_NONBLOCK) or EINTR
+        }
+        const int rc = exchange(f, vrdma::abi::CmSockOp::Command, cmd, cmd_len, -1,
+                                reinterpret_cast<void*>(uintptr_t(response)), response ? hdr.out : 0);
+        if (rc == EAGAIN && hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) continue;  // its event went with its id
+        if (rc) {
+            errno = rc;
+            return -1;
+        }
+        return ssize_t(len);
+    }
+}
+
+void fake_char_device(struct stat& st) {
+    st.st_mode = S_IFCHR | 0666;
+    st.st_rdev = makedev(10, 58);
+}
+
+}  // namespace
+
+extern "C" {
+
+[[gnu::visibility("default")]] int open(const char* path, int flags, ...) {
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = mode_t(va_arg(ap, int));
+        va_end(ap);
+    }
+    if (std::strcmp(path, kDevicePath) == 0) return cm_open(flags);
+    return real_open()(path, flags, mode);
+}
+
+[[gnu::visibility("default")]] int open64(const char* path, int flags, ...) {
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = mode_t(va_arg(ap, int));
+        va_end(ap);
+    }
+    if (std::strcmp(path, kDevicePath) == 0) return cm_open(flags);
+    return real_open64()(path, flags, mode);
+}
+
+[[gnu::visibility("default")]] ssize_t write(int fd, const void* buf, size_t len) {
+    if (CmFile* f = file_of(fd)) return cm_write(fd, *f, buf, len);
+    return real_write()(fd, buf, len);
+}
+
+[[gnu::visibility("default")]] int close(int fd) {
+    if (fd >= 0 && fd < kMaxFd) {
+        if (CmFile* f = g_files[fd].exchange(nullptr, std::memory_order_acq_rel)) delete f;
+    }
+    return real_close()(fd);
+}
+
+[[gnu::visibility("default")]] int fstat(int fd, struct stat* st) {
+    static FstatFn fn = real<FstatFn>("fstat");
+    const int rc = fn(fd, st);
+    if (rc == 0 && file_of(fd)) fake_char_device(*st);
+    return rc;
+}
+
+[[gnu::visibility("default")]] int fstat64(int fd, struct stat64* st) {
+    static Fstat64Fn fn = real<Fstat64Fn>("fstat64");
+    const int rc = fn(fd, st);
+    if (rc == 0 && file_of(fd)) {
+        st->st_mode = S_IFCHR | 0666;
+        st->st_rdev = makedev(10, 58);
+    }
+    return rc;
+}
+
+}  // extern "C"

@@ -1,0 +1,179 @@
+// The connection manager behind rdma_cm (docs/protocol.md "rdma_cm").
+//
+// librdmacm drives the kernel's UCMA device by write()ing commands to it;
+// the provider forwards each one, unchanged, over the guest's rdma_cm.sock
+// to this service, which plays the kernel's part: CM ids, bound addresses
+// and ports, address and route resolution from the guests' IP addresses
+// (--guest NAME:ip=...), and the CM exchange between two ids (REQ, REP,
+// RTU, REJ, DREQ, DREP, and SIDR for UD) carried out in place, as both ends
+// are guests of this shim. Events are queued per channel (one open() of
+// the device) and counted in the channel's eventfd, which is the fd
+// librdmacm polls.
+//
+// It runs in the daemon's thread (the control plane) and never touches a
+// guest's memory: every command arrives in a socket message, is copied and
+// checked, and its response leaves in the reply. A guest reaches only its
+// own channels and ids, binds only its own addresses, and is held to
+// kMaxChannels, kMaxIds and kMaxEvents.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_user_cm.h>
+
+#include "ip_address.h"
+#include "vrdma_common/unique_fd.h"
+
+namespace vrdma::shim::cm {
+
+// The events of rdma_cm(7), numbered as the kernel reports them (librdmacm's
+// enum rdma_cm_event_type; the shim does not need librdmacm's headers).
+enum CmEvent : uint32_t {
+    kAddrResolved = 0, kAddrError = 1, kRouteResolved = 2, kRouteError = 3,
+    kConnectRequest = 4, kConnectResponse = 5, kConnectError = 6, kUnreachable = 7,
+    kRejected = 8, kEstablished = 9, kDisconnected = 10, kDeviceRemoval = 11,
+};
+
+// What the CM knows of a guest of this shim.
+struct CmGuest {
+    std::string name;
+    uint16_t lid = 0;
+    uint64_t guid = 0;  // host order; the GID is fe80::GUID
+    uint16_t pkey = 0xffff;
+    std::vector<IpAddress> addrs;
+};
+
+class CmService {
+public:
+    static constexpr uint32_t kMaxChannels = 64;     // per guest: open()s of rdma_cm
+    static constexpr uint32_t kMaxIds = 4096;        // per guest
+    static constexpr uint32_t kMaxEvents = 16384;    // queued per channel
+
+    // Guest `index` (the daemon's) is served, or is no longer: its
+    // channels close, and the peers of its ids see them go.
+    void set_guest(size_t index, CmGuest g);
+    void remove_guest(size_t index);
+
+    // A connection accepted on guest `index`'s rdma_cm.sock. Returns its
+    // channel id (the daemon watches `sock` under it), or 0 when the guest
+    // holds kMaxChannels (the socket is closed).
+    uint64_t add_connection(size_t index, UniqueFd sock);
+    int socket_of(uint64_t channel) const;
+    // Reads and answers one message. False: close the channel.
+    bool on_readable(uint64_t channel);
+    void close_channel(uint64_t channel);
+    size_t channel_count() const { return channels_.size(); }
+
+    // One UCMA command (header and body, `extra` bytes of SET_OPTION's
+    // value after it) on `channel`: the response bytes for the command's
+    // response pointer, or a positive errno. Public for the fuzz target.
+    int command(uint64_t channel, const uint8_t* cmd, size_t len, std::vector<uint8_t>& response);
+
+private:
+    enum class State {
+        Idle, Bound, AddrResolved, RouteResolved, Listen,
+        Connecting,   // active: REQ (or SIDR REQ) sent
+        ReqReceived,  // passive: a connection request not yet answered
+        RepSent,      // passive: accepted, waiting for the RTU
+        RepReceived,  // active: accepted by the peer, its RTU (ACCEPT) not yet sent
+        Established,
+        DreqSent,     // disconnected here, waiting for the peer's DREP
+        DreqReceived, // the peer disconnected; our DREP is owed
+        Closed,       // rejected, unreachable or disconnected: only destroy remains
+    };
+    struct Id {
+        uint32_t handle = 0;
+        uint64_t uid = 0;
+        uint64_t channel = 0;
+        size_t guest = 0;
+        uint16_t ps = 0;
+        uint8_t qp_type = 0;
+        State state = State::Idle;
+        Endpoint src, dst;
+        bool bound = false;        // holds src.port in its guest's port space
+        bool reuseaddr = false;
+        bool afonly = false;
+        bool dst_known = false;    // dst resolved to peer_guest
+        size_t peer_guest = 0;
+        uint32_t peer = 0;         // the id at the other end (0: none or gone)
+        uint32_t listener = 0;     // ReqReceived: the listen id that took the request
+        uint32_t backlog = 0, pending = 0;  // Listen
+        uint32_t qp_num = 0, psn = 0, qkey = 0;
+        uint32_t peer_qp_num = 0, peer_psn = 0;
+        uint8_t responder_resources = 0, initiator_depth = 0;
+        uint8_t retry_count = 7, rnr_retry_count = 7, srq = 0;
+        uint32_t events_reported = 0;
+    };
+    struct Event {
+        uint32_t handle;  // the id it is about (dropped with it)
+        rdma_ucm_event_resp resp;
+    };
+    struct Channel {
+        uint64_t id = 0;
+        size_t guest = 0;
+        UniqueFd sock;
+        UniqueFd eventfd;  // the guest's: +1 per event queued
+        std::deque<Event> events;
+        std::set<uint32_t> ids;
+    };
+    struct PortKey {
+        size_t guest;
+        uint16_t ps;
+        uint16_t port;
+        auto operator<=>(const PortKey&) const = default;
+    };
+
+    // Commands (ucma_commands.cpp), each with its body copied out.
+    int create_id(Channel& ch, const rdma_ucm_create_id& c, std::vector<uint8_t>& out);
+    int destroy_id(Channel& ch, uint32_t handle, std::vector<uint8_t>& out);
+    int bind_ip(Channel& ch, const rdma_ucm_bind_ip& c);
+    int resolve_ip(Channel& ch, const rdma_ucm_resolve_ip& c);
+    int resolve_route(Channel& ch, const rdma_ucm_resolve_route& c);
+    int query_route(Channel& ch, uint32_t handle, std::vector<uint8_t>& out);
+    int connect(Channel& ch, const rdma_ucm_connect& c);
+    int listen(Channel& ch, const rdma_ucm_listen& c);
+    int accept(Channel& ch, const rdma_ucm_accept& c);
+    int reject(Channel& ch, const rdma_ucm_reject& c);
+    int disconnect(Channel& ch, uint32_t handle);
+    int init_qp_attr(Channel& ch, const rdma_ucm_init_qp_attr& c, std::vector<uint8_t>& out);
+    int get_event(Channel& ch, std::vector<uint8_t>& out);
+    int set_option(Channel& ch, const rdma_ucm_set_option& c, const uint8_t* value, size_t len);
+    int migrate_id(Channel& ch, const rdma_ucm_migrate_id& c, std::vector<uint8_t>& out);
+
+    // The CM exchange (cm_service.cpp).
+    Id* find(const Channel& ch, uint32_t handle);
+    Id* id_of(uint32_t handle);
+    Id& new_id(Channel& ch, uint16_t ps, uint8_t qp_type, uint64_t uid);
+    void drop_id(uint32_t handle);  // destroy's side effects on the peer, then gone
+    int bind(Id& id, const Endpoint& at);
+    bool owns(size_t guest, const IpAddress& ip) const;
+    // The guest whose address `ip` is (loopback and wildcard: `self`).
+    bool guest_of(const IpAddress& ip, size_t self, size_t& out) const;
+    Id* find_listener(size_t guest, uint16_t ps, const Endpoint& dst);
+    void queue(Id& id, uint32_t event, int32_t status, uint64_t uid);
+    Event& queue_event(Id& id, uint32_t event, int32_t status);
+    void fill_conn(rdma_ucm_conn_param& p, const Id& from, const uint8_t* pdata, uint8_t pdata_len);
+    void fill_ah(ib_uverbs_ah_attr& ah, const Id& to) const;
+    void fill_path(ib_user_path_rec& p, const Id& id) const;
+    void gid_of(size_t guest, uint8_t gid[16]) const;
+    // The peer ends its side (DREQ or DREP arrived, or it went away).
+    void peer_disconnected(Id& id);
+    void close_channel_ids(Channel& ch);
+
+    std::map<size_t, CmGuest> guests_;
+    std::map<size_t, uint32_t> guest_channels_, guest_ids_;
+    std::map<uint64_t, Channel> channels_;
+    std::map<uint32_t, Id> ids_;
+    std::map<PortKey, std::vector<uint32_t>> ports_;  // bound ids by guest, port space and port
+    uint64_t next_channel_ = 1;
+    uint32_t next_handle_ = 1;
+    uint16_t next_ephemeral_ = 0;
+};
+
+}  // namespace vrdma::shim::cm

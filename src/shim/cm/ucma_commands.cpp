@@ -1,0 +1,349 @@
+// The UCMA commands as the kernel's rdma_ucm module takes them (include/
+// rdma/rdma_user_cm.h): each body is copied out of the message into a
+// zeroed struct (a shorter body, from an older librdmacm, leaves the rest
+// zero, as the kernel does), checked, and answered with the bytes the
+// kernel would write to the command's response pointer.
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include <rdma/ib_user_verbs.h>
+#include <rdma/ib_user_sa.h>
+
+#include "cm_service.h"
+#include "guest_fd.h"
+#include "vrdma/abi.h"
+#include "vrdma_common/fd_passing.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim::cm {
+namespace {
+
+template <typename T>
+T body_of(const uint8_t* body, size_t in) {
+    T t{};
+    std::memcpy(&t, body, std::min(in, sizeof(T)));
+    return t;
+}
+
+template <typename T>
+void respond(std::vector<uint8_t>& out, const T& resp) {
+    out.resize(sizeof(T));
+    std::memcpy(out.data(), &resp, sizeof(T));
+}
+
+bool send_reply(int sock, int status, const std::vector<uint8_t>& payload, uint32_t channel_id) {
+    uint8_t buf[sizeof(abi::CmSockReply) + abi::kCmMaxResponse];
+    abi::CmSockReply r{abi::kMagic, status, uint32_t(payload.size()), channel_id};
+    std::memcpy(buf, &r, sizeof(r));
+    std::memcpy(buf + sizeof(r), payload.data(), payload.size());
+    const size_t n = sizeof(r) + payload.size();
+    return ::send(sock, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(n);
+}
+
+}  // namespace
+
+int CmService::command(uint64_t channel, const uint8_t* cmd, size_t len, std::vector<uint8_t>& out) {
+    out.clear();
+    auto cit = channels_.find(channel);
+    if (cit == channels_.end()) return EBADF;
+    Channel& ch = cit->second;
+    rdma_ucm_cmd_hdr hdr;
+    if (len < sizeof(hdr)) return EINVAL;
+    std::memcpy(&hdr, cmd, sizeof(hdr));
+    if (sizeof(hdr) + hdr.in > len) return EINVAL;
+    const uint8_t* body = cmd + sizeof(hdr);
+    const uint8_t* extra = body + hdr.in;
+    const size_t extra_len = len - sizeof(hdr) - hdr.in;
+    int rc;
+    switch (hdr.cmd) {
+    case RDMA_USER_CM_CMD_CREATE_ID:
+        rc = create_id(ch, body_of<rdma_ucm_create_id>(body, hdr.in), out);
+        break;
+    case RDMA_USER_CM_CMD_DESTROY_ID:
+        rc = destroy_id(ch, body_of<rdma_ucm_destroy_id>(body, hdr.in).id, out);
+        break;
+    case RDMA_USER_CM_CMD_BIND_IP:
+        rc = bind_ip(ch, body_of<rdma_ucm_bind_ip>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_BIND:  // AF_IB: librdmacm then keeps to the IP commands
+    case RDMA_USER_CM_CMD_RESOLVE_ADDR:
+    case RDMA_USER_CM_CMD_QUERY:
+        rc = EAFNOSUPPORT;
+        break;
+    case RDMA_USER_CM_CMD_RESOLVE_IP:
+        rc = resolve_ip(ch, body_of<rdma_ucm_resolve_ip>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_RESOLVE_ROUTE:
+        rc = resolve_route(ch, body_of<rdma_ucm_resolve_route>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_QUERY_ROUTE:
+        rc = query_route(ch, body_of<rdma_ucm_query>(body, hdr.in).id, out);
+        break;
+    case RDMA_USER_CM_CMD_CONNECT:
+        rc = connect(ch, body_of<rdma_ucm_connect>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_LISTEN:
+        rc = listen(ch, body_of<rdma_ucm_listen>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_ACCEPT:
+        rc = accept(ch, body_of<rdma_ucm_accept>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_REJECT:
+        rc = reject(ch, body_of<rdma_ucm_reject>(body, hdr.in));
+        break;
+    case RDMA_USER_CM_CMD_DISCONNECT:
+        rc = disconnect(ch, body_of<rdma_ucm_disconnect>(body, hdr.in).id);
+        break;
+    case RDMA_USER_CM_CMD_INIT_QP_ATTR:
+        rc = init_qp_attr(ch, body_of<rdma_ucm_init_qp_attr>(body, hdr.in), out);
+        break;
+    case RDMA_USER_CM_CMD_GET_EVENT:
+        rc = get_event(ch, out);
+        break;
+    case RDMA_USER_CM_CMD_SET_OPTION:
+        rc = set_option(ch, body_of<rdma_ucm_set_option>(body, hdr.in), extra, extra_len);
+        break;
+    case RDMA_USER_CM_CMD_NOTIFY:
+        rc = find(ch, body_of<rdma_ucm_notify>(body, hdr.in).id) ? 0 : ENOENT;
+        break;
+    case RDMA_USER_CM_CMD_MIGRATE_ID:
+        rc = migrate_id(ch, body_of<rdma_ucm_migrate_id>(body, hdr.in), out);
+        break;
+    default:  // GET_OPTION (the kernel has none either) and multicast, not served yet
+        rc = ENOSYS;
+        break;
+    }
+    if (rc) {
+        out.clear();
+        return rc;
+    }
+    // The response must fit where librdmacm said it has room (an event may
+    // be cut at its ECE, which older libraries do not know).
+    size_t need = out.size();
+    if (hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT)
+        need = offsetof(rdma_ucm_event_resp, reserved);
+    if (hdr.out < need) {
+        out.clear();
+        return ENOSPC;
+    }
+    if (out.size() > hdr.out) out.resize(hdr.out);
+    return 0;
+}
+
+bool CmService::on_readable(uint64_t channel) {
+    auto it = channels_.find(channel);
+    if (it == channels_.end()) return false;
+    Channel& ch = it->second;
+    alignas(8) uint8_t buf[sizeof(abi::CmSockRequest) + abi::kCmMaxCommand];
+    std::vector<UniqueFd> fds;
+    long n = recv_with_fds(ch.sock.get(), buf, sizeof(buf), fds);
+    if (n == -EAGAIN || n == -EWOULDBLOCK) return true;
+    if (n <= 0) return false;
+    abi::CmSockRequest req;
+    std::vector<uint8_t> out;
+    if (size_t(n) < sizeof(req)) return send_reply(ch.sock.get(), EINVAL, out, 0), false;
+    std::memcpy(&req, buf, sizeof(req));
+    if (req.magic != abi::kMagic || req.version != abi::kVersion || req.len != size_t(n) - sizeof(req))
+        return send_reply(ch.sock.get(), EPROTO, out, 0), false;
+    if (req.op == abi::CmSockOp::Open) {
+        if (ch.eventfd || fds.size() != 1 || !is_eventfd(fds[0].get()))
+            return send_reply(ch.sock.get(), EINVAL, out, 0), false;
+        ch.eventfd = std::move(fds[0]);
+        return send_reply(ch.sock.get(), 0, out, uint32_t(ch.id));
+    }
+    if (req.op != abi::CmSockOp::Command || !ch.eventfd || !fds.empty())
+        return send_reply(ch.sock.get(), EINVAL, out, 0), false;
+    const int rc = command(channel, buf + sizeof(req), req.len, out);
+    // The command may have closed channels (MIGRATE_ID never does; a
+    // destroy does not): `ch` is still this one.
+    return send_reply(ch.sock.get(), rc, out, 0);
+}
+
+int CmService::create_id(Channel& ch, const rdma_ucm_create_id& c, std::vector<uint8_t>& out) {
+    if (c.ps != RDMA_PS_TCP && c.ps != RDMA_PS_UDP && c.ps != RDMA_PS_IPOIB && c.ps != RDMA_PS_IB) return EINVAL;
+    if (c.qp_type != IBV_QPT_RC && c.qp_type != IBV_QPT_UD && c.qp_type != IBV_QPT_UC) return EINVAL;
+    if (guest_ids_[ch.guest] >= kMaxIds) return ENOMEM;
+    Id& id = new_id(ch, c.ps, c.qp_type, c.uid);
+    rdma_ucm_create_id_resp resp{};
+    resp.id = id.handle;
+    respond(out, resp);
+    return 0;
+}
+
+int CmService::destroy_id(Channel& ch, uint32_t handle, std::vector<uint8_t>& out) {
+    Id* id = find(ch, handle);
+    if (!id) return ENOENT;
+    rdma_ucm_destroy_id_resp resp{};
+    resp.events_reported = id->events_reported;
+    drop_id(handle);
+    respond(out, resp);
+    return 0;
+}
+
+int CmService::bind_ip(Channel& ch, const rdma_ucm_bind_ip& c) {
+    Id* id = find(ch, c.id);
+    if (!id) return ENOENT;
+    Endpoint at;
+    if (!endpoint_from_sockaddr(&c.addr, sizeof(c.addr), at)) return EAFNOSUPPORT;
+    if (id->state != State::Idle) return EINVAL;
+    return bind(*id, at);
+}
+
+int CmService::query_route(Channel& ch, uint32_t handle, std::vector<uint8_t>& out) {
+    Id* id = find(ch, handle);
+    if (!id) return ENOENT;
+    rdma_ucm_query_route_resp resp{};
+    // A device is known once the id has an address of its guest (the
+    // wildcard has none, as in the kernel).
+    if (id->src.ip.family != AF_UNSPEC && !id->src.ip.is_any()) {
+        resp.node_guid = htobe64(guests_.at(id->guest).guid);
+        resp.port_num = 1;
+        resp.ibdev_index = 0xffffffff;  // librdmacm then matches the device by GUID
+        gid_of(id->guest, resp.ib_route[0].sgid);
+        if (id->dst_known) gid_of(id->peer_guest, resp.ib_route[0].dgid);
+        resp.ib_route[0].pkey = htobe16(guests_.at(id->guest).pkey);
+    }
+    if (id->dst_known && id->state != State::AddrResolved && id->state != State::Bound) {
+        fill_path(resp.ib_route[0], *id);
+        resp.num_paths = 1;
+    }
+    endpoint_to_sockaddr(id->src, &resp.src_addr, sizeof(resp.src_addr));
+    if (id->dst_known) endpoint_to_sockaddr(id->dst, &resp.dst_addr, sizeof(resp.dst_addr));
+    respond(out, resp);
+    return 0;
+}
+
+int CmService::init_qp_attr(Channel& ch, const rdma_ucm_init_qp_attr& c, std::vector<uint8_t>& out) {
+    Id* id = find(ch, c.id);
+    if (!id) return ENOENT;
+    ib_uverbs_qp_attr a{};
+    a.qp_state = c.qp_state;
+    const bool connected = id->peer_qp_num != 0;
+    switch (c.qp_state) {
+    case IBV_QPS_INIT:
+        a.qp_attr_mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT;
+        a.port_num = 1;
+        a.pkey_index = 0;
+        if (id->qp_type == IBV_QPT_UD) {
+            a.qkey = id->qkey;
+            a.qp_attr_mask |= IBV_QP_QKEY;
+        } else {
+            // Remote access is granted once a connection gives a peer.
+            if (connected)
+                a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
+                                    (id->responder_resources ? IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC : 0);
+            a.qp_attr_mask |= IBV_QP_ACCESS_FLAGS;
+        }
+        break;
+    case IBV_QPS_RTR:
+        if (id->qp_type == IBV_QPT_UD) {
+            a.qp_attr_mask = IBV_QP_STATE;
+            break;
+        }
+        if (!connected) return EINVAL;
+        a.qp_attr_mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                         IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+        fill_ah(a.ah_attr, *id);
+        a.path_mtu = IBV_MTU_4096;
+        a.dest_qp_num = id->peer_qp_num;
+        a.rq_psn = id->peer_psn;
+        a.max_dest_rd_atomic = id->responder_resources;
+        a.min_rnr_timer = 12;
+        if (id->qp_type == IBV_QPT_UC)
+            a.qp_attr_mask &= ~(IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        break;
+    case IBV_QPS_RTS:
+        a.qp_attr_mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+        a.sq_psn = id->psn;
+        if (id->qp_type == IBV_QPT_RC) {
+            if (!connected) return EINVAL;
+            a.qp_attr_mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+            a.timeout = 14;
+            a.retry_cnt = id->retry_count;
+            a.rnr_retry = id->rnr_retry_count;
+            a.max_rd_atomic = id->initiator_depth;
+        }
+        break;
+    default:
+        return EINVAL;
+    }
+    respond(out, a);
+    return 0;
+}
+
+int CmService::get_event(Channel& ch, std::vector<uint8_t>& out) {
+    if (ch.events.empty()) return EAGAIN;  // its count was taken back (the id went): the provider waits again
+    Event e = ch.events.front();
+    ch.events.pop_front();
+    if (Id* id = id_of(e.handle)) ++id->events_reported;
+    respond(out, e.resp);
+    return 0;
+}
+
+int CmService::set_option(Channel& ch, const rdma_ucm_set_option& c, const uint8_t* value, size_t len) {
+    Id* id = find(ch, c.id);
+    if (!id) return ENOENT;
+    if (c.optlen != len) return EINVAL;
+    auto int_value = [&](int& v) {
+        if (len != sizeof(int)) return false;
+        std::memcpy(&v, value, sizeof(int));
+        return true;
+    };
+    int v = 0;
+    if (c.level == RDMA_OPTION_ID) {
+        switch (c.optname) {
+        case RDMA_OPTION_ID_TOS:
+            return len == 1 ? 0 : EINVAL;  // one traffic class: accepted and ignored
+        case RDMA_OPTION_ID_REUSEADDR:
+            if (!int_value(v)) return EINVAL;
+            if (id->state != State::Idle) return EINVAL;
+            id->reuseaddr = v != 0;
+            return 0;
+        case RDMA_OPTION_ID_AFONLY:
+            if (!int_value(v)) return EINVAL;
+            if (id->state != State::Idle) return EINVAL;
+            id->afonly = v != 0;
+            return 0;
+        case RDMA_OPTION_ID_ACK_TIMEOUT:
+            return len == 1 ? 0 : EINVAL;
+        default:
+            return ENOSYS;
+        }
+    }
+    if (c.level == RDMA_OPTION_IB && c.optname == RDMA_OPTION_IB_PATH)
+        return EINVAL;  // the shim knows the path: rdma_resolve_route asks it instead
+    return ENOSYS;
+}
+
+int CmService::migrate_id(Channel& ch, const rdma_ucm_migrate_id& c, std::vector<uint8_t>& out) {
+    // Sent on the target channel; `fd` names the channel the id is on.
+    auto from = channels_.find(c.fd);
+    if (from == channels_.end() || from->second.guest != ch.guest) return EBADF;
+    Id* id = find(from->second, c.id);
+    if (!id) return ENOENT;
+    if (&from->second != &ch) {
+        std::deque<Event> keep;
+        for (Event& e : from->second.events) {
+            if (e.handle != c.id) {
+                keep.push_back(e);
+                continue;
+            }
+            guest_eventfd_take(from->second.eventfd.get());
+            ch.events.push_back(e);
+            (void)guest_eventfd_add(ch.eventfd.get());
+        }
+        from->second.events.swap(keep);
+        from->second.ids.erase(c.id);
+        ch.ids.insert(c.id);
+        id->channel = ch.id;
+    }
+    rdma_ucm_migrate_resp resp{};
+    resp.events_reported = id->events_reported;
+    respond(out, resp);
+    return 0;
+}
+
+}  // namespace vrdma::shim::cm
