@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12's archive, what vrdma needs to build, test (clang
-# and its libFuzzer runtime: scripts/fuzz.sh; python3-pyverbs: rdma-core's
+# and its libFuzzer runtime: scripts/fuzz.sh; librdmacm-dev and rdmacm-utils:
+# the rdma_cm tests; python3-pyverbs: rdma-core's
 # own test suite, integration.rdma_core_tests; libtoml11-dev: the shim's
 # --config; python3-prometheus-client: integration.metrics; lintian:
 # integration.package; podman and runc: integration.cdi; iptables: packet loss in the
@@ -12,6 +13,7 @@ set -euo pipefail
 packages=(
     build-essential cmake pkg-config git
     libibverbs-dev ibverbs-utils rdma-core perftest python3-pyverbs
+    librdmacm-dev rdmacm-utils
     openmpi-bin libopenmpi-dev ucx-utils
     libfmt-dev catch2 libssl-dev libtoml11-dev python3-prometheus-client
     iproute2 procps iptables iperf3 lintian podman runc

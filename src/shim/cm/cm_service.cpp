@@ -319,6 +319,10 @@ int CmService::listen(Channel& ch, const rdma_ucm_listen& c) {
             (o->src.ip.is_any() || id->src.ip.is_any() || o->src.ip == id->src.ip))
             return EADDRINUSE;
     }
+    if (id->state != State::Listen)
+        LOG_INFO("guest %s: rdma_cm: listening on %s port %u (%s)", guests_.at(id->guest).name.c_str(),
+                 id->src.ip.is_any() ? "*" : id->src.ip.str().c_str(), id->src.port,
+                 id->ps == RDMA_PS_UDP ? "udp" : id->ps == RDMA_PS_IB ? "ib" : id->ps == RDMA_PS_IPOIB ? "ipoib" : "tcp");
     id->state = State::Listen;
     id->backlog = c.backlog > 0 && c.backlog < 1024 ? c.backlog : 1024;
     return 0;
@@ -364,6 +368,10 @@ int CmService::connect(Channel& ch, const rdma_ucm_connect& c) {
     p.peer_guest = id.guest;
     p.retry_count = id.retry_count;
     p.reuseaddr = l->reuseaddr;
+    // Until ACCEPT says otherwise, the passive side serves as many reads as
+    // the active side may issue, and issues as many as it serves.
+    p.responder_resources = id.initiator_depth;
+    p.initiator_depth = id.responder_resources;
 
     Event& e = queue_event(p, kConnectRequest, 0);
     e.handle = l->handle;  // the listener's event (librdmacm acks it on the listener), about the new id

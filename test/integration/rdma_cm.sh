@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# rdma_cm (docs/protocol.md "rdma_cm"): unmodified librdmacm programs from
+# Debian's rdmacm-utils and perftest connect by IP address between guest a
+# (10.0.0.1, fd00::1) and guest b (10.0.0.2, fd00::2) of one shim, with
+# data checked where the program checks it; then the API cases
+# (vrdma-rdma-cm-tests: EAGAIN, destroy with unacked events, binding
+# another guest's address, ports in use, ADDR_ERROR, REJECTED, backlog,
+# migrate) and the failures a user sees: an unknown address, a port in
+# use, another guest's address, a peer killed with kill -9.
+source "$(dirname "$0")/lib.sh"
+start_shim a:ip=10.0.0.1,fd00::1 b:ip=10.0.0.2,fd00::2
+
+# cm_pair NAME PORT SERVER... -- CLIENT...: SERVER in guest a, once the
+# shim logs its listen on PORT; then CLIENT in guest b; both must exit 0.
+cm_pair() {
+    local name="$1" port="$2"
+    shift 2
+    local server=() client=()
+    while [ "$1" != -- ]; do server+=("$1"); shift; done
+    shift
+    client=("$@")
+    note "$name: ${server[*]}  <-  ${client[*]}"
+    local out="$RUN_DIR.out.$name"
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "${server[@]}" >"$out.server" 2>&1 &
+    local spid=$! src=0 crc=0
+    wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port $port " 20
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "${client[@]}" >"$out.client" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    tail -n 4 "$out.server" | sed 's/^/  server| /'
+    tail -n 4 "$out.client" | sed 's/^/  client| /'
+    [ "$src" -eq 0 ] || fail "$name: server exited $src"
+    [ "$crc" -eq 0 ] || fail "$name: client exited $crc"
+    CLIENT_OUT="$(cat "$out.client")"
+    rm -f "$out.server" "$out.client"
+}
+
+# rping verifies every ping (-v prints each); 20 of 4 KiB.
+cm_pair rping 7174 rping -s -a 10.0.0.1 -C 20 -S 4096 -- rping -c -a 10.0.0.1 -C 20 -S 4096 -v
+[ "$(grep -c '^ping data: rdma-ping-' <<<"$CLIENT_OUT")" -eq 20 ] || fail "rping: not 20 pings"
+cm_pair rping-ipv6 7175 rping -s -a fd00::1 -p 7175 -C 5 -- rping -c -a fd00::1 -p 7175 -C 5 -v
+grep -q '^ping data: rdma-ping-4' <<<"$CLIENT_OUT" || fail "rping over IPv6: no 5th ping"
+cm_pair ucmatose 7471 ucmatose -c 4 -C 10 -- ucmatose -s 10.0.0.1 -c 4 -C 10
+grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "ucmatose: no 'return status 0'"
+cm_pair rdma_server 7471 rdma_server -s 10.0.0.1 -- rdma_client -s 10.0.0.1
+cm_pair udaddy 7174 udaddy -- udaddy -s 10.0.0.1
+grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "udaddy: no 'return status 0'"
+# rsockets over rdma_cm: blocking and non-blocking, each byte verified (-T v).
+cm_pair rstream-blocking 7471 rstream -T b -T v -S 65536 -C 50 -- rstream -s 10.0.0.1 -T b -T v -S 65536 -C 50
+cm_pair rstream-nonblocking 7471 rstream -T n -T v -S 4096 -C 50 -- rstream -s 10.0.0.1 -T n -T v -S 4096 -C 50
+cm_pair riostream 7471 riostream -T b -T v -S 65536 -C 50 -- riostream -s 10.0.0.1 -T b -T v -S 65536 -C 50
+# perftest with -R: connections by rdma_cm (perftest checks no data).
+cm_pair ib_write_bw 18515 ib_write_bw -R -d vrdma0 -n 200 -- ib_write_bw -R -d vrdma0 -n 200 10.0.0.1
+cm_pair ib_read_bw 18515 ib_read_bw -R -d vrdma0 -n 200 -- ib_read_bw -R -d vrdma0 -n 200 10.0.0.1
+cm_pair ib_send_lat 18515 ib_send_lat -R -d vrdma0 -n 200 -- ib_send_lat -R -d vrdma0 -n 200 10.0.0.1
+cm_pair ib_send_bw-ud 18515 ib_send_bw -R -c UD -d vrdma0 -n 200 -- ib_send_bw -R -c UD -d vrdma0 -n 200 10.0.0.1
+
+note "rping within one guest, through loopback"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- rping -s -a 127.0.0.1 -p 7176 -C 3 >"$RUN_DIR.lo" 2>&1 &
+lo=$!
+wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on 127.0.0.1 port 7176 " 20
+in_guest a timeout 60 rping -c -a 127.0.0.1 -p 7176 -C 3 -v | grep -c '^ping data' | grep -qx 3 || fail "loopback rping"
+wait "$lo" || fail "loopback rping server failed"
+
+note "cmtime: 50 connections set up and torn down"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- cmtime -p 7177 >/dev/null 2>&1 &
+ct=$!
+wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port 7177 " 20
+in_guest b timeout 60 cmtime -s 10.0.0.1 -p 7177 -c 50 | sed 's/^/  client| /'
+kill "$ct" 2>/dev/null || true  # its server runs until stopped
+wait "$ct" || true
+
+note "the API cases"
+timeout 120 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "$VRDMA_BUILD_DIR/test/integration/vrdma-rdma-cm-tests" ||
+    fail "vrdma-rdma-cm-tests failed"
+
+note "failures: an unknown address, a port in use, another guest's address"
+out="$(in_guest b timeout 20 rping -c -a 10.9.9.9 -C 1 2>&1 || true)"
+grep -q 'RDMA_CM_EVENT_ADDR_ERROR, error -113' <<<"$out" || fail "unknown address: '$out'"
+out="$(in_guest b timeout 20 rping -c -a 10.0.0.1 -p 7999 -C 1 2>&1 || true)"
+grep -q 'RDMA_CM_EVENT_REJECTED, error 8' <<<"$out" || fail "no listener: '$out'"
+out="$(in_guest a timeout 20 rping -s -a 10.0.0.2 -C 1 2>&1 || true)"
+grep -q 'rdma_bind_addr: Cannot assign requested address' <<<"$out" || fail "binding b's address from a: '$out'"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- rping -s -a 10.0.0.1 -p 7178 -C 1 >/dev/null 2>&1 &
+holder=$!
+wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port 7178 " 20
+out="$(in_guest a timeout 20 rping -s -a 10.0.0.1 -p 7178 -C 1 2>&1 || true)"
+grep -q 'rdma_bind_addr: Address already in use' <<<"$out" || fail "port in use: '$out'"
+kill "$holder" 2>/dev/null || true
+wait "$holder" || true
+
+note "kill -9 of the server under traffic: the client is told DISCONNECTED"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- rping -s -a 10.0.0.1 -p 7179 -C 0 >/dev/null 2>&1 &
+victim=$!
+wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port 7179 " 20
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- rping -c -a 10.0.0.1 -p 7179 -C 0 -v >"$RUN_DIR.kill" 2>&1 &
+client=$!
+wait_line "$RUN_DIR.kill" 'rdma-ping-20' 20
+pkill -9 -f "rping -s -a 10.0.0.1 -p 7179" || fail "no server to kill"
+wait "$victim" || true
+crc=0
+wait "$client" || crc=$?
+[ "$crc" -ne 124 ] || fail "the client hung after its server was killed"
+grep -q 'DISCONNECT EVENT' "$RUN_DIR.kill" ||
+    { tail -n 5 "$RUN_DIR.kill"; fail "the client was not told of the disconnect"; }
+tail -n 2 "$RUN_DIR.kill" | sed 's/^/  client| /'
+grep -v "^ping data" "$RUN_DIR.kill" | sed "s/^/  client| /"
+rm -f "$RUN_DIR.kill" "$RUN_DIR.lo"
+echo "rdma_cm: ok"

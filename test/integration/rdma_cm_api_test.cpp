@@ -1,0 +1,298 @@
+// rdma_cm's API as librdmacm programs use it, against the device the
+// provider emulates and the shim's connection manager (docs/protocol.md
+// "rdma_cm"): what the kernel would report, error by error. Run by
+// rdma_cm.sh in guest a (10.0.0.1, fd00::1) beside guest b (10.0.0.2).
+#define CATCH_CONFIG_MAIN
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+namespace {
+
+sockaddr_in v4(const char* ip, uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    REQUIRE(inet_pton(AF_INET, ip, &a.sin_addr) == 1);
+    return a;
+}
+
+bool readable(rdma_event_channel* ch, int timeout_ms = 0) {
+    pollfd p{ch->fd, POLLIN, 0};
+    return poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLIN);
+}
+
+// The next event on `ch` (waited for up to 5 s), which must be `type`.
+rdma_cm_event* expect(rdma_event_channel* ch, rdma_cm_event_type type) {
+    REQUIRE(readable(ch, 5000));
+    rdma_cm_event* e = nullptr;
+    REQUIRE(rdma_get_cm_event(ch, &e) == 0);
+    INFO("got " << rdma_event_str(e->event) << " status " << e->status);
+    CHECK(e->event == type);
+    return e;
+}
+
+struct Channel {
+    rdma_event_channel* ch = rdma_create_event_channel();
+    Channel() { REQUIRE(ch); }
+    ~Channel() { rdma_destroy_event_channel(ch); }
+};
+
+rdma_cm_id* new_id(rdma_event_channel* ch, rdma_port_space ps = RDMA_PS_TCP) {
+    rdma_cm_id* id = nullptr;
+    REQUIRE(rdma_create_id(ch, &id, nullptr, ps) == 0);
+    return id;
+}
+
+}  // namespace
+
+TEST_CASE("an event channel is a character device, readable exactly while events wait") {
+    Channel c;
+    struct stat st;
+    REQUIRE(fstat(c.ch->fd, &st) == 0);
+    CHECK(S_ISCHR(st.st_mode));
+    CHECK_FALSE(readable(c.ch));
+    rdma_cm_id* id = new_id(c.ch);
+    auto dst = v4("10.0.0.1", 7470);
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
+    rdma_cm_event* e = expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+    CHECK(e->status == 0);
+    CHECK_FALSE(readable(c.ch));  // the one event was taken
+    REQUIRE(rdma_ack_cm_event(e) == 0);
+    REQUIRE(id->verbs);  // the guest's device, found by its GUID
+    CHECK(std::string(ibv_get_device_name(id->verbs->device)) == "vrdma0");
+    auto* src = reinterpret_cast<sockaddr_in*>(rdma_get_local_addr(id));
+    char text[32];
+    CHECK(std::string(inet_ntop(AF_INET, &src->sin_addr, text, sizeof(text))) == "10.0.0.1");
+    REQUIRE(rdma_destroy_id(id) == 0);
+}
+
+TEST_CASE("a non-blocking channel with nothing pending fails GET_EVENT with EAGAIN") {
+    Channel c;
+    REQUIRE(fcntl(c.ch->fd, F_SETFL, fcntl(c.ch->fd, F_GETFL) | O_NONBLOCK) == 0);
+    rdma_cm_event* e = nullptr;
+    errno = 0;
+    CHECK(rdma_get_cm_event(c.ch, &e) == -1);
+    CHECK(errno == EAGAIN);
+}
+
+TEST_CASE("destroying an id drops its unread events and waits for the ack of those it reported") {
+    Channel c;
+    SECTION("unread: gone with the id") {
+        rdma_cm_id* id = new_id(c.ch);
+        auto dst = v4("10.0.0.1", 7470);
+        REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
+        REQUIRE(readable(c.ch, 5000));
+        REQUIRE(rdma_destroy_id(id) == 0);  // would hang if the unread event counted as reported
+        CHECK_FALSE(readable(c.ch));
+    }
+    SECTION("reported but not acked: destroy returns after the ack") {
+        rdma_cm_id* id = new_id(c.ch);
+        auto dst = v4("10.0.0.1", 7470);
+        REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
+        rdma_cm_event* e = expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+        std::atomic<bool> done{false};
+        std::thread t([&] {
+            CHECK(rdma_destroy_id(id) == 0);
+            done = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        CHECK_FALSE(done.load());
+        rdma_ack_cm_event(e);
+        t.join();
+        CHECK(done.load());
+    }
+}
+
+TEST_CASE("a guest binds only its own addresses, and a port once") {
+    Channel c;
+    rdma_cm_id* a = new_id(c.ch);
+    rdma_cm_id* b = new_id(c.ch);
+    auto other = v4("10.0.0.2", 7471);  // guest b's
+    errno = 0;
+    CHECK(rdma_bind_addr(a, reinterpret_cast<sockaddr*>(&other)) == -1);
+    CHECK(errno == EADDRNOTAVAIL);
+    auto mine = v4("10.0.0.1", 7471);
+    REQUIRE(rdma_bind_addr(a, reinterpret_cast<sockaddr*>(&mine)) == 0);
+    errno = 0;
+    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&mine)) == -1);
+    CHECK(errno == EADDRINUSE);
+    auto any = v4("0.0.0.0", 7471);
+    errno = 0;
+    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&any)) == -1);
+    CHECK(errno == EADDRINUSE);
+    rdma_destroy_id(a);  // the port is free again
+    CHECK(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&any)) == 0);
+    rdma_destroy_id(b);
+
+    SECTION("SO_REUSEADDR on both ends shares a port that nobody listens on") {
+        rdma_cm_id* x = new_id(c.ch);
+        rdma_cm_id* y = new_id(c.ch);
+        int on = 1;
+        REQUIRE(rdma_set_option(x, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof(on)) == 0);
+        REQUIRE(rdma_set_option(y, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &on, sizeof(on)) == 0);
+        REQUIRE(rdma_bind_addr(x, reinterpret_cast<sockaddr*>(&mine)) == 0);
+        CHECK(rdma_bind_addr(y, reinterpret_cast<sockaddr*>(&mine)) == 0);
+        rdma_destroy_id(x);
+        rdma_destroy_id(y);
+    }
+    SECTION("port 0 gets an ephemeral port") {
+        rdma_cm_id* x = new_id(c.ch);
+        auto eph = v4("10.0.0.1", 0);
+        REQUIRE(rdma_bind_addr(x, reinterpret_cast<sockaddr*>(&eph)) == 0);
+        CHECK(ntohs(rdma_get_src_port(x)) >= 32768);
+        rdma_destroy_id(x);
+    }
+}
+
+TEST_CASE("an address nobody has gives ADDR_ERROR; a port nobody listens on, REJECTED") {
+    Channel c;
+    rdma_cm_id* id = new_id(c.ch);
+    auto nowhere = v4("10.9.9.9", 7472);
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&nowhere), 2000) == 0);
+    rdma_cm_event* e = expect(c.ch, RDMA_CM_EVENT_ADDR_ERROR);
+    CHECK(e->status == -EHOSTUNREACH);
+    rdma_ack_cm_event(e);
+    rdma_destroy_id(id);
+
+    id = new_id(c.ch);
+    auto closed = v4("10.0.0.2", 7472);  // guest b, which listens on nothing
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&closed), 2000) == 0);
+    rdma_ack_cm_event(expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+    REQUIRE(rdma_resolve_route(id, 2000) == 0);
+    rdma_ack_cm_event(expect(c.ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+    CHECK(id->route.num_paths == 1);
+    CHECK(id->route.path_rec[0].dlid != id->route.path_rec[0].slid);  // b's LID, not ours
+    rdma_conn_param p{};
+    p.qp_num = 0x123;
+    REQUIRE(rdma_connect(id, &p) == 0);
+    e = expect(c.ch, RDMA_CM_EVENT_REJECTED);
+    CHECK(e->status == 8);  // IB CM: invalid service ID
+    rdma_ack_cm_event(e);
+    rdma_destroy_id(id);
+}
+
+TEST_CASE("connect, accept and disconnect through loopback, private data both ways") {
+    Channel server, client;
+    rdma_cm_id* listen = new_id(server.ch);
+    auto at = v4("127.0.0.1", 7473);
+    REQUIRE(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&at)) == 0);
+    REQUIRE(rdma_listen(listen, 4) == 0);
+
+    rdma_cm_id* conn = new_id(client.ch);
+    REQUIRE(rdma_resolve_addr(conn, nullptr, reinterpret_cast<sockaddr*>(&at), 2000) == 0);
+    rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+    REQUIRE(rdma_resolve_route(conn, 2000) == 0);
+    rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+    const char hello[] = "hello from the client";
+    rdma_conn_param p{};
+    p.qp_num = 0x111;
+    p.private_data = hello;
+    p.private_data_len = sizeof(hello);
+    p.responder_resources = 1;
+    p.initiator_depth = 1;
+    REQUIRE(rdma_connect(conn, &p) == 0);
+
+    rdma_cm_event* req = expect(server.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    CHECK(req->listen_id == listen);
+    REQUIRE(req->param.conn.private_data_len >= sizeof(hello));
+    CHECK(std::memcmp(req->param.conn.private_data, hello, sizeof(hello)) == 0);
+    CHECK(req->param.conn.qp_num == 0x111);
+    rdma_cm_id* child = req->id;
+    rdma_ack_cm_event(req);
+    const char welcome[] = "welcome";
+    rdma_conn_param a{};
+    a.qp_num = 0x222;
+    a.private_data = welcome;
+    a.private_data_len = sizeof(welcome);
+    REQUIRE(rdma_accept(child, &a) == 0);
+
+    rdma_cm_event* rep = expect(client.ch, RDMA_CM_EVENT_CONNECT_RESPONSE);  // no QP: the application's turn
+    CHECK(rep->param.conn.qp_num == 0x222);
+    REQUIRE(rep->param.conn.private_data_len >= sizeof(welcome));
+    CHECK(std::memcmp(rep->param.conn.private_data, welcome, sizeof(welcome)) == 0);
+    rdma_ack_cm_event(rep);
+    REQUIRE(rdma_establish(conn) == 0);
+    rdma_ack_cm_event(expect(server.ch, RDMA_CM_EVENT_ESTABLISHED));
+
+    SECTION("the client disconnects") {
+        REQUIRE(rdma_disconnect(conn) == 0);
+        rdma_ack_cm_event(expect(server.ch, RDMA_CM_EVENT_DISCONNECTED));
+        CHECK_FALSE(readable(client.ch, 100));  // its DREP is owed by the server
+        rdma_disconnect(child);
+        rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_DISCONNECTED));
+    }
+    SECTION("the server's id goes away") {
+        REQUIRE(rdma_destroy_id(child) == 0);
+        child = nullptr;
+        rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_DISCONNECTED));
+    }
+    if (child) rdma_destroy_id(child);
+    rdma_destroy_id(conn);
+    rdma_destroy_id(listen);
+}
+
+TEST_CASE("a full backlog drops a request: UNREACHABLE; a reject names its reason") {
+    Channel server, client;
+    rdma_cm_id* listen = new_id(server.ch);
+    auto at = v4("10.0.0.1", 7474);
+    REQUIRE(rdma_bind_addr(listen, reinterpret_cast<sockaddr*>(&at)) == 0);
+    REQUIRE(rdma_listen(listen, 1) == 0);
+    auto connect_one = [&] {
+        rdma_cm_id* id = new_id(client.ch);
+        REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&at), 2000) == 0);
+        rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+        REQUIRE(rdma_resolve_route(id, 2000) == 0);
+        rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+        rdma_conn_param p{};
+        p.qp_num = 0x333;
+        REQUIRE(rdma_connect(id, &p) == 0);
+        return id;
+    };
+    rdma_cm_id* first = connect_one();
+    rdma_cm_event* req = expect(server.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    rdma_cm_id* child = req->id;
+    rdma_ack_cm_event(req);
+    rdma_cm_id* second = connect_one();  // the backlog of 1 holds the first
+    rdma_cm_event* e = expect(client.ch, RDMA_CM_EVENT_UNREACHABLE);
+    CHECK(e->id == second);
+    CHECK(e->status == -ETIMEDOUT);
+    rdma_ack_cm_event(e);
+    const char why[] = "busy";
+    REQUIRE(rdma_reject(child, why, sizeof(why)) == 0);
+    e = expect(client.ch, RDMA_CM_EVENT_REJECTED);
+    CHECK(e->id == first);
+    CHECK(e->status == 28);  // IB CM: consumer defined
+    REQUIRE(e->param.conn.private_data_len >= sizeof(why));
+    CHECK(std::memcmp(e->param.conn.private_data, why, sizeof(why)) == 0);
+    rdma_ack_cm_event(e);
+    rdma_destroy_id(child);
+    rdma_destroy_id(first);
+    rdma_destroy_id(second);
+    rdma_destroy_id(listen);
+}
+
+TEST_CASE("rdma_migrate_id moves an id and its waiting events to another channel") {
+    Channel from, to;
+    rdma_cm_id* id = new_id(from.ch);
+    auto dst = v4("10.0.0.1", 7475);
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
+    REQUIRE(readable(from.ch, 5000));
+    REQUIRE(rdma_migrate_id(id, to.ch) == 0);
+    CHECK_FALSE(readable(from.ch));
+    rdma_cm_event* e = expect(to.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+    CHECK(e->id == id);
+    rdma_ack_cm_event(e);
+    rdma_destroy_id(id);
+}
