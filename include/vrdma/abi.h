@@ -547,7 +547,10 @@ constexpr uint32_t kCompVectors = 1;    // ibv_context::num_comp_vectors; a CQ's
 // The provider emulates the kernel's UCMA character device,
 // /dev/infiniband/rdma_cm, for librdmacm: each open() of it is one
 // connection to this socket (SOCK_SEQPACKET), served by the shim's
-// connection manager. A command librdmacm write()s is sent as it is (the
+// connection manager. The fd librdmacm holds is the read end of a pipe
+// into which the shim writes one byte per event it queues: poll says
+// readable exactly while events wait, and end of file once the shim is
+// gone (the provider then reports RDMA_CM_EVENT_DEVICE_REMOVAL). A command librdmacm write()s is sent as it is (the
 // kernel's rdma_ucm_cmd_hdr and body, include/rdma/rdma_user_cm.h); the
 // reply carries the bytes the kernel would have written to the command's
 // response pointer, which the provider copies there. One request at a time
@@ -558,7 +561,7 @@ constexpr uint32_t kCmMaxCommand = 512;   // a UCMA command, with SET_OPTION's v
 constexpr uint32_t kCmMaxResponse = 512;  // the largest response the shim writes
 
 enum class CmSockOp : uint32_t {
-    Open = 1,     // first message; fds: [eventfd]: the shim adds 1 per event queued (EFD_SEMAPHORE)
+    Open = 1,     // first message; fds: [write end, read end] of the channel's pipe
     Command = 2,  // a UCMA command; MIGRATE_ID's fd is the target channel's channel_id
 };
 

@@ -6,19 +6,22 @@
 // fstat() that it is a character device, and write()s each command, whose
 // response the kernel writes to a pointer inside the command. Here:
 //   open()   connects to the guest's rdma_cm.sock (the guest of vrdma0, in
-//            SYSFS_PATH) and returns an eventfd, which the shim counts up
-//            once per event it queues: poll and epoll on the fd say
-//            readable exactly while events wait, and O_NONBLOCK on it is
-//            what makes GET_EVENT return EAGAIN;
+//            SYSFS_PATH) and returns the read end of a pipe into which the
+//            shim writes a byte per event it queues: poll and epoll on the
+//            fd say readable exactly while events wait, O_NONBLOCK on it is
+//            what makes GET_EVENT return EAGAIN, and end of file says the
+//            shim is gone;
 //   fstat()  says S_IFCHR for such an fd;
 //   write()  forwards the command to the shim and copies the response to
 //            the command's response pointer; GET_EVENT first takes one
-//            count from the eventfd (blocking unless O_NONBLOCK);
+//            byte from the pipe (blocking unless O_NONBLOCK); once the
+//            shim is gone, each id gets one RDMA_CM_EVENT_DEVICE_REMOVAL,
+//            as from a device that was unplugged, and a destroy is
+//            answered here;
 //   close()  hangs up, and the shim destroys the channel's ids.
 // Every other fd and path goes to libc untouched, for one atomic load.
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -30,6 +33,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -46,10 +50,19 @@ namespace {
 constexpr const char* kDevicePath = "/dev/infiniband/rdma_cm";
 constexpr int kMaxFd = 1 << 16;
 
+// What the provider keeps of an id, to answer for it once the shim is gone.
+struct IdRecord {
+    uint64_t uid = 0;       // librdmacm's id (0: a connection request's, not yet accepted)
+    uint32_t reported = 0;  // events GET_EVENT returned for it (DESTROY_ID's events_reported)
+    bool removal_told = false;
+};
+
 struct CmFile {
     vrdma::UniqueFd sock;
     uint32_t channel_id = 0;
-    std::mutex mu;  // one request at a time on the socket
+    std::mutex mu;  // one request at a time on the socket; guards `ids`
+    std::map<uint32_t, IdRecord> ids;
+    bool shim_gone = false;
 };
 
 // By fd number (the eventfd's). Entries are never freed while in the table;
@@ -104,31 +117,113 @@ bool cm_socket_path(std::string& out) {
 
 // One request and its reply; the response bytes go to `resp` (at most
 // `resp_len`). Returns 0 or an errno.
-int exchange(CmFile& f, vrdma::abi::CmSockOp op, const void* body, size_t len, int pass_fd, void* resp,
+int exchange(CmFile& f, vrdma::abi::CmSockOp op, const void* body, size_t len, const int* pass_fds, void* resp,
              size_t resp_len, uint32_t* channel_id = nullptr) {
     alignas(8) uint8_t buf[sizeof(vrdma::abi::CmSockRequest) + vrdma::abi::kCmMaxCommand];
     if (len > vrdma::abi::kCmMaxCommand) return EINVAL;
     vrdma::abi::CmSockRequest req{vrdma::abi::kMagic, vrdma::abi::kVersion, op, uint32_t(len)};
     std::memcpy(buf, &req, sizeof(req));
     if (len) std::memcpy(buf + sizeof(req), body, len);
-    std::lock_guard lock(f.mu);
-    int fds[1] = {pass_fd};
-    if (vrdma::send_with_fds(f.sock.get(), buf, sizeof(req) + len,
-                             std::span<const int>(fds, pass_fd >= 0 ? 1 : 0), MSG_NOSIGNAL) < 0)
-        return ENODEV;  // the shim is gone
+    if (f.shim_gone) return ENODEV;
+    if (vrdma::send_with_fds(f.sock.get(), buf, sizeof(req) + len, std::span<const int>(pass_fds, pass_fds ? 2 : 0),
+                             MSG_NOSIGNAL) < 0) {
+        f.shim_gone = true;
+        return ENODEV;
+    }
     alignas(8) uint8_t in[sizeof(vrdma::abi::CmSockReply) + vrdma::abi::kCmMaxResponse];
     ssize_t n;
     do {
         n = ::recv(f.sock.get(), in, sizeof(in), 0);
     } while (n < 0 && errno == EINTR);
     vrdma::abi::CmSockReply rep;
-    if (n < ssize_t(sizeof(rep))) return ENODEV;
+    if (n < ssize_t(sizeof(rep))) {
+        f.shim_gone = true;
+        return ENODEV;
+    }
     std::memcpy(&rep, in, sizeof(rep));
     if (rep.magic != vrdma::abi::kMagic || rep.len > size_t(n) - sizeof(rep)) return EPROTO;
     if (rep.status) return rep.status;
     if (channel_id) *channel_id = rep.channel_id;
     if (resp && resp_len) std::memcpy(resp, in + sizeof(rep), std::min<size_t>(rep.len, resp_len));
     return 0;
+}
+
+// Keeps CmFile::ids in step with the shim after a command succeeded
+// (f.mu held; `resp` is what the shim answered).
+void track(CmFile& f, uint32_t cmd, const uint8_t* body, size_t in, const void* resp, size_t resp_len) {
+    switch (cmd) {
+    case RDMA_USER_CM_CMD_CREATE_ID: {
+        rdma_ucm_create_id c{};
+        std::memcpy(&c, body, std::min(in, sizeof(c)));
+        rdma_ucm_create_id_resp r{};
+        if (resp_len < sizeof(r)) return;
+        std::memcpy(&r, resp, sizeof(r));
+        f.ids[r.id].uid = c.uid;
+        return;
+    }
+    case RDMA_USER_CM_CMD_DESTROY_ID: {
+        rdma_ucm_destroy_id c{};
+        std::memcpy(&c, body, std::min(in, sizeof(c)));
+        f.ids.erase(c.id);
+        return;
+    }
+    case RDMA_USER_CM_CMD_ACCEPT: {
+        rdma_ucm_accept c{};
+        std::memcpy(&c, body, std::min(in, sizeof(c)));
+        if (c.conn_param.valid) f.ids[c.id].uid = c.uid;
+        return;
+    }
+    case RDMA_USER_CM_CMD_MIGRATE_ID: {  // the id now lives in this file (its uid: cm_write)
+        rdma_ucm_migrate_id c{};
+        std::memcpy(&c, body, std::min(in, sizeof(c)));
+        rdma_ucm_migrate_resp r{};
+        if (resp_len >= sizeof(r)) std::memcpy(&r, resp, sizeof(r));
+        f.ids[c.id].reported = r.events_reported;
+        return;
+    }
+    case RDMA_USER_CM_CMD_GET_EVENT: {
+        rdma_ucm_event_resp r{};
+        std::memcpy(&r, resp, std::min(resp_len, sizeof(r)));
+        if (r.event == 4 /* CONNECT_REQUEST: counts on the listener, names a new id */) {
+            for (auto& [h, rec] : f.ids)
+                if (rec.uid == r.uid) ++rec.reported;
+            f.ids[r.id];
+        } else if (auto it = f.ids.find(r.id); it != f.ids.end()) {
+            ++it->second.reported;
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+// The shim is gone: the next id not yet told gets DEVICE_REMOVAL. False
+// when every id has been told.
+bool device_removal(CmFile& f, void* resp, size_t resp_len) {
+    for (auto& [h, rec] : f.ids) {
+        if (rec.removal_told || !rec.uid) continue;
+        rec.removal_told = true;
+        ++rec.reported;
+        rdma_ucm_event_resp r{};
+        r.uid = rec.uid;
+        r.id = h;
+        r.event = 11;  // RDMA_CM_EVENT_DEVICE_REMOVAL
+        if (resp) std::memcpy(resp, &r, std::min(resp_len, sizeof(r)));
+        return true;
+    }
+    return false;
+}
+
+void answer_destroy(CmFile& f, const uint8_t* body, size_t in, void* resp, size_t resp_len) {
+    rdma_ucm_destroy_id c{};
+    std::memcpy(&c, body, std::min(in, sizeof(c)));
+    rdma_ucm_destroy_id_resp r{};
+    if (auto it = f.ids.find(c.id); it != f.ids.end()) {
+        r.events_reported = it->second.reported;
+        f.ids.erase(it);
+    }
+    if (resp) std::memcpy(resp, &r, std::min(resp_len, sizeof(r)));
 }
 
 int cm_open(int flags) {
@@ -150,23 +245,34 @@ int cm_open(int flags) {
         errno = err ? err : ENODEV;
         return -1;
     }
-    int efd = ::eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC | ((flags & O_NONBLOCK) ? EFD_NONBLOCK : 0));
-    if (efd < 0 || efd >= kMaxFd) {
-        err = efd < 0 ? errno : EMFILE;
-        if (efd >= 0) real_close()(efd);
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC) != 0) {
+        err = errno;
         delete f;
         errno = err;
         return -1;
     }
-    if (int rc = exchange(*f, vrdma::abi::CmSockOp::Open, nullptr, 0, efd, nullptr, 0, &f->channel_id)) {
+    const int efd = ends[0];
+    vrdma::UniqueFd write_end(ends[1]);
+    if (efd >= kMaxFd || ((flags & O_NONBLOCK) && ::fcntl(efd, F_SETFL, O_NONBLOCK) != 0)) {
+        real_close()(efd);
+        delete f;
+        errno = EMFILE;
+        return -1;
+    }
+    const int pass[2] = {write_end.get(), efd};
+    std::unique_lock lock(f->mu);
+    if (int rc = exchange(*f, vrdma::abi::CmSockOp::Open, nullptr, 0, pass, nullptr, 0, &f->channel_id)) {
         LOG_ERR("rdma_cm: the vrdma shim at %s refused the channel: %s", path.c_str(), std::strerror(rc));
+        lock.unlock();
         real_close()(efd);
         delete f;
         errno = rc;
         return -1;
     }
+    lock.unlock();
     g_files[efd].store(f, std::memory_order_release);
-    return efd;
+    return efd;  // the shim holds the write end: end of file when it is gone
 }
 
 ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
@@ -190,6 +296,7 @@ ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
     const size_t resp_at = hdr.cmd == RDMA_USER_CM_CMD_CREATE_ID ? 8 : 0;
     if (hdr.out && hdr.in >= resp_at + 8) std::memcpy(&response, body + resp_at, 8);
 
+    CmFile* from = nullptr;  // MIGRATE_ID: the file the id leaves
     if (hdr.cmd == RDMA_USER_CM_CMD_SET_OPTION) {  // its value travels after it
         rdma_ucm_set_option so{};
         std::memcpy(&so, body, std::min<size_t>(hdr.in, sizeof(so)));
@@ -202,7 +309,7 @@ ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
     } else if (hdr.cmd == RDMA_USER_CM_CMD_MIGRATE_ID) {  // an fd here is a channel id there
         rdma_ucm_migrate_id m{};
         std::memcpy(&m, body, std::min<size_t>(hdr.in, sizeof(m)));
-        CmFile* from = file_of(int(m.fd));
+        from = file_of(int(m.fd));
         if (!from) {
             errno = EBADF;
             return -1;
@@ -210,17 +317,51 @@ ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
         m.fd = from->channel_id;
         std::memcpy(body, &m, std::min<size_t>(hdr.in, sizeof(m)));
     }
+    void* resp = reinterpret_cast<void*>(uintptr_t(response));
+    const size_t resp_len = response ? hdr.out : 0;
     for (;;) {
         if (hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) {
-            uint64_t one;
-            if (::read(fd, &one, sizeof(one)) < 0) return -1;  // EAGAIN (O_NONBLOCK) or EINTR
+            uint8_t b;
+            const ssize_t n = ::read(fd, &b, 1);
+            if (n < 0) return -1;  // EAGAIN (O_NONBLOCK) or EINTR
+            std::lock_guard lock(f.mu);
+            if (n == 0) f.shim_gone = true;  // end of file: the shim closed its end
+            if (f.shim_gone) {
+                if (!device_removal(f, resp, resp_len)) {
+                    errno = EAGAIN;  // every id has been told
+                    return -1;
+                }
+                return ssize_t(len);
+            }
         }
-        const int rc = exchange(f, vrdma::abi::CmSockOp::Command, cmd, cmd_len, -1,
-                                reinterpret_cast<void*>(uintptr_t(response)), response ? hdr.out : 0);
+        int rc;
+        {
+            std::lock_guard lock(f.mu);
+            if (f.shim_gone && hdr.cmd == RDMA_USER_CM_CMD_DESTROY_ID) {
+                answer_destroy(f, body, hdr.in, resp, resp_len);
+                return ssize_t(len);
+            }
+            rc = exchange(f, vrdma::abi::CmSockOp::Command, cmd, cmd_len, nullptr, resp, resp_len);
+            if (rc == 0) track(f, hdr.cmd, body, hdr.in, resp, resp_len);
+        }
         if (rc == EAGAIN && hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) continue;  // its event went with its id
         if (rc) {
             errno = rc;
             return -1;
+        }
+        if (from && from != &f) {  // the id's uid follows it, one file locked at a time
+            rdma_ucm_migrate_id m{};
+            std::memcpy(&m, body, std::min<size_t>(hdr.in, sizeof(m)));
+            uint64_t uid = 0;
+            {
+                std::lock_guard other(from->mu);
+                if (auto it = from->ids.find(m.id); it != from->ids.end()) {
+                    uid = it->second.uid;
+                    from->ids.erase(it);
+                }
+            }
+            std::lock_guard lock(f.mu);
+            f.ids[m.id].uid = uid;
         }
         return ssize_t(len);
     }

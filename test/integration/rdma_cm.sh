@@ -6,7 +6,8 @@
 # (vrdma-rdma-cm-tests: EAGAIN, destroy with unacked events, binding
 # another guest's address, ports in use, ADDR_ERROR, REJECTED, backlog,
 # migrate) and the failures a user sees: an unknown address, a port in
-# use, another guest's address, a peer killed with kill -9.
+# use, another guest's address, a peer killed with kill -9, the shim
+# killed with kill -9.
 source "$(dirname "$0")/lib.sh"
 start_shim a:ip=10.0.0.1,fd00::1 b:ip=10.0.0.2,fd00::2
 
@@ -105,4 +106,25 @@ grep -q 'DISCONNECT EVENT' "$RUN_DIR.kill" ||
 tail -n 2 "$RUN_DIR.kill" | sed 's/^/  client| /'
 grep -v "^ping data" "$RUN_DIR.kill" | sed "s/^/  client| /"
 rm -f "$RUN_DIR.kill" "$RUN_DIR.lo"
+
+note "kill -9 of the shim: a listening server is told RDMA_CM_EVENT_DEVICE_REMOVAL"
+timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- rping -s -a 10.0.0.1 -p 7180 -C 1 >"$RUN_DIR.removal" 2>&1 &
+orphan=$!
+wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port 7180 " 20
+kill -9 "$SHIM_PID"
+wait "$SHIM_PID" || true
+crc=0
+wait "$orphan" || crc=$?
+[ "$crc" -ne 124 ] || fail "rping -s hung after its shim was killed"
+grep -q 'cma detected device removal' "$RUN_DIR.removal" ||
+    { cat "$RUN_DIR.removal"; fail "no DEVICE_REMOVAL after the shim was killed"; }
+sed 's/^/  server| /' "$RUN_DIR.removal"
+rm -f "$RUN_DIR.removal"
+# A new shim on the run directory, for stop_shim's clean stop.
+"$SHIM" --run-dir "$RUN_DIR" --guest a >>"$SHIM_LOG" 2>&1 &
+SHIM_PID=$!
+for _ in $(seq 1 100); do
+    [ "$(head -n1 "$RUN_DIR/ready" 2>/dev/null)" = "$SHIM_PID" ] && break
+    sleep 0.1
+done
 echo "rdma_cm: ok"

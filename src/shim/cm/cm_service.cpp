@@ -130,7 +130,7 @@ void CmService::drop_id(uint32_t handle) {
         std::deque<Event> keep;
         for (Event& e : ch.events) {
             if (e.handle == handle) {
-                guest_eventfd_take(ch.eventfd.get());
+                guest_pipe_take(ch.pipe_r.get());
                 if (e.resp.event == kConnectRequest) unannounced.push_back(e.resp.id);
             } else {
                 keep.push_back(e);
@@ -515,8 +515,8 @@ CmService::Event& CmService::queue_event(Id& id, uint32_t event, int32_t status)
                  guests_.count(ch.guest) ? guests_.at(ch.guest).name.c_str() : "?", (unsigned long long)ch.id,
                  kMaxEvents);
         ch.events.pop_front();
-    } else if (!guest_eventfd_add(ch.eventfd.get())) {
-        LOG_WARN("guest %s: rdma_cm channel %llu: its eventfd takes no more events",
+    } else if (const uint8_t b = 1; guest_fd_write(ch.pipe_w.get(), &b, 1) != 1) {
+        LOG_WARN("guest %s: rdma_cm channel %llu: its pipe takes no more events",
                  guests_.count(ch.guest) ? guests_.at(ch.guest).name.c_str() : "?", (unsigned long long)ch.id);
     }
     Event& e = ch.events.emplace_back();

@@ -7,8 +7,8 @@
 // (--guest NAME:ip=...), and the CM exchange between two ids (REQ, REP,
 // RTU, REJ, DREQ, DREP, and SIDR for UD) carried out in place, as both ends
 // are guests of this shim. Events are queued per channel (one open() of
-// the device) and counted in the channel's eventfd, which is the fd
-// librdmacm polls.
+// the device) and counted, a byte each, in the channel's pipe, whose read
+// end is the fd librdmacm polls.
 //
 // It runs in the daemon's thread (the control plane) and never touches a
 // guest's memory: every command arrives in a socket message, is copied and
@@ -118,7 +118,8 @@ private:
         uint64_t id = 0;
         size_t guest = 0;
         UniqueFd sock;
-        UniqueFd eventfd;  // the guest's: +1 per event queued
+        UniqueFd pipe_w;  // a byte per event queued
+        UniqueFd pipe_r;  // the guest's end, to take a byte back when an event goes unread
         std::deque<Event> events;
         std::set<uint32_t> ids;
     };

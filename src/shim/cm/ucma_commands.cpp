@@ -3,7 +3,9 @@
 // zeroed struct (a shorter body, from an older librdmacm, leaves the rest
 // zero, as the kernel does), checked, and answered with the bytes the
 // kernel would write to the command's response pointer.
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -32,6 +34,15 @@ template <typename T>
 void respond(std::vector<uint8_t>& out, const T& resp) {
     out.resize(sizeof(T));
     std::memcpy(out.data(), &resp, sizeof(T));
+}
+
+// Two ends of one pipe: a write end and a read end of the same FIFO.
+bool same_pipe(int w, int r) {
+    struct stat ws, rs;
+    if (::fstat(w, &ws) != 0 || ::fstat(r, &rs) != 0) return false;
+    if (!S_ISFIFO(ws.st_mode) || ws.st_ino != rs.st_ino || ws.st_dev != rs.st_dev) return false;
+    const int wf = ::fcntl(w, F_GETFL), rf = ::fcntl(r, F_GETFL);
+    return wf >= 0 && rf >= 0 && (wf & O_ACCMODE) == O_WRONLY && (rf & O_ACCMODE) == O_RDONLY;
 }
 
 bool send_reply(int sock, int status, const std::vector<uint8_t>& payload, uint32_t channel_id) {
@@ -149,12 +160,13 @@ bool CmService::on_readable(uint64_t channel) {
     if (req.magic != abi::kMagic || req.version != abi::kVersion || req.len != size_t(n) - sizeof(req))
         return send_reply(ch.sock.get(), EPROTO, out, 0), false;
     if (req.op == abi::CmSockOp::Open) {
-        if (ch.eventfd || fds.size() != 1 || !is_eventfd(fds[0].get()))
+        if (ch.pipe_w || fds.size() != 2 || !same_pipe(fds[0].get(), fds[1].get()))
             return send_reply(ch.sock.get(), EINVAL, out, 0), false;
-        ch.eventfd = std::move(fds[0]);
+        ch.pipe_w = std::move(fds[0]);
+        ch.pipe_r = std::move(fds[1]);
         return send_reply(ch.sock.get(), 0, out, uint32_t(ch.id));
     }
-    if (req.op != abi::CmSockOp::Command || !ch.eventfd || !fds.empty())
+    if (req.op != abi::CmSockOp::Command || !ch.pipe_w || !fds.empty())
         return send_reply(ch.sock.get(), EINVAL, out, 0), false;
     const int rc = command(channel, buf + sizeof(req), req.len, out);
     // The command may have closed channels (MIGRATE_ID never does; a
@@ -331,9 +343,10 @@ int CmService::migrate_id(Channel& ch, const rdma_ucm_migrate_id& c, std::vector
                 keep.push_back(e);
                 continue;
             }
-            guest_eventfd_take(from->second.eventfd.get());
+            guest_pipe_take(from->second.pipe_r.get());
             ch.events.push_back(e);
-            (void)guest_eventfd_add(ch.eventfd.get());
+            const uint8_t b = 1;
+            (void)guest_fd_write(ch.pipe_w.get(), &b, 1);
         }
         from->second.events.swap(keep);
         from->second.ids.erase(c.id);

@@ -91,22 +91,13 @@ ssize_t guest_fd_read(int fd, void* buf, size_t len) {
     return n;
 }
 
-bool guest_eventfd_add(int fd) {
-    const uint64_t one = 1;
-    Guard& g = guard();
-    g.arm(kGuestFdTimeoutMs);
-    ssize_t n = ::write(fd, &one, sizeof(one));
-    g.disarm();
-    return n == ssize_t(sizeof(one));
-}
-
-void guest_eventfd_take(int fd) {
-    pollfd p{fd, POLLIN, 0};
+void guest_pipe_take(int read_end) {
+    pollfd p{read_end, POLLIN, 0};
     if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return;
-    uint64_t v;
+    uint8_t b;
     Guard& g = guard();
     g.arm(kGuestFdTimeoutMs);
-    (void)::read(fd, &v, sizeof(v));
+    (void)::read(read_end, &b, 1);
     g.disarm();
 }
 

@@ -22,14 +22,12 @@ constexpr long kGuestFdTimeoutMs = 5;
 ssize_t guest_fd_write(int fd, const void* buf, size_t len);
 ssize_t guest_fd_read(int fd, void* buf, size_t len);
 
-// For an eventfd whose blocking mode is the guest's to choose (rdma_cm's
-// channel fd: librdmacm's GET_EVENT blocks on it unless the application
-// set O_NONBLOCK), so O_NONBLOCK is left alone and only the timer bounds
-// the call. Add: +1; false when it did not go in (the guest saturated its
-// counter, so the write blocked until the timer). Take: -1 if the count is
-// above zero; a guest racing to read it first costs one timer period.
-bool guest_eventfd_add(int fd);
-void guest_eventfd_take(int fd);
+// Takes one byte back from a pipe whose read end is the guest's (rdma_cm's
+// channel: librdmacm's GET_EVENT blocks on it unless the application set
+// O_NONBLOCK), so its O_NONBLOCK is left alone: only if a byte is there,
+// and bounded by the timer (a guest racing to read it first costs one
+// timer period).
+void guest_pipe_take(int read_end);
 
 // Is `fd` an eventfd (not a file, pipe or socket that could behave otherwise)?
 bool is_eventfd(int fd);
