@@ -19,7 +19,7 @@ src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$src/build-fuzz}"
 seconds="${FUZZ_SECONDS:-20}"
 targets=("$@")
-[ "${#targets[@]}" -gt 0 ] || targets=(attach commands wqe rings fabric)
+[ "${#targets[@]}" -gt 0 ] || targets=(attach commands wqe rings fabric cm)
 
 for t in clang clang++; do
     command -v "$t" >/dev/null || { echo "fuzz.sh: $t not found (scripts/install-deps.sh installs it)" >&2; exit 1; }

@@ -69,6 +69,7 @@ public:
     bool on_readable(uint64_t channel);
     void close_channel(uint64_t channel);
     size_t channel_count() const { return channels_.size(); }
+    size_t id_count() const { return ids_.size(); }
 
     // One UCMA command (header and body, `extra` bytes of SET_OPTION's
     // value after it) on `channel`: the response bytes for the command's

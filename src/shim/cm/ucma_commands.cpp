@@ -49,7 +49,7 @@ bool send_reply(int sock, int status, const std::vector<uint8_t>& payload, uint3
     uint8_t buf[sizeof(abi::CmSockReply) + abi::kCmMaxResponse];
     abi::CmSockReply r{abi::kMagic, status, uint32_t(payload.size()), channel_id};
     std::memcpy(buf, &r, sizeof(r));
-    std::memcpy(buf + sizeof(r), payload.data(), payload.size());
+    if (!payload.empty()) std::memcpy(buf + sizeof(r), payload.data(), payload.size());
     const size_t n = sizeof(r) + payload.size();
     return ::send(sock, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL) == ssize_t(n);
 }
