@@ -109,6 +109,7 @@ private:
         uint32_t peer_qp_num = 0, peer_psn = 0;
         uint8_t responder_resources = 0, initiator_depth = 0;
         uint8_t retry_count = 7, rnr_retry_count = 7, srq = 0;
+        uint8_t ack_timeout = 14;  // RTS's timeout (RDMA_OPTION_ID_ACK_TIMEOUT)
         uint32_t events_reported = 0;
     };
     struct Event {

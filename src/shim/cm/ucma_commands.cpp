@@ -273,7 +273,7 @@ int CmService::init_qp_attr(Channel& ch, const rdma_ucm_init_qp_attr& c, std::ve
         if (id->qp_type == IBV_QPT_RC) {
             if (!connected) return EINVAL;
             a.qp_attr_mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-            a.timeout = 14;
+            a.timeout = id->ack_timeout;
             a.retry_cnt = id->retry_count;
             a.rnr_retry = id->rnr_retry_count;
             a.max_rd_atomic = id->initiator_depth;
@@ -320,7 +320,9 @@ int CmService::set_option(Channel& ch, const rdma_ucm_set_option& c, const uint8
             id->afonly = v != 0;
             return 0;
         case RDMA_OPTION_ID_ACK_TIMEOUT:
-            return len == 1 ? 0 : EINVAL;
+            if (len != 1 || value[0] > 31) return EINVAL;
+            id->ack_timeout = value[0];
+            return 0;
         default:
             return ENOSYS;
         }
