@@ -1,7 +1,6 @@
-// The CM exchange between two ids of this shim's guests, done in place:
-// what the kernel's IB CM does with REQ, REP, RTU, REJ, DREQ, DREP and
-// SIDR messages becomes a change of both ids' states and an event queued
-// on each side that the kernel would have reported.
+// The connection manager's state: guests and their addresses (this shim's
+// and its peers'), channels, ids, port spaces, resolution, and the events
+// queued for the guests. The exchange between ids is cm_exchange.cpp.
 #include "cm_service.h"
 
 #include <endian.h>
@@ -21,25 +20,136 @@ namespace vrdma::shim::cm {
 namespace {
 
 constexpr uint32_t kUdpQkey = 0x01234567;    // RDMA_UDP_QKEY: librdmacm's, and the kernel's
-constexpr int32_t kRejInvalidServiceId = 8;  // IB CM REJ reason: nobody listens there
-constexpr int32_t kRejConsumerDefined = 28;  // IB CM REJ reason: the peer rejected (or went away)
-constexpr int32_t kSidrUnsupported = 1;      // SIDR REP status: nobody listens there
 constexpr uint16_t kEphemeralFirst = 32768, kEphemeralCount = 28232;  // Linux's default range
 
 }  // namespace
 
-void CmService::set_guest(size_t index, CmGuest g) { guests_[index] = std::move(g); }
+void CmService::set_guest(size_t index, CmGuest g) {
+    g.remote = false;
+    guests_[index] = std::move(g);
+    announce(index, false);
+}
 
 void CmService::remove_guest(size_t index) {
     std::vector<uint64_t> doomed;
     for (auto& [cid, ch] : channels_)
         if (ch.guest == index) doomed.push_back(cid);
     for (uint64_t cid : doomed) close_channel(cid);
+    if (guests_.count(index)) announce(index, true);
     guests_.erase(index);
 }
 
+namespace {
+
+CmAddressMsg address_msg(const CmGuest& g, bool gone) {
+    CmAddressMsg a{};
+    a.op = uint8_t(CmOp::Addresses);
+    a.lid = g.lid;
+    a.pkey = g.pkey;
+    a.guid = g.guid;
+    if (!gone)
+        for (const IpAddress& ip : g.addrs) {
+            if (a.count == 16) break;
+            a.addrs[a.count].family = uint8_t(ip.family);
+            std::memcpy(a.addrs[a.count].ip, ip.bytes, 16);
+            ++a.count;
+        }
+    return a;
+}
+
+}  // namespace
+
+void CmService::announce(uint64_t guest, bool gone) {
+    auto it = guests_.find(guest);
+    if (it == guests_.end() || it->second.remote || !outbox_) return;
+    const CmAddressMsg a = address_msg(it->second, gone);
+    for (const auto& [first, last] : peers_)
+        outbox_(first, it->second.lid, reinterpret_cast<const uint8_t*>(&a), sizeof(a));
+}
+
+void CmService::peer_up(uint16_t first, uint16_t last) {
+    peers_.insert({first, last});
+    if (!outbox_) return;
+    for (const auto& [key, g] : guests_) {
+        if (g.remote) continue;
+        const CmAddressMsg a = address_msg(g, false);
+        outbox_(first, g.lid, reinterpret_cast<const uint8_t*>(&a), sizeof(a));
+    }
+}
+
+void CmService::peer_down(uint16_t first, uint16_t last) {
+    peers_.erase({first, last});
+    std::vector<uint32_t> lost;
+    for (auto& [h, id] : ids_)
+        if (id.peer_guest >= kRemoteKey && id.peer_guest - kRemoteKey >= first && id.peer_guest - kRemoteKey <= last)
+            lost.push_back(h);
+    for (uint32_t h : lost)
+        if (Id* id = id_of(h)) peer_lost(*id);
+    for (auto it = guests_.begin(); it != guests_.end();)
+        it = it->second.remote && it->second.lid >= first && it->second.lid <= last ? guests_.erase(it) : std::next(it);
+}
+
+void CmService::from_peer(uint16_t first, uint16_t last, const uint8_t* msg, size_t len) {
+    if (len < 1 || msg[0] < uint8_t(CmOp::Req) || msg[0] > kCmOpLast) return;
+    if (msg[0] == uint8_t(CmOp::Addresses)) {
+        if (len != sizeof(CmAddressMsg)) return;
+        CmAddressMsg a;
+        std::memcpy(&a, msg, sizeof(a));
+        on_addresses(first, last, a);
+        return;
+    }
+    if (len != sizeof(CmMsg)) return;
+    CmMsg m;
+    std::memcpy(&m, msg, sizeof(m));
+    uint64_t dst;
+    // From a guest of that peer, to one of ours: anything else is dropped.
+    if (m.src_lid < first || m.src_lid > last || !guest_by_lid(m.dst_lid, dst) || dst >= kRemoteKey) return;
+    if ((m.op == uint8_t(CmOp::Req) || m.op == uint8_t(CmOp::SidrReq)) && m.family != AF_INET && m.family != AF_INET6)
+        return;
+    receive(m);
+}
+
+void CmService::on_addresses(uint16_t first, uint16_t last, const CmAddressMsg& a) {
+    if (a.lid < first || a.lid > last || a.count > 16) return;
+    const uint64_t key = kRemoteKey + a.lid;
+    if (a.count == 0) {  // the guest is gone
+        std::vector<uint32_t> lost;
+        for (auto& [h, id] : ids_)
+            if (id.peer_guest == key) lost.push_back(h);
+        for (uint32_t h : lost)
+            if (Id* id = id_of(h)) peer_lost(*id);
+        guests_.erase(key);
+        return;
+    }
+    CmGuest g;
+    g.name = "lid " + std::to_string(a.lid);
+    g.lid = a.lid;
+    g.guid = a.guid;
+    g.pkey = a.pkey;
+    g.remote = true;
+    g.peer_first = first;
+    for (uint8_t i = 0; i < a.count; ++i) {
+        IpAddress ip;
+        ip.family = a.addrs[i].family;
+        if (ip.family != AF_INET && ip.family != AF_INET6) continue;
+        std::memcpy(ip.bytes, a.addrs[i].ip, 16);
+        if (ip.family == AF_INET) std::memset(ip.bytes + 4, 0, 12);
+        if (ip.is_any() || ip.is_loopback()) continue;
+        uint64_t other;
+        // An address another guest has already (one of ours, or one a
+        // peer announced first) stays that guest's.
+        if (guest_of(ip, key, other) && other != key) {
+            LOG_WARN("rdma_cm: the peer shim of lids %u-%u announced %s for lid %u, which is another guest's: ignored",
+                     first, last, ip.str().c_str(), a.lid);
+            continue;
+        }
+        g.addrs.push_back(ip);
+    }
+    guests_[key] = std::move(g);
+}
+
 uint64_t CmService::add_connection(size_t index, UniqueFd sock) {
-    if (!guests_.count(index) || guest_channels_[index] >= kMaxChannels) return 0;
+    if (!guests_.count(index) || guests_.at(index).remote || guest_channels_[index] >= kMaxChannels) return 0;
     ++guest_channels_[index];
     const uint64_t cid = next_channel_++;
     Channel& ch = channels_[cid];
@@ -94,95 +204,29 @@ CmService::Id& CmService::new_id(Channel& ch, uint16_t ps, uint8_t qp_type, uint
     return id;
 }
 
-void CmService::drop_id(uint32_t handle) {
-    Id* idp = id_of(handle);
-    if (!idp) return;
-    Id& id = *idp;
-    // What the kernel's CM sends for an id destroyed in each state.
-    Id* peer = id.peer ? id_of(id.peer) : nullptr;
-    if (peer) {
-        peer->peer = 0;
-        switch (id.state) {
-        case State::Connecting:  // our REQ is withdrawn: the request it made is rejected
-        case State::ReqReceived: // a request never answered is rejected
-            if (peer->state == State::ReqReceived || peer->state == State::Connecting) {
-                peer->state = State::Closed;
-                queue(*peer, kRejected, kRejConsumerDefined, peer->uid);
-            }
-            break;
-        case State::RepSent:
-        case State::RepReceived:
-        case State::Established:
-        case State::DreqReceived:  // destroy sends the DREP we owed
-            peer_disconnected(*peer);
-            break;
-        default:
-            break;
-        }
-    }
-    if (id.state == State::ReqReceived || id.state == State::RepSent)
-        if (Id* l = id_of(id.listener); l && l->pending) --l->pending;
-    // Its undelivered events go, and their counts with them; so do the
-    // ids of connection requests it was never told of.
-    std::vector<uint32_t> unannounced;
-    if (auto cit = channels_.find(id.channel); cit != channels_.end()) {
-        Channel& ch = cit->second;
-        std::deque<Event> keep;
-        for (Event& e : ch.events) {
-            if (e.handle == handle) {
-                guest_pipe_take(ch.pipe_r.get());
-                if (e.resp.event == kConnectRequest) unannounced.push_back(e.resp.id);
-            } else {
-                keep.push_back(e);
-            }
-        }
-        ch.events.swap(keep);
-        ch.ids.erase(handle);
-    }
-    if (id.bound) {
-        auto pit = ports_.find(PortKey{id.guest, id.ps, id.src.port});
-        if (pit != ports_.end()) {
-            std::erase(pit->second, handle);
-            if (pit->second.empty()) ports_.erase(pit);
-        }
-    }
-    --guest_ids_[id.guest];
-    ids_.erase(handle);
-    for (uint32_t child : unannounced) drop_id(child);
-}
-
-void CmService::peer_disconnected(Id& id) {
-    switch (id.state) {
-    case State::RepSent:
-    case State::RepReceived:
-    case State::Established:
-        id.state = State::DreqReceived;
-        queue(id, kDisconnected, 0, id.uid);
-        break;
-    case State::DreqSent:  // the DREP we waited for
-        id.state = State::Closed;
-        queue(id, kDisconnected, 0, id.uid);
-        break;
-    default:
-        break;
-    }
-    if (id.state == State::DreqReceived && !id.peer) id.state = State::Closed;  // nobody to DREP
-}
-
-bool CmService::owns(size_t guest, const IpAddress& ip) const {
+bool CmService::owns(uint64_t guest, const IpAddress& ip) const {
     auto it = guests_.find(guest);
     if (it == guests_.end()) return false;
     return std::find(it->second.addrs.begin(), it->second.addrs.end(), ip) != it->second.addrs.end();
 }
 
-bool CmService::guest_of(const IpAddress& ip, size_t self, size_t& out) const {
+bool CmService::guest_of(const IpAddress& ip, uint64_t self, uint64_t& out) const {
     if (ip.is_any() || ip.is_loopback() || owns(self, ip)) {
         out = self;
         return true;
     }
-    for (auto& [index, g] : guests_)
+    for (auto& [key, g] : guests_)  // this shim's guests first: their keys are the smaller
         if (std::find(g.addrs.begin(), g.addrs.end(), ip) != g.addrs.end()) {
-            out = index;
+            out = key;
+            return true;
+        }
+    return false;
+}
+
+bool CmService::guest_by_lid(uint16_t lid, uint64_t& out) const {
+    for (auto& [key, g] : guests_)
+        if (g.lid == lid) {
+            out = key;
             return true;
         }
     return false;
@@ -246,7 +290,7 @@ int CmService::resolve_ip(Channel& ch, const rdma_ucm_resolve_ip& c) {
         if (dst.ip.family == AF_INET) dst.ip.bytes[0] = 127, dst.ip.bytes[3] = 1;
         else dst.ip.bytes[15] = 1;
     }
-    size_t peer_guest = 0;
+    uint64_t peer_guest = 0;
     const bool known = guest_of(dst.ip, id->guest, peer_guest);
     if (id->src.ip.is_any()) {
         const uint16_t port = id->src.port;
@@ -288,7 +332,7 @@ int CmService::resolve_route(Channel& ch, const rdma_ucm_resolve_route& c) {
     return 0;
 }
 
-CmService::Id* CmService::find_listener(size_t guest, uint16_t ps, const Endpoint& dst) {
+CmService::Id* CmService::find_listener(uint64_t guest, uint16_t ps, const Endpoint& dst) {
     auto it = ports_.find(PortKey{guest, ps, dst.port});
     if (it == ports_.end()) return nullptr;
     Id* any = nullptr;
@@ -328,180 +372,6 @@ int CmService::listen(Channel& ch, const rdma_ucm_listen& c) {
     return 0;
 }
 
-int CmService::connect(Channel& ch, const rdma_ucm_connect& c) {
-    Id* idp = find(ch, c.id);
-    if (!idp) return ENOENT;
-    Id& id = *idp;
-    if (id.state != State::RouteResolved) return EINVAL;
-    const bool ud = id.qp_type == IBV_QPT_UD;
-    id.qp_num = c.conn_param.qp_num & 0xffffff;
-    id.srq = c.conn_param.srq;
-    id.responder_resources = c.conn_param.responder_resources;
-    id.initiator_depth = c.conn_param.initiator_depth;
-    id.retry_count = std::min<uint8_t>(c.conn_param.retry_count, 7);
-    id.rnr_retry_count = std::min<uint8_t>(c.conn_param.rnr_retry_count, 7);
-    id.state = State::Connecting;
-
-    Id* l = guests_.count(id.peer_guest) ? find_listener(id.peer_guest, id.ps, id.dst) : nullptr;
-    if (!l) {
-        id.state = State::Closed;
-        if (ud) queue(id, kUnreachable, kSidrUnsupported, id.uid);
-        else queue(id, kRejected, kRejInvalidServiceId, id.uid);
-        return 0;
-    }
-    auto lch = channels_.find(l->channel);
-    if (l->pending >= l->backlog || guest_ids_[l->guest] >= kMaxIds || lch == channels_.end()) {
-        id.state = State::Closed;  // dropped, as a full backlog drops a REQ: the sender times out
-        queue(id, kUnreachable, -ETIMEDOUT, id.uid);
-        return 0;
-    }
-    ++l->pending;
-    Id& p = new_id(lch->second, l->ps, l->qp_type, 0);
-    id.peer = p.handle;
-    p.peer = id.handle;
-    p.listener = l->handle;
-    p.state = State::ReqReceived;
-    p.src = id.dst;
-    p.src.port = l->src.port;
-    p.dst = id.src;
-    p.dst_known = true;
-    p.peer_guest = id.guest;
-    p.retry_count = id.retry_count;
-    p.reuseaddr = l->reuseaddr;
-    // Until ACCEPT says otherwise, the passive side serves as many reads as
-    // the active side may issue, and issues as many as it serves.
-    p.responder_resources = id.initiator_depth;
-    p.initiator_depth = id.responder_resources;
-
-    Event& e = queue_event(p, kConnectRequest, 0);
-    e.handle = l->handle;  // the listener's event (librdmacm acks it on the listener), about the new id
-    e.resp.uid = l->uid;
-    if (ud) {
-        rdma_ucm_ud_param& u = e.resp.param.ud;
-        fill_ah(u.ah_attr, p);
-        u.private_data_len = c.conn_param.private_data_len;
-        std::memcpy(u.private_data, c.conn_param.private_data, u.private_data_len);
-    } else {
-        p.peer_qp_num = id.qp_num;
-        p.peer_psn = id.psn;
-        fill_conn(e.resp.param.conn, id, c.conn_param.private_data, c.conn_param.private_data_len);
-        // What the peer can do for us is what we may do to it.
-        e.resp.param.conn.responder_resources = id.initiator_depth;
-        e.resp.param.conn.initiator_depth = id.responder_resources;
-        e.resp.ece = c.ece;
-    }
-    return 0;
-}
-
-int CmService::accept(Channel& ch, const rdma_ucm_accept& c) {
-    Id* idp = find(ch, c.id);
-    if (!idp) return ENOENT;
-    Id& id = *idp;
-    Id* peer = id.peer ? id_of(id.peer) : nullptr;
-    if (id.state == State::RepReceived) {  // the active side's RTU
-        if (!peer) return EINVAL;
-        id.state = State::Established;
-        if (peer->state == State::RepSent) {
-            peer->state = State::Established;
-            queue(*peer, kEstablished, 0, peer->uid);
-        }
-        return 0;
-    }
-    if (id.state != State::ReqReceived || !c.conn_param.valid) return EINVAL;
-    if (!peer || peer->state != State::Connecting) return EINVAL;
-    id.uid = c.uid;
-    id.qp_num = c.conn_param.qp_num & 0xffffff;
-    id.srq = c.conn_param.srq;
-    id.responder_resources = c.conn_param.responder_resources;
-    id.initiator_depth = c.conn_param.initiator_depth;
-    id.rnr_retry_count = std::min<uint8_t>(c.conn_param.rnr_retry_count, 7);
-    if (Id* l = id_of(id.listener); l && l->pending) --l->pending;
-    id.listener = 0;
-    if (id.qp_type == IBV_QPT_UD) {  // the SIDR REP
-        if (c.conn_param.qkey) id.qkey = c.conn_param.qkey;
-        id.state = State::Established;
-        peer->state = State::Established;
-        Event& e = queue_event(*peer, kEstablished, 0);
-        rdma_ucm_ud_param& u = e.resp.param.ud;
-        fill_ah(u.ah_attr, *peer);
-        u.qp_num = id.qp_num;
-        u.qkey = id.qkey;
-        u.private_data_len = c.conn_param.private_data_len;
-        std::memcpy(u.private_data, c.conn_param.private_data, u.private_data_len);
-        return 0;
-    }
-    id.state = State::RepSent;
-    peer->state = State::RepReceived;
-    peer->peer_qp_num = id.qp_num;
-    peer->peer_psn = id.psn;
-    // The active side may read and write as far as we let it.
-    peer->initiator_depth = std::min(peer->initiator_depth, id.responder_resources);
-    peer->responder_resources = std::min(peer->responder_resources, id.initiator_depth);
-    Event& e = queue_event(*peer, kConnectResponse, 0);
-    fill_conn(e.resp.param.conn, id, c.conn_param.private_data, c.conn_param.private_data_len);
-    e.resp.param.conn.responder_resources = id.initiator_depth;
-    e.resp.param.conn.initiator_depth = id.responder_resources;
-    e.resp.ece = c.ece;
-    return 0;
-}
-
-int CmService::reject(Channel& ch, const rdma_ucm_reject& c) {
-    Id* idp = find(ch, c.id);
-    if (!idp) return ENOENT;
-    Id& id = *idp;
-    if (id.state != State::ReqReceived) return EINVAL;
-    id.state = State::Closed;
-    if (Id* l = id_of(id.listener); l && l->pending) --l->pending;
-    Id* peer = id.peer ? id_of(id.peer) : nullptr;
-    if (!peer) return 0;
-    peer->peer = 0;
-    id.peer = 0;
-    peer->state = State::Closed;
-    if (peer->qp_type == IBV_QPT_UD) {
-        Event& e = queue_event(*peer, kUnreachable, c.reason ? c.reason : 2 /* SIDR REJECT */);
-        e.resp.param.ud.private_data_len = c.private_data_len;
-        std::memcpy(e.resp.param.ud.private_data, c.private_data, c.private_data_len);
-    } else {
-        Event& e = queue_event(*peer, kRejected, c.reason ? c.reason : kRejConsumerDefined);
-        e.resp.param.conn.private_data_len = c.private_data_len;
-        std::memcpy(e.resp.param.conn.private_data, c.private_data, c.private_data_len);
-    }
-    return 0;
-}
-
-int CmService::disconnect(Channel& ch, uint32_t handle) {
-    Id* idp = find(ch, handle);
-    if (!idp) return ENOENT;
-    Id& id = *idp;
-    Id* peer = id.peer ? id_of(id.peer) : nullptr;
-    switch (id.state) {
-    case State::RepSent:
-    case State::RepReceived:
-    case State::Established:  // DREQ
-        id.state = State::DreqSent;
-        if (peer) {
-            peer_disconnected(*peer);
-        } else {  // nobody will DREP
-            id.state = State::Closed;
-            queue(id, kDisconnected, 0, id.uid);
-        }
-        return 0;
-    case State::DreqReceived:  // DREP
-        id.state = State::Closed;
-        if (peer) {
-            peer->peer = 0;
-            id.peer = 0;
-            peer_disconnected(*peer);
-        }
-        return 0;
-    case State::DreqSent:
-    case State::Closed:
-        return 0;
-    default:
-        return EINVAL;
-    }
-}
-
 void CmService::queue(Id& id, uint32_t event, int32_t status, uint64_t uid) {
     Event& e = queue_event(id, event, status);
     e.resp.uid = uid;
@@ -529,17 +399,7 @@ CmService::Event& CmService::queue_event(Id& id, uint32_t event, int32_t status)
     return e;
 }
 
-void CmService::fill_conn(rdma_ucm_conn_param& p, const Id& from, const uint8_t* pdata, uint8_t pdata_len) {
-    p.qp_num = from.qp_num;
-    p.srq = from.srq;
-    p.retry_count = from.retry_count;
-    p.rnr_retry_count = from.rnr_retry_count;
-    p.flow_control = 1;
-    p.private_data_len = pdata_len;  // a u8: within the 256 bytes
-    std::memcpy(p.private_data, pdata, p.private_data_len);
-}
-
-void CmService::gid_of(size_t guest, uint8_t gid[16]) const {
+void CmService::gid_of(uint64_t guest, uint8_t gid[16]) const {
     std::memset(gid, 0, 16);
     gid[0] = 0xfe;
     gid[1] = 0x80;

@@ -4,21 +4,24 @@
 // the provider forwards each one, unchanged, over the guest's rdma_cm.sock
 // to this service, which plays the kernel's part: CM ids, bound addresses
 // and ports, address and route resolution from the guests' IP addresses
-// (--guest NAME:ip=...), and the CM exchange between two ids (REQ, REP,
-// RTU, REJ, DREQ, DREP, and SIDR for UD) carried out in place, as both ends
-// are guests of this shim. Events are queued per channel (one open() of
-// the device) and counted, a byte each, in the channel's pipe, whose read
-// end is the fd librdmacm polls.
+// (--guest NAME:ip=..., and the addresses peer shims announce for theirs),
+// and the CM exchange between two ids: REQ, REP, RTU, REJ, DREQ, DREP, and
+// SIDR for UD (cm_wire.h), handed over in place between guests of this
+// shim and sent over the fabric (through the outbox) to a peer shim's.
+// Events are queued per channel (one open() of the device) and counted, a
+// byte each, in the channel's pipe, whose read end is the fd librdmacm
+// polls.
 //
 // It runs in the daemon's thread (the control plane) and never touches a
-// guest's memory: every command arrives in a socket message, is copied and
-// checked, and its response leaves in the reply. A guest reaches only its
-// own channels and ids, binds only its own addresses, and is held to
-// kMaxChannels, kMaxIds and kMaxEvents.
+// guest's memory: every command arrives in a socket message, every peer's
+// message in a fabric segment, and each is copied and checked. A guest
+// reaches only its own channels and ids, binds only its own addresses, and
+// is held to kMaxChannels, kMaxIds and kMaxEvents.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -27,6 +30,7 @@
 #include <infiniband/verbs.h>
 #include <rdma/rdma_user_cm.h>
 
+#include "cm_wire.h"
 #include "ip_address.h"
 #include "vrdma_common/unique_fd.h"
 
@@ -40,13 +44,17 @@ enum CmEvent : uint32_t {
     kRejected = 8, kEstablished = 9, kDisconnected = 10, kDeviceRemoval = 11,
 };
 
-// What the CM knows of a guest of this shim.
+// What the CM knows of a guest: one of this shim's, or of a peer shim's
+// (remote: what that shim announced, reached through the peer whose LID
+// range starts at peer_first).
 struct CmGuest {
     std::string name;
     uint16_t lid = 0;
     uint64_t guid = 0;  // host order; the GID is fe80::GUID
     uint16_t pkey = 0xffff;
     std::vector<IpAddress> addrs;
+    bool remote = false;
+    uint16_t peer_first = 0;
 };
 
 class CmService {
@@ -59,6 +67,20 @@ public:
     // channels close, and the peers of its ids see them go.
     void set_guest(size_t index, CmGuest g);
     void remove_guest(size_t index);
+
+    // The fabric (worker 0's links to each peer shim's worker 0): `send`
+    // carries a CM message from guest LID `src_lid` to the peer whose LID
+    // range starts at `peer_first`.
+    using Outbox = std::function<void(uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len)>;
+    void set_outbox(Outbox send) { outbox_ = std::move(send); }
+    // A peer shim (LIDs first..last) came up: it learns this shim's
+    // guests' addresses. Gone: its guests' addresses go, and ids connected
+    // to them are told as by a lost connection.
+    void peer_up(uint16_t first, uint16_t last);
+    void peer_down(uint16_t first, uint16_t last);
+    // A message from that peer (its link checked that `src_lid` is its
+    // own); checked here like any peer input, and dropped if wrong.
+    void from_peer(uint16_t first, uint16_t last, const uint8_t* msg, size_t len);
 
     // A connection accepted on guest `index`'s rdma_cm.sock. Returns its
     // channel id (the daemon watches `sock` under it), or 0 when the guest
@@ -92,7 +114,7 @@ private:
         uint32_t handle = 0;
         uint64_t uid = 0;
         uint64_t channel = 0;
-        size_t guest = 0;
+        uint64_t guest = 0;        // a key of guests_ (always this shim's)
         uint16_t ps = 0;
         uint8_t qp_type = 0;
         State state = State::Idle;
@@ -101,8 +123,8 @@ private:
         bool reuseaddr = false;
         bool afonly = false;
         bool dst_known = false;    // dst resolved to peer_guest
-        size_t peer_guest = 0;
-        uint32_t peer = 0;         // the id at the other end (0: none or gone)
+        uint64_t peer_guest = 0;   // a key of guests_
+        uint32_t peer = 0;         // the id at the other end, on its guest's shim (0: not known yet)
         uint32_t listener = 0;     // ReqReceived: the listen id that took the request
         uint32_t backlog = 0, pending = 0;  // Listen
         uint32_t qp_num = 0, psn = 0, qkey = 0;
@@ -118,7 +140,7 @@ private:
     };
     struct Channel {
         uint64_t id = 0;
-        size_t guest = 0;
+        uint64_t guest = 0;
         UniqueFd sock;
         UniqueFd pipe_w;  // a byte per event queued
         UniqueFd pipe_r;  // the guest's end, to take a byte back when an event goes unread
@@ -126,7 +148,7 @@ private:
         std::set<uint32_t> ids;
     };
     struct PortKey {
-        size_t guest;
+        uint64_t guest;
         uint16_t ps;
         uint16_t port;
         auto operator<=>(const PortKey&) const = default;
@@ -149,28 +171,52 @@ private:
     int set_option(Channel& ch, const rdma_ucm_set_option& c, const uint8_t* value, size_t len);
     int migrate_id(Channel& ch, const rdma_ucm_migrate_id& c, std::vector<uint8_t>& out);
 
-    // The CM exchange (cm_service.cpp).
+    // Ids, ports and addresses (cm_service.cpp).
     Id* find(const Channel& ch, uint32_t handle);
     Id* id_of(uint32_t handle);
     Id& new_id(Channel& ch, uint16_t ps, uint8_t qp_type, uint64_t uid);
-    void drop_id(uint32_t handle);  // destroy's side effects on the peer, then gone
+    void drop_id(uint32_t handle);  // what a destroy sends the peer, then gone
     int bind(Id& id, const Endpoint& at);
-    bool owns(size_t guest, const IpAddress& ip) const;
+    bool owns(uint64_t guest, const IpAddress& ip) const;
     // The guest whose address `ip` is (loopback and wildcard: `self`).
-    bool guest_of(const IpAddress& ip, size_t self, size_t& out) const;
-    Id* find_listener(size_t guest, uint16_t ps, const Endpoint& dst);
+    bool guest_of(const IpAddress& ip, uint64_t self, uint64_t& out) const;
+    bool guest_by_lid(uint16_t lid, uint64_t& out) const;
+    Id* find_listener(uint64_t guest, uint16_t ps, const Endpoint& dst);
     void queue(Id& id, uint32_t event, int32_t status, uint64_t uid);
     Event& queue_event(Id& id, uint32_t event, int32_t status);
-    void fill_conn(rdma_ucm_conn_param& p, const Id& from, const uint8_t* pdata, uint8_t pdata_len);
     void fill_ah(ib_uverbs_ah_attr& ah, const Id& to) const;
     void fill_path(ib_user_path_rec& p, const Id& id) const;
-    void gid_of(size_t guest, uint8_t gid[16]) const;
-    // The peer ends its side (DREQ or DREP arrived, or it went away).
-    void peer_disconnected(Id& id);
+    void gid_of(uint64_t guest, uint8_t gid[16]) const;
     void close_channel_ids(Channel& ch);
+    // The peer's side is gone (its shim or guest): the id is told as the
+    // kernel tells it of a connection that timed out.
+    void peer_lost(Id& id);
+    void announce(uint64_t guest, bool gone);  // to every peer shim that is up
 
-    std::map<size_t, CmGuest> guests_;
-    std::map<size_t, uint32_t> guest_channels_, guest_ids_;
+    // The exchange (cm_exchange.cpp): a message from an id, delivered in
+    // place to an id of this shim or sent to the peer shim of its guest.
+    CmMsg message(const Id& from, CmOp op) const;
+    void deliver(const CmMsg& m);
+    void receive(const CmMsg& m);
+    // The id `m` is for: its dst_id, of guest dst_lid, whose peer is the
+    // sender (null: none such; a stale or forged message is dropped).
+    Id* target(const CmMsg& m);
+    void on_req(const CmMsg& m);
+    void on_rep(const CmMsg& m);
+    void on_rtu(const CmMsg& m);
+    void on_rej(const CmMsg& m);
+    void on_dreq(const CmMsg& m);
+    void on_drep(const CmMsg& m);
+    void on_sidr_rep(const CmMsg& m);
+    void on_addresses(uint16_t first, uint16_t last, const CmAddressMsg& a);
+
+    // Keys: the daemon's guest index for this shim's guests, kRemoteKey
+    // plus the LID for a peer shim's.
+    static constexpr uint64_t kRemoteKey = 1ull << 32;
+    std::map<uint64_t, CmGuest> guests_;
+    std::map<uint64_t, uint32_t> guest_channels_, guest_ids_;
+    std::set<std::pair<uint16_t, uint16_t>> peers_;  // LID ranges of peer shims that are up
+    Outbox outbox_;
     std::map<uint64_t, Channel> channels_;
     std::map<uint32_t, Id> ids_;
     std::map<PortKey, std::vector<uint32_t>> ports_;  // bound ids by guest, port space and port
