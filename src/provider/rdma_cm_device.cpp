@@ -63,6 +63,11 @@ struct CmFile {
     std::mutex mu;  // one request at a time on the socket; guards `ids`
     std::map<uint32_t, IdRecord> ids;
     bool shim_gone = false;
+    // Calls in progress on it (g_table_mu): a close() during one (another
+    // thread in GET_EVENT, say) leaves the file and its fd open until the
+    // last returns, as the kernel keeps a file a system call holds.
+    int users = 0;
+    int closed_fd = -1;  // closed while in use: the fd to close after the last call
 };
 
 // By fd number (the eventfd's). Entries are never freed while in the table;
@@ -73,6 +78,9 @@ CmFile* file_of(int fd) {
     if (fd < 0 || fd >= kMaxFd) return nullptr;
     return g_files[fd].load(std::memory_order_acquire);
 }
+
+std::mutex g_table_mu;  // CmFile::users and closed_fd, and the files' deletion
+
 
 template <typename Fn>
 Fn real(const char* name) {
@@ -100,6 +108,40 @@ CloseFn real_close() {
     static CloseFn fn = real<CloseFn>("close");
     return fn;
 }
+
+// The file of `fd`, held for a call (null: not an rdma_cm fd).
+CmFile* pin(int fd) {
+    CmFile* f = file_of(fd);
+    if (!f) return nullptr;
+    std::lock_guard lock(g_table_mu);
+    if (g_files[fd].load(std::memory_order_relaxed) != f) return nullptr;  // closed meanwhile
+    ++f->users;
+    return f;
+}
+
+void unpin(CmFile* f) {
+    if (!f) return;
+    int fd = -1;
+    {
+        std::lock_guard lock(g_table_mu);
+        if (--f->users > 0 || f->closed_fd < 0) return;
+        fd = f->closed_fd;
+    }
+    delete f;
+    real_close()(fd);
+}
+
+struct Pinned {
+    CmFile* f;
+    explicit Pinned(CmFile* file) : f(file) {}
+    ~Pinned() {
+        const int e = errno;
+        unpin(f);
+        errno = e;
+    }
+    Pinned(const Pinned&) = delete;
+    Pinned& operator=(const Pinned&) = delete;
+};
 
 // RUN_DIR/NAME/rdma_cm.sock of vrdma0's guest, from its vrdma_socket attribute.
 bool cm_socket_path(std::string& out) {
@@ -297,6 +339,7 @@ ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
     if (hdr.out && hdr.in >= resp_at + 8) std::memcpy(&response, body + resp_at, 8);
 
     CmFile* from = nullptr;  // MIGRATE_ID: the file the id leaves
+    Pinned hold_from(nullptr);
     if (hdr.cmd == RDMA_USER_CM_CMD_SET_OPTION) {  // its value travels after it
         rdma_ucm_set_option so{};
         std::memcpy(&so, body, std::min<size_t>(hdr.in, sizeof(so)));
@@ -309,11 +352,12 @@ ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
     } else if (hdr.cmd == RDMA_USER_CM_CMD_MIGRATE_ID) {  // an fd here is a channel id there
         rdma_ucm_migrate_id m{};
         std::memcpy(&m, body, std::min<size_t>(hdr.in, sizeof(m)));
-        from = file_of(int(m.fd));
+        from = pin(int(m.fd));
         if (!from) {
             errno = EBADF;
             return -1;
         }
+        hold_from.f = from;
         m.fd = from->channel_id;
         std::memcpy(body, &m, std::min<size_t>(hdr.in, sizeof(m)));
     }
@@ -401,13 +445,26 @@ extern "C" {
 }
 
 [[gnu::visibility("default")]] ssize_t write(int fd, const void* buf, size_t len) {
-    if (CmFile* f = file_of(fd)) return cm_write(fd, *f, buf, len);
+    if (file_of(fd)) {  // (one load for every other fd)
+        if (CmFile* f = pin(fd)) {
+            Pinned hold(f);
+            return cm_write(fd, *f, buf, len);
+        }
+    }
     return real_write()(fd, buf, len);
 }
 
 [[gnu::visibility("default")]] int close(int fd) {
-    if (fd >= 0 && fd < kMaxFd) {
-        if (CmFile* f = g_files[fd].exchange(nullptr, std::memory_order_acq_rel)) delete f;
+    if (file_of(fd)) {
+        std::unique_lock lock(g_table_mu);
+        if (CmFile* f = g_files[fd].exchange(nullptr, std::memory_order_acq_rel)) {
+            if (f->users > 0) {  // the last call in progress closes it
+                f->closed_fd = fd;
+                return 0;
+            }
+            lock.unlock();
+            delete f;
+        }
     }
     return real_close()(fd);
 }

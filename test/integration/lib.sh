@@ -161,7 +161,8 @@ client_server() {
 FABRIC_PORT=7400
 FABRIC_HOSTS=()            # host numbers, in creation order
 declare -A HOST_NS=()      # H -> namespace
-declare -A HOST_GUESTS=()  # H -> "g1 g2"
+declare -A HOST_GUESTS=()  # H -> "g1 g2" (the --guest specs: NAME[:key=value...])
+declare -A HOST_NAMES=()   # H -> the guests' names alone
 declare -A HOST_LID=()     # H -> lid base
 declare -A HOST_ADDR=()    # H -> listen address
 declare -A HOST_PEERS=()   # H -> "ADDR:PORT ..."
@@ -185,7 +186,7 @@ host_ctl() {
 guest_run_dir() {
     local h
     for h in "${FABRIC_HOSTS[@]}"; do
-        case " ${HOST_GUESTS[$h]} " in *" $1 "*) host_run_dir "$h"; return 0 ;; esac
+        case " ${HOST_NAMES[$h]} " in *" $1 "*) host_run_dir "$h"; return 0 ;; esac
     done
     echo "$RUN_DIR"
 }
@@ -193,7 +194,7 @@ guest_run_dir() {
 guest_host() {
     local h
     for h in "${FABRIC_HOSTS[@]}"; do
-        case " ${HOST_GUESTS[$h]} " in *" $1 "*) echo "$h"; return 0 ;; esac
+        case " ${HOST_NAMES[$h]} " in *" $1 "*) echo "$h"; return 0 ;; esac
     done
     fail "no host serves guest $1"
 }
@@ -241,7 +242,11 @@ fabric_host() {
     ip -n "$ns" link set lo up
     mkdir -p "$(host_run_dir "$h")"
     local g
-    for g in $2; do ln -sfn "h$h/$g" "$RUN_DIR/$g"; done
+    HOST_NAMES[$h]=""
+    for g in $2; do
+        HOST_NAMES[$h]+=" ${g%%:*}"
+        ln -sfn "h$h/${g%%:*}" "$RUN_DIR/${g%%:*}"
+    done
 }
 
 # fabric_link HA HB: a veth pair between the two hosts with a /30 of its own.

@@ -24,8 +24,11 @@ cm_pair() {
     local out="$RUN_DIR.out.$name"
     timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "${server[@]}" >"$out.server" 2>&1 &
     local spid=$! src=0 crc=0
+    # (a server that ends before it listens has its output shown)
+    trap 'rc=$?; sed "s/^/  server| /" "$out.server" 2>/dev/null; (exit $rc); stop_shim' EXIT
     wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port $port " 20
     timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "${client[@]}" >"$out.client" 2>&1 || crc=$?
+    trap stop_shim EXIT
     wait "$spid" || src=$?
     tail -n 4 "$out.server" | sed 's/^/  server| /'
     tail -n 4 "$out.client" | sed 's/^/  client| /'
@@ -60,7 +63,7 @@ timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- rping -s -a 127.0.0.1 
 lo=$!
 wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on 127.0.0.1 port 7176 " 20
 in_guest a timeout 60 rping -c -a 127.0.0.1 -p 7176 -C 3 -v | grep -c '^ping data' | grep -qx 3 || fail "loopback rping"
-wait "$lo" || fail "loopback rping server failed"
+wait "$lo" || { sed "s/^/  server| /" "$RUN_DIR.lo"; fail "loopback rping server failed"; }
 
 note "cmtime: 50 connections set up and torn down"
 timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- cmtime -p 7177 >/dev/null 2>&1 &

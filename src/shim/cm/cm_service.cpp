@@ -89,21 +89,24 @@ void CmService::peer_down(uint16_t first, uint16_t last) {
         it = it->second.remote && it->second.lid >= first && it->second.lid <= last ? guests_.erase(it) : std::next(it);
 }
 
-void CmService::from_peer(uint16_t first, uint16_t last, const uint8_t* msg, size_t len) {
+void CmService::from_peer(uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len) {
     if (len < 1 || msg[0] < uint8_t(CmOp::Req) || msg[0] > kCmOpLast) return;
     if (msg[0] == uint8_t(CmOp::Addresses)) {
         if (len != sizeof(CmAddressMsg)) return;
         CmAddressMsg a;
         std::memcpy(&a, msg, sizeof(a));
-        on_addresses(first, last, a);
+        if (a.lid == src_lid) on_addresses(first, last, a);
         return;
     }
     if (len != sizeof(CmMsg)) return;
     CmMsg m;
     std::memcpy(&m, msg, sizeof(m));
     uint64_t dst;
-    // From a guest of that peer, to one of ours: anything else is dropped.
-    if (m.src_lid < first || m.src_lid > last || !guest_by_lid(m.dst_lid, dst) || dst >= kRemoteKey) return;
+    // From the guest of that peer that sent it, to one of ours: anything
+    // else is dropped.
+    if (m.src_lid != src_lid || m.src_lid < first || m.src_lid > last || !guest_by_lid(m.dst_lid, dst) ||
+        dst >= kRemoteKey)
+        return;
     if ((m.op == uint8_t(CmOp::Req) || m.op == uint8_t(CmOp::SidrReq)) && m.family != AF_INET && m.family != AF_INET6)
         return;
     receive(m);

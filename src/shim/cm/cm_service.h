@@ -78,9 +78,10 @@ public:
     // to them are told as by a lost connection.
     void peer_up(uint16_t first, uint16_t last);
     void peer_down(uint16_t first, uint16_t last);
-    // A message from that peer (its link checked that `src_lid` is its
-    // own); checked here like any peer input, and dropped if wrong.
-    void from_peer(uint16_t first, uint16_t last, const uint8_t* msg, size_t len);
+    // A message from that peer's guest `src_lid` (its link checked that
+    // the LID is the peer's); checked here like any peer input, and
+    // dropped if wrong.
+    void from_peer(uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len);
 
     // A connection accepted on guest `index`'s rdma_cm.sock. Returns its
     // channel id (the daemon watches `sock` under it), or 0 when the guest

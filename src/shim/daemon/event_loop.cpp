@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -47,7 +48,9 @@ bool Daemon::start(std::string& error) {
     sigaddset(&set, SIGHUP);
     signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
-    if (!signal_fd_ || !epoll_ || !epoll_add(signal_fd_.get(), EPOLLIN, tag(kSignal, 0))) {
+    posted_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!signal_fd_ || !epoll_ || !posted_fd_ || !epoll_add(signal_fd_.get(), EPOLLIN, tag(kSignal, 0)) ||
+        !epoll_add(posted_fd_.get(), EPOLLIN, tag(kInbox, 0))) {
         error = std::string("cannot set up epoll/signalfd: ") + strerror(errno);
         return false;
     }
@@ -127,6 +130,7 @@ bool Daemon::start(std::string& error) {
                 to->post([to, address, addr, id, peer_workers] { to->fabric().learn(address, addr, id, peer_workers); });
             }
         };
+        connect_cm_to_fabric(fc);
         for (uint32_t w = 0; w < nworkers; ++w) {
             fc.worker = w;
             fc.accepts = w == 0;
@@ -390,6 +394,9 @@ void Daemon::poll_events(int timeout_ms) {
         case kCmConn:
             on_cm(id);
             break;
+        case kInbox:
+            run_posted();
+            break;
         }
     });
 }
@@ -534,6 +541,49 @@ void Daemon::accept_cm(size_t guest_index) {
 
 void Daemon::on_cm(uint64_t channel) {
     if (!cm_.on_readable(channel)) cm_.close_channel(channel);  // closing the socket takes it out of epoll
+}
+
+void Daemon::post(std::function<void()> task) {
+    {
+        std::lock_guard lock(posted_mutex_);
+        posted_.push_back(std::move(task));
+    }
+    const uint64_t one = 1;
+    (void)!::write(posted_fd_.get(), &one, sizeof(one));
+}
+
+void Daemon::run_posted() {
+    uint64_t n;
+    (void)!::read(posted_fd_.get(), &n, sizeof(n));
+    std::vector<std::function<void()>> tasks;
+    {
+        std::lock_guard lock(posted_mutex_);
+        tasks.swap(posted_);
+    }
+    for (auto& t : tasks) t();
+}
+
+// The CM's messages to a peer shim leave through worker 0's fabric, and
+// what worker 0 receives for the CM comes back here (each message copied:
+// the link's buffer is reused).
+void Daemon::connect_cm_to_fabric(fabric::FabricConfig& fc) {
+    static_assert(cm::kMaxCmWire <= fabric::kMaxCmPayload, "a CM message fits one fabric segment");
+    cm_.set_outbox([this](uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len) {
+        Worker* w0 = workers_[0].get();
+        std::vector<uint8_t> copy(msg, msg + len);
+        w0->post([w0, peer_first, src_lid, copy] {
+            if (!w0->fabric().send_cm(peer_first, src_lid, copy.data(), copy.size()))
+                LOG_DEBUG("rdma_cm: a message for the peer of lids %u-: not sent (the peer is down or busy)",
+                          peer_first);
+        });
+    });
+    fc.cm_received = [this](uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len) {
+        std::vector<uint8_t> copy(msg, msg + len);
+        post([this, first, last, src_lid, copy] { cm_.from_peer(first, last, src_lid, copy.data(), copy.size()); });
+    };
+    fc.cm_peer = [this](uint16_t first, uint16_t last, bool up) {
+        post([this, first, last, up] { up ? cm_.peer_up(first, last) : cm_.peer_down(first, last); });
+    };
 }
 
 uint16_t Daemon::free_lid() const {

@@ -18,6 +18,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@ private:
         kSignal = 1, kListen = 2, kControl = 3, kControlConn = 4, kMetrics = 5, kMetricsConn = 6,
         kCmListen = 7,  // a guest's rdma_cm.sock
         kCmConn = 8,    // one of its connections (a channel of the CM)
+        kInbox = 9,     // tasks the workers give this thread
     };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
@@ -65,6 +67,12 @@ private:
     // this thread by cm_.
     void accept_cm(size_t guest_index);
     void on_cm(uint64_t channel);
+    // From a worker's thread: `task` runs in the daemon's (rdma_cm: what
+    // worker 0's fabric received for the CM, and its peers coming and going).
+    void post(std::function<void()> task);
+    void run_posted();
+    // rdma_cm across the fabric: the CM's outbox, and worker 0's hooks.
+    void connect_cm_to_fabric(fabric::FabricConfig& fc);
     // Accepts what waits on `listener` (the control socket, the metrics
     // port): each connection gets an id, is watched as `kind` and is handed
     // to `keep`; past 16 held (`held`) it is closed at once.
@@ -129,6 +137,9 @@ private:
     std::vector<UniqueFd> listeners_;
     std::vector<UniqueFd> cm_listeners_;  // by guest index: RUN_DIR/NAME/rdma_cm.sock
     cm::CmService cm_;
+    std::mutex posted_mutex_;
+    std::vector<std::function<void()>> posted_;
+    UniqueFd posted_fd_;  // an eventfd: tasks wait in posted_
     UniqueFd control_;                           // RUN_DIR/control.sock
     std::string control_path_;
     std::map<uint64_t, UniqueFd> control_conns_;  // operator connections awaiting their request

@@ -674,8 +674,24 @@ void Fabric::establish(Pending& pd) {
         if (cfg_.learned) cfg_.learned(p->address_, p->addr_, p->instance_, h.workers);
     }
     announce_all_ud(*p);
+    // The connection manager of each shim talks to the other's through
+    // their workers 0.
+    if (cfg_.worker == 0 && p->remote_worker_ == 0) {
+        const uint16_t first = h.lid_first, last = h.lid_last;
+        p->link_->on_cm = [this, first, last](uint16_t src_lid, const uint8_t* msg, size_t len) {
+            if (cfg_.cm_received) cfg_.cm_received(first, last, src_lid, msg, len);
+        };
+        if (cfg_.cm_peer) cfg_.cm_peer(first, last, true);
+    }
     // Requesters waiting for room or a route try again.
     eng_.rescan_all();
+}
+
+bool Fabric::send_cm(uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len) {
+    for (auto& p : peers_)
+        if (p->remote_worker_ == 0 && p->up() && p->lid_first_ == peer_first)
+            return p->link_->send_cm(src_lid, msg, len);
+    return false;
 }
 
 void Fabric::link_closed(Peer& p) {
@@ -683,6 +699,8 @@ void Fabric::link_closed(Peer& p) {
     const std::string& why = l.close_reason();
     if (l.tampered()) ++counters_.tampered;
     if (why != kReplaced && why != p.last_error_) LOG_WARN("fabric: peer %s down: %s", p.address_.c_str(), why.c_str());
+    if (why != kReplaced && cfg_.worker == 0 && p.remote_worker_ == 0 && cfg_.cm_peer && p.ever_up_)
+        cfg_.cm_peer(p.lid_first_, p.lid_last_, false);
     LinkStats s = l.stats;
     p.past_.tx_bytes += s.tx_bytes;
     p.past_.rx_bytes += s.rx_bytes;

@@ -59,6 +59,14 @@ struct FabricConfig {
     std::function<void(const std::string& address, const sockaddr_in& addr, const InstanceId& instance,
                        uint8_t workers)>
         learned;
+    // rdma_cm (src/shim/cm), in worker 0 only, on its links to each peer
+    // shim's worker 0: a CM message that peer (LIDs peer_first..peer_last)
+    // sent from its guest `src_lid`, and the peer coming up or going down
+    // (a link replaced by a newer one is not down). Called in the worker's
+    // thread.
+    std::function<void(uint16_t peer_first, uint16_t peer_last, uint16_t src_lid, const uint8_t* msg, size_t len)>
+        cm_received;
+    std::function<void(uint16_t peer_first, uint16_t peer_last, bool up)> cm_peer;
 };
 
 // What the fabric refused, since the shim started (vrdmactl peers).
@@ -199,6 +207,10 @@ public:
     // A guest added at run time (vrdmactl guest add): the peers that are up
     // learn its partitions now, later ones with their Hello.
     void announce_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys);
+    // A CM message from this shim's guest `src_lid` to the peer shim whose
+    // LIDs start at `peer_first` (worker 0: on the link to that peer's
+    // worker 0). False: that peer is not up, or the guest's queue is full.
+    bool send_cm(uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len);
     // Of every peer's connections together.
     LinkStats totals() const;
     const FabricCounters& counters() const { return counters_; }

@@ -444,6 +444,8 @@ bool Link::parse() {
                 close_reason_.append(reinterpret_cast<const char*>(p), size_t(n));
             } else if (hdr_.type == uint8_t(SegType::Partitions)) {
                 std::memcpy(announce_ + seg_offset_, p, size_t(n));  // header_ok: at most sizeof(announce_)
+            } else if (hdr_.type == uint8_t(SegType::Cm)) {
+                std::memcpy(cm_ + seg_offset_, p, size_t(n));  // header_ok: at most sizeof(cm_)
             } else if (cur_ && !cur_->discard) {
                 uint32_t cnt;
                 uint64_t skip;
@@ -567,7 +569,7 @@ bool Link::on_fixed() {
     const bool foreign = !peer_owns(hdr_.src_lid);
     if (foreign && hdr_.type != uint8_t(SegType::Request))
         return violation("a segment from a LID the peer does not own");
-    if (hdr_.type == uint8_t(SegType::Partitions)) {
+    if (hdr_.type == uint8_t(SegType::Partitions) || hdr_.type == uint8_t(SegType::Cm)) {
         cur_ = nullptr;
         return true;  // kept when its payload is in (on_payload_done)
     }
@@ -632,6 +634,10 @@ bool Link::on_payload_done() {
         LOG_ERR("fabric: peer %s refused this shim: %s", remote_.c_str(), close_reason_.c_str());
         close("refused by the peer: " + close_reason_);
         return false;
+    }
+    if (hdr_.type == uint8_t(SegType::Cm)) {
+        if (on_cm) on_cm(hdr_.src_lid, cm_, hdr_.payload_len);
+        return true;
     }
     if (hdr_.type == uint8_t(SegType::Partitions)) {
         if (peer_pkeys_.size() >= size_t(peer_.lid_last - peer_.lid_first) + 1 && !peer_pkeys_.count(hdr_.src_lid))
@@ -911,6 +917,21 @@ void Link::send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys) {
     m->nspans = 1;
     m->total = 2 * n;
     commit(*s);
+}
+
+static_assert(kMaxCmPayload <= abi::kMaxInline, "a CM message travels in an OutMsg's inline bytes");
+
+bool Link::send_cm(uint16_t lid, const uint8_t* msg, size_t len) {
+    if (state_ != LinkState::Up || close_after_flush_ || len == 0 || len > kMaxCmPayload) return false;
+    QpSender* s = sender(lid, 0, true);  // the guest's own queue, as its partitions
+    OutMsg* m = reserve(*s, SegType::Cm, lid, 0, 0, 0, 0);
+    if (!m) return false;
+    std::memcpy(m->inline_data, msg, len);  // kMaxCmPayload fits kMaxInline
+    m->spans[0] = Span{m->inline_data, len};
+    m->nspans = 1;
+    m->total = len;
+    commit(*s);
+    return true;
 }
 
 void Link::send_ud_qp(uint16_t lid, uint32_t qpn, uint64_t guid) {

@@ -18,6 +18,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <deque>
 #include <memory>
 #include <string>
@@ -196,6 +197,13 @@ public:
     // `pkey` (as a full member if `pkey` says full), by the P_Key table the
     // peer announced for it (none announced: the default partition only).
     bool peer_member(uint16_t lid, uint16_t pkey) const;
+    // Sends a message of the connection manager from this shim's guest at
+    // `lid` (at most kMaxCmPayload bytes). False: not sent (the link is not
+    // up, or that guest's queue is full).
+    bool send_cm(uint16_t lid, const uint8_t* msg, size_t len);
+    // Where the CM messages the peer sends go (unset: dropped): the
+    // sending guest's LID (one the peer owns) and the bytes.
+    std::function<void(uint16_t src_lid, const uint8_t* msg, size_t len)> on_cm;
     // Announces the P_Key table of this shim's guest at `lid` (at most
     // kMaxPkeys entries are sent).
     void send_partitions(uint16_t lid, const std::vector<uint16_t>& pkeys);
@@ -289,6 +297,7 @@ private:
     };
     std::unordered_map<uint16_t, PkeyTable> peer_pkeys_;
     uint8_t announce_[2 * kMaxPkeys] = {};  // the announcement being received
+    uint8_t cm_[kMaxCmPayload] = {};        // the CM message being received
 
     // Sending.
     std::vector<uint8_t> raw_;   // the Hello and error bytes, before any segment

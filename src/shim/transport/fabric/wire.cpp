@@ -108,7 +108,7 @@ bool header_ok(const SegHeader& h, const char** why) {
         *why = w;
         return false;
     };
-    if (h.type < uint8_t(SegType::Request) || h.type > uint8_t(SegType::Partitions)) return bad("unknown segment type");
+    if (h.type < uint8_t(SegType::Request) || h.type > uint8_t(SegType::Cm)) return bad("unknown segment type");
     if (h.flags & ~(kSegFirst | kSegLast | kSegAbort)) return bad("unknown segment flags");
     if ((h.flags & kSegAbort) && (h.flags != (kSegLast | kSegAbort) || h.payload_len != 0))
         return bad("an abort flag on a segment that is not a message's empty last one");
@@ -127,6 +127,11 @@ bool header_ok(const SegHeader& h, const char** why) {
                        h.payload_len <= 2 * kMaxPkeys && h.payload_len % 2 == 0 && h.offset == 0
                    ? true
                    : bad("malformed partition announcement");
+    if (h.type == uint8_t(SegType::Cm))
+        return h.flags == (kSegFirst | kSegLast) && h.fixed_len == 0 && h.payload_len >= 1 &&
+                       h.payload_len <= kMaxCmPayload && h.offset == 0
+                   ? true
+                   : bad("malformed rdma_cm message");
     const size_t want = h.type == uint8_t(SegType::Request) ? sizeof(WireRequest) : sizeof(WireResponse);
     if ((h.flags & kSegFirst) ? h.fixed_len != want : h.fixed_len != 0) return bad("wrong fixed part length");
     if (h.src_qpn > kPsnMask || h.dst_qpn > kPsnMask || h.psn > kPsnMask) return bad("QPN or PSN over 24 bits");

@@ -28,8 +28,8 @@ constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode,
 // partition announcements; 6: encrypt mode in AES-GCM frames, keys of both
 // modes by generation; 7: workers (a connection joins one worker of each
-// shim: the dialer names the one it wants)
-constexpr uint32_t kProtocolVersion = 7;
+// shim: the dialer names the one it wants); 8: rdma_cm messages (SegType::Cm)
+constexpr uint32_t kProtocolVersion = 8;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
 // Random per shim start: tells a restarted peer apart, and a connection of
@@ -73,7 +73,12 @@ enum class SegType : uint8_t {
                    // (hca_ud.h: who sent a datagram the device delivered)
     Partitions = 6,  // the P_Key table of the sending shim's guest at the
                      // header's source LID: payload = 1 to kMaxPkeys u16
+    Cm = 7,          // a message of the connection manager behind rdma_cm
+                     // (src/shim/cm/cm_wire.h), from the guest at the
+                     // header's source LID: payload = 1 to kMaxCmPayload bytes,
+                     // handed to the peer's CM, which checks it
 };
+constexpr uint32_t kMaxCmPayload = 512;
 constexpr uint32_t kMaxPkeys = 16;
 
 // kSegAbort: only on the last segment of a message (no payload) whose
