@@ -16,6 +16,7 @@ CTL=("$build/tools/vrdmactl" --run-dir /run/vrdma)
 # shellcheck disable=SC2034 # used by the scripts that source this
 RUN=("$build/tools/vrdma-run" --run-dir /run/vrdma --guest "g$N" --)
 server_ip=10.10.0.1
+cm_prefix=10.20.0  # guest gN's rdma_cm address: 10.20.0.N (--guest gN:ip=)
 shim_pid=
 # A build with ASan and UBSan (scripts/test.sh's build-asan) runs here too:
 # the plain provider is preloaded into instrumented programs, and what the
@@ -41,7 +42,7 @@ source "$hca_src/scripts/vm/rxe-up.sh" >/dev/null || {
 # joined to the other VM's shim; waits until the peer is up (the peer's
 # shim may start later: up to 60 s). Log: /tmp/shim.log (appended).
 start_shim() {
-    "$SHIM" --run-dir /run/vrdma --guest "g$N" --guest "g${N}b" --lid-base "$((10 * N))" --workers 2 \
+    "$SHIM" --run-dir /run/vrdma --guest "g$N:ip=$cm_prefix.$N" --guest "g${N}b" --lid-base "$((10 * N))" --workers 2 \
         --fabric-listen "10.10.0.$N:7400" --fabric-peer "10.10.0.$peer:7400" \
         --fabric-key "$share/fabric.key" --hca rxe0 >>/tmp/shim.log 2>&1 &
     shim_pid=$!
@@ -94,6 +95,26 @@ run_pair() {
 # connect_retrying SECONDS OUT CMD...: runs CMD (under timeout SECONDS)
 # until it gets past connecting to its server (for up to 60 s); returns
 # CMD's status.
+# cm_pair NAME SERVER... -- CLIENT...: rdma_cm programs, which take their
+# addresses as they like: VM 1 runs SERVER, VM 2 CLIENT (retrying while
+# nobody listens yet, or while the peer's guests' addresses are not known).
+cm_pair() {
+    local name=$1
+    shift
+    local server=() client=()
+    while [ "$1" != -- ]; do server+=("$1"); shift; done
+    shift
+    client=("$@")
+    local out=/tmp/$name.out
+    if [ "$N" = 1 ]; then
+        if timeout 180 "${server[@]}" >"$out" 2>&1; then ok "$name"; else fail "$name" "server: $(tail -3 "$out" | tr '\n' ' ')"; fi
+        return
+    fi
+    if connect_retrying 180 "$out" "${client[@]}"; then ok "$name"; else
+        fail "$name" "client: $(tail -3 "$out" | tr '\n' ' ')"
+    fi
+}
+
 connect_retrying() {
     local limit=$1 out=$2 tries=0 rc
     shift 2
@@ -101,7 +122,7 @@ connect_retrying() {
         timeout "$limit" "$@" >"$out" 2>&1
         rc=$?
         if [ "$rc" != 0 ] && [ $tries -lt 120 ] &&
-            grep -qiE "couldn't connect|unable to connect|connection refused|Failed to connect" "$out"; then
+            grep -qiE "couldn't connect|unable to connect|connection refused|Failed to connect|REJECTED|ADDR_ERROR|Unable to perform rdma_client" "$out"; then
             tries=$((tries + 1))
             sleep 0.5
             continue

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -295,4 +297,94 @@ TEST_CASE("rdma_migrate_id moves an id and its waiting events to another channel
     CHECK(e->id == id);
     rdma_ack_cm_event(e);
     rdma_destroy_id(id);
+}
+
+namespace {
+
+// The kernel's UCMA ABI (include/rdma/rdma_user_cm.h, which clashes with
+// librdmacm's header): the two commands written by hand below.
+struct UcmaHdr {
+    uint32_t cmd;  // 0: CREATE_ID, 1: DESTROY_ID, 7: LISTEN
+    uint16_t in, out;
+};
+struct UcmaCreateId {
+    uint64_t uid, response;
+    uint16_t ps;
+    uint8_t qp_type;
+    uint8_t reserved[5];
+};
+struct UcmaDestroyId {
+    uint64_t response;
+    uint32_t id, reserved;
+};
+
+// A UCMA command written to the device by hand, as a hostile program
+// would: CREATE_ID (the shim's handle comes back) and DESTROY_ID.
+uint32_t raw_create(int fd) {
+    struct {
+        UcmaHdr hdr;
+        UcmaCreateId body;
+    } cmd{};
+    uint32_t resp = 0;
+    cmd.hdr.cmd = 0;
+    cmd.hdr.in = sizeof(cmd.body);
+    cmd.hdr.out = sizeof(resp);
+    cmd.body.uid = 1;
+    cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
+    cmd.body.ps = RDMA_PS_TCP;
+    cmd.body.qp_type = IBV_QPT_RC;
+    if (write(fd, &cmd, sizeof(cmd)) != ssize_t(sizeof(cmd))) return 0;
+    return resp;
+}
+
+int raw_destroy(int fd, uint32_t handle) {
+    struct {
+        UcmaHdr hdr;
+        UcmaDestroyId body;
+    } cmd{};
+    uint32_t resp = 0;  // events_reported
+    cmd.hdr.cmd = 1;
+    cmd.hdr.in = sizeof(cmd.body);
+    cmd.hdr.out = sizeof(resp);
+    cmd.body.response = reinterpret_cast<uintptr_t>(&resp);
+    cmd.body.id = handle;
+    return write(fd, &cmd, sizeof(cmd)) == ssize_t(sizeof(cmd)) ? 0 : errno;
+}
+
+}  // namespace
+
+TEST_CASE("an id is reached only through its own channel") {
+    Channel mine, other;
+    const uint32_t h = raw_create(mine.ch->fd);
+    REQUIRE(h != 0);
+    CHECK(raw_destroy(other.ch->fd, h) == ENOENT);  // another channel (another process's, say)
+    CHECK(raw_destroy(other.ch->fd, h + 1) == ENOENT);
+    CHECK(raw_destroy(mine.ch->fd, h) == 0);
+    CHECK(raw_destroy(mine.ch->fd, h) == ENOENT);  // gone
+}
+
+TEST_CASE("a guest holds at most 4096 ids; a malformed command is refused") {
+    Channel c;
+    std::vector<uint32_t> made;
+    uint32_t h;
+    while (made.size() < 5000 && (h = raw_create(c.ch->fd)) != 0) made.push_back(h);
+    CHECK(made.size() <= 4096);
+    CHECK(made.size() >= 4000);  // the rest are the other test cases' and librdmacm's
+    CHECK(errno == ENOMEM);
+    for (uint32_t id : made) raw_destroy(c.ch->fd, id);
+    CHECK(raw_create(c.ch->fd) != 0);  // given back
+
+    uint8_t junk[4] = {1, 2, 3, 4};
+    errno = 0;
+    CHECK(write(c.ch->fd, junk, sizeof(junk)) == -1);  // shorter than a header
+    CHECK(errno == EINVAL);
+    struct {
+        UcmaHdr hdr;
+        uint8_t body[8];
+    } big{};
+    big.hdr.cmd = 7;  // LISTEN
+    big.hdr.in = 4000;  // more than was written
+    errno = 0;
+    CHECK(write(c.ch->fd, &big, sizeof(big)) == -1);
+    CHECK(errno == EINVAL);
 }
