@@ -22,6 +22,7 @@
 // Every other fd and path goes to libc untouched, for one atomic load.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -35,6 +36,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include <rdma/rdma_user_cm.h>
@@ -68,6 +70,10 @@ struct CmFile {
     // last returns, as the kernel keeps a file a system call holds.
     int users = 0;
     int closed_fd = -1;  // closed while in use: the fd to close after the last call
+    // The pipe's identity: an fd number closed behind close()'s back
+    // (dup2, close_range) and reused is not taken for this file.
+    dev_t dev = 0;
+    ino_t ino = 0;
 };
 
 // By fd number (the eventfd's). Entries are never freed while in the table;
@@ -89,7 +95,6 @@ Fn real(const char* name) {
 using OpenFn = int (*)(const char*, int, ...);
 using WriteFn = ssize_t (*)(int, const void*, size_t);
 using CloseFn = int (*)(int);
-using FstatFn = int (*)(int, struct stat*);
 using Fstat64Fn = int (*)(int, struct stat64*);
 
 OpenFn real_open() {
@@ -109,14 +114,45 @@ CloseFn real_close() {
     return fn;
 }
 
+using FstatFn = int (*)(int, struct stat*);
+FstatFn real_fstat() {
+    static FstatFn fn = real<FstatFn>("fstat");
+    return fn;
+}
+
+// Whether `fd` is still the pipe `f` was opened with; if not (its number
+// was closed without close() and reused), the entry is dropped.
+bool still_ours(int fd, CmFile* f) {
+    struct stat st;
+    if (real_fstat()(fd, &st) == 0 && st.st_dev == f->dev && st.st_ino == f->ino) return true;
+    if (g_files[fd].compare_exchange_strong(f, nullptr) && f->users == 0) delete f;
+    return false;
+}
+
 // The file of `fd`, held for a call (null: not an rdma_cm fd).
 CmFile* pin(int fd) {
     CmFile* f = file_of(fd);
     if (!f) return nullptr;
     std::lock_guard lock(g_table_mu);
     if (g_files[fd].load(std::memory_order_relaxed) != f) return nullptr;  // closed meanwhile
+    if (!still_ours(fd, f)) return nullptr;
     ++f->users;
     return f;
+}
+
+// In a child after fork(): the channels are the parent's (one socket for
+// both would mix their replies), so the child's use of them fails, as
+// after the device went away, and its copies of the locks start free.
+void forget_channels_in_child() {
+    new (&g_table_mu) std::mutex;
+    for (auto& slot : g_files) {
+        CmFile* f = slot.load(std::memory_order_relaxed);
+        if (!f) continue;
+        new (&f->mu) std::mutex;
+        f->users = 0;
+        f->shim_gone = true;
+        f->ids.clear();
+    }
 }
 
 void unpin(CmFile* f) {
@@ -313,6 +349,13 @@ int cm_open(int flags) {
         return -1;
     }
     lock.unlock();
+    struct stat st;
+    if (real_fstat()(efd, &st) == 0) {
+        f->dev = st.st_dev;
+        f->ino = st.st_ino;
+    }
+    static const bool at_fork = (::pthread_atfork(nullptr, nullptr, forget_channels_in_child), true);
+    (void)at_fork;
     g_files[efd].store(f, std::memory_order_release);
     return efd;  // the shim holds the write end: end of file when it is gone
 }
@@ -387,6 +430,13 @@ ssize_t cm_write(int fd, CmFile& f, const void* buf, size_t len) {
             }
             rc = exchange(f, vrdma::abi::CmSockOp::Command, cmd, cmd_len, nullptr, resp, resp_len);
             if (rc == 0) track(f, hdr.cmd, body, hdr.in, resp, resp_len);
+            // The shim went between the byte and the event: the device's removal is the event.
+            if (rc == ENODEV && f.shim_gone && hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) {
+                if (device_removal(f, resp, resp_len)) return ssize_t(len);
+                rc = EAGAIN;
+                errno = EAGAIN;
+                return -1;
+            }
         }
         if (rc == EAGAIN && hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT) continue;  // its event went with its id
         if (rc) {
@@ -470,16 +520,18 @@ extern "C" {
 }
 
 [[gnu::visibility("default")]] int fstat(int fd, struct stat* st) {
-    static FstatFn fn = real<FstatFn>("fstat");
-    const int rc = fn(fd, st);
-    if (rc == 0 && file_of(fd)) fake_char_device(*st);
+    const int rc = real_fstat()(fd, st);
+    if (rc == 0) {
+        if (CmFile* f = file_of(fd); f && st->st_dev == f->dev && st->st_ino == f->ino) fake_char_device(*st);
+    }
     return rc;
 }
 
 [[gnu::visibility("default")]] int fstat64(int fd, struct stat64* st) {
     static Fstat64Fn fn = real<Fstat64Fn>("fstat64");
     const int rc = fn(fd, st);
-    if (rc == 0 && file_of(fd)) {
+    CmFile* f = rc == 0 ? file_of(fd) : nullptr;
+    if (f && st->st_dev == f->dev && st->st_ino == f->ino) {
         st->st_mode = S_IFCHR | 0666;
         st->st_rdev = makedev(10, 58);
     }

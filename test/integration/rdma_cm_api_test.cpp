@@ -235,6 +235,14 @@ TEST_CASE("connect, accept and disconnect through loopback, private data both wa
         rdma_disconnect(child);
         rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_DISCONNECTED));
     }
+    SECTION("a disconnect the peer never answers ends after the DREQ timeout") {
+        REQUIRE(rdma_disconnect(conn) == 0);
+        rdma_ack_cm_event(expect(server.ch, RDMA_CM_EVENT_DISCONNECTED));  // and it never disconnects
+        CHECK_FALSE(readable(client.ch, 2000));
+        rdma_cm_event* e = expect(client.ch, RDMA_CM_EVENT_DISCONNECTED);  // 3 s after the DREQ
+        CHECK(e->status == -ETIMEDOUT);
+        rdma_ack_cm_event(e);
+    }
     SECTION("the server's id goes away") {
         REQUIRE(rdma_destroy_id(child) == 0);
         child = nullptr;
@@ -245,7 +253,7 @@ TEST_CASE("connect, accept and disconnect through loopback, private data both wa
     rdma_destroy_id(listen);
 }
 
-TEST_CASE("a full backlog drops a request: UNREACHABLE; a reject names its reason") {
+TEST_CASE("a backlog full of unread requests drops the next: UNREACHABLE; a reject names its reason") {
     Channel server, client;
     rdma_cm_id* listen = new_id(server.ch);
     auto at = v4("10.0.0.1", 7474);
@@ -263,14 +271,14 @@ TEST_CASE("a full backlog drops a request: UNREACHABLE; a reject names its reaso
         return id;
     };
     rdma_cm_id* first = connect_one();
-    rdma_cm_event* req = expect(server.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-    rdma_cm_id* child = req->id;
-    rdma_ack_cm_event(req);
-    rdma_cm_id* second = connect_one();  // the backlog of 1 holds the first
+    rdma_cm_id* second = connect_one();  // the backlog of 1 holds the first, not yet read
     rdma_cm_event* e = expect(client.ch, RDMA_CM_EVENT_UNREACHABLE);
     CHECK(e->id == second);
     CHECK(e->status == -ETIMEDOUT);
     rdma_ack_cm_event(e);
+    rdma_cm_event* req = expect(server.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    rdma_cm_id* child = req->id;
+    rdma_ack_cm_event(req);
     const char why[] = "busy";
     REQUIRE(rdma_reject(child, why, sizeof(why)) == 0);
     e = expect(client.ch, RDMA_CM_EVENT_REJECTED);

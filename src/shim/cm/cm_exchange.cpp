@@ -14,7 +14,6 @@
 #include <rdma/ib_user_verbs.h>
 
 #include "cm_service.h"
-#include "guest_fd.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim::cm {
@@ -105,7 +104,8 @@ CmService::Id* CmService::target(const CmMsg& m) {
         id = id_of(m.dst_id);
     } else {  // a Rej that withdraws a Req: the passive id does not know... its peer does
         for (auto& [h, cand] : ids_)
-            if (cand.peer == m.src_id && cand.state == State::ReqReceived && guests_.count(cand.peer_guest) &&
+            if (cand.peer == m.src_id && (cand.state == State::ReqReceived || cand.state == State::RepSent) &&
+                guests_.count(cand.peer_guest) &&
                 guests_.at(cand.peer_guest).lid == m.src_lid) {
                 id = &cand;
                 break;
@@ -168,8 +168,6 @@ int CmService::accept(Channel& ch, const rdma_ucm_accept& c) {
     id.responder_resources = c.conn_param.responder_resources;
     id.initiator_depth = c.conn_param.initiator_depth;
     id.rnr_retry_count = std::min<uint8_t>(c.conn_param.rnr_retry_count, 7);
-    if (Id* l = id_of(id.listener); l && l->pending) --l->pending;
-    id.listener = 0;
     const bool ud = id.qp_type == IBV_QPT_UD;
     if (ud && c.conn_param.qkey) id.qkey = c.conn_param.qkey;
     id.state = ud ? State::Established : State::RepSent;
@@ -187,8 +185,6 @@ int CmService::reject(Channel& ch, const rdma_ucm_reject& c) {
     Id& id = *idp;
     if (id.state != State::ReqReceived) return EINVAL;
     id.state = State::Closed;
-    if (Id* l = id_of(id.listener); l && l->pending) --l->pending;
-    id.listener = 0;
     const bool ud = id.qp_type == IBV_QPT_UD;
     CmMsg m = message(id, ud ? CmOp::SidrRep : CmOp::Rej);
     m.status = c.reason ? c.reason : ud ? kSidrReject : kRejConsumerDefined;
@@ -205,7 +201,7 @@ int CmService::disconnect(Channel& ch, uint32_t handle) {
     case State::RepSent:
     case State::RepReceived:
     case State::Established:  // DREQ
-        id.state = State::DreqSent;
+        set_state(id, State::DreqSent);
         deliver(message(id, CmOp::Dreq));
         return 0;
     case State::DreqReceived:  // DREP
@@ -245,7 +241,6 @@ void CmService::drop_id(uint32_t handle) {
     default:
         break;
     }
-    if (Id* l = id_of(id.listener); l && l->pending) --l->pending;
     // Its undelivered events go, and their counts with them; so do the
     // ids of connection requests it was never told of.
     std::vector<uint32_t> unannounced;
@@ -254,7 +249,7 @@ void CmService::drop_id(uint32_t handle) {
         std::deque<Event> keep;
         for (Event& e : ch.events) {
             if (e.handle == handle) {
-                guest_pipe_take(ch.pipe_r.get());
+                take_byte(ch);
                 if (e.resp.event == kConnectRequest) unannounced.push_back(e.resp.id);
             } else {
                 keep.push_back(e);
@@ -263,6 +258,7 @@ void CmService::drop_id(uint32_t handle) {
         ch.events.swap(keep);
         ch.ids.erase(handle);
     }
+    if (id.deadline_ns) timers_.erase({id.deadline_ns, handle});
     if (id.bound) {
         auto pit = ports_.find(PortKey{id.guest, id.ps, id.src.port});
         if (pit != ports_.end()) {
@@ -286,7 +282,7 @@ void CmService::peer_lost(Id& id) {
     case State::RepReceived:
     case State::Established:
     case State::DreqSent:
-        id.state = State::Closed;
+        set_state(id, State::Closed);
         queue(id, kDisconnected, 0, id.uid);
         break;
     case State::DreqReceived:
@@ -323,16 +319,30 @@ void CmService::on_req(const CmMsg& m) {
         r.unreachable = unreachable;
         deliver(r);
     };
-    // A loopback or own address names the listener's guest itself.
+    // The addresses must be the two guests' own (loopback only within one
+    // guest): a peer shim cannot put another source in a request, nor reach
+    // a listener on loopback.
+    if (from != here && (!owns(from, src.ip) || !owns(here, dst.ip))) {
+        if (warning_due())
+            LOG_WARN("rdma_cm: a request from lid %u as %s to %s, which are not those guests' addresses: refused",
+                     m.src_lid, src.ip.str().c_str(), dst.ip.str().c_str());
+        return ud ? answer(CmOp::SidrRep, kSidrUnsupported, false) : answer(CmOp::Rej, kRejInvalidServiceId, false);
+    }
     Id* l = find_listener(here, m.ps, dst);
+    // A connected-mode request for a UD listener, or SIDR for an RC one,
+    // finds no service.
+    if (l && (l->qp_type == IBV_QPT_UD) != ud) l = nullptr;
     if (!l) return ud ? answer(CmOp::SidrRep, kSidrUnsupported, false) : answer(CmOp::Rej, kRejInvalidServiceId, false);
     auto lch = channels_.find(l->channel);
-    if (l->pending >= l->backlog || guest_ids_[l->guest] >= kMaxIds || lch == channels_.end())
-        return answer(CmOp::Rej, 0, true);  // dropped, as a full backlog drops a REQ: the sender times out
+    // The backlog counts the requests the listener has not read yet, as
+    // the kernel's does; past it (or its guest's ids, or its channel's
+    // events) a request is dropped, and the sender times out.
+    if (lch == channels_.end() || l->pending >= l->backlog || guest_ids_[l->guest] >= kMaxIds ||
+        lch->second.events.size() >= kMaxEvents)
+        return answer(ud ? CmOp::SidrRep : CmOp::Rej, 0, true);
     ++l->pending;
     Id& p = new_id(lch->second, l->ps, l->qp_type, 0);
     p.peer = m.src_id;
-    p.listener = l->handle;
     p.state = State::ReqReceived;
     p.src = dst;
     p.src.port = l->src.port;
@@ -389,10 +399,8 @@ void CmService::on_rtu(const CmMsg& m) {
 void CmService::on_rej(const CmMsg& m) {
     Id* id = target(m);
     if (!id) return;
-    if (id->state == State::ReqReceived) {  // the active side withdrew its request
+    if (id->state == State::ReqReceived || id->state == State::RepSent) {  // the active side withdrew its request
         id->state = State::Closed;
-        if (Id* l = id_of(id->listener); l && l->pending) --l->pending;
-        id->listener = 0;
         queue(*id, kRejected, kRejConsumerDefined, id->uid);
         return;
     }
@@ -418,7 +426,7 @@ void CmService::on_dreq(const CmMsg& m) {
         queue(*id, kDisconnected, 0, id->uid);
         break;
     case State::DreqSent:  // both sides disconnected at once: each DREQ answers the other
-        id->state = State::Closed;
+        set_state(*id, State::Closed);
         queue(*id, kDisconnected, 0, id->uid);
         break;
     default:
@@ -429,7 +437,7 @@ void CmService::on_dreq(const CmMsg& m) {
 void CmService::on_drep(const CmMsg& m) {
     Id* id = target(m);
     if (!id || id->state != State::DreqSent) return;
-    id->state = State::Closed;
+    set_state(*id, State::Closed);
     queue(*id, kDisconnected, 0, id->uid);
 }
 
@@ -438,8 +446,6 @@ void CmService::on_sidr_rep(const CmMsg& m) {
     if (!id) return;
     if (id->state == State::ReqReceived) {  // the active side withdrew its request
         id->state = State::Closed;
-        if (Id* l = id_of(id->listener); l && l->pending) --l->pending;
-        id->listener = 0;
         return;
     }
     if (id->state != State::Connecting || id->qp_type != IBV_QPT_UD) return;

@@ -4,6 +4,7 @@
 #include "cm_service.h"
 
 #include <endian.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -12,7 +13,7 @@
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_sa.h>
 
-#include "guest_fd.h"
+#include "engine.h"
 #include "secure_random.h"
 #include "vrdma_common/log.h"
 
@@ -314,6 +315,10 @@ int CmService::resolve_ip(Channel& ch, const rdma_ucm_resolve_ip& c) {
         queue(*id, kAddrError, -EHOSTUNREACH, id->uid);
         return 0;
     }
+    if (id->src.ip.is_loopback() && peer_guest != id->guest) {  // as the kernel: loopback reaches no other host
+        queue(*id, kAddrError, -ENETUNREACH, id->uid);
+        return 0;
+    }
     id->dst = dst;
     id->dst_known = true;
     id->peer_guest = peer_guest;
@@ -375,6 +380,64 @@ int CmService::listen(Channel& ch, const rdma_ucm_listen& c) {
     return 0;
 }
 
+bool CmService::warning_due() {
+    const uint64_t now = monotonic_ns();
+    if (now - last_warning_ns_ < 1'000'000'000) return false;
+    last_warning_ns_ = now;
+    return true;
+}
+
+void CmService::set_state(Id& id, State s) {
+    if (id.deadline_ns) {
+        timers_.erase({id.deadline_ns, id.handle});
+        id.deadline_ns = 0;
+    }
+    id.state = s;
+    if (s == State::DreqSent) {
+        id.deadline_ns = monotonic_ns() + kDreqTimeoutNs;
+        timers_.insert({id.deadline_ns, id.handle});
+    }
+}
+
+void CmService::on_timer(uint64_t now_ns) {
+    while (!timers_.empty() && timers_.begin()->first <= now_ns) {
+        const uint32_t h = timers_.begin()->second;
+        timers_.erase(timers_.begin());
+        Id* id = id_of(h);
+        if (!id) continue;
+        id->deadline_ns = 0;
+        if (id->state != State::DreqSent) continue;
+        set_state(*id, State::Closed);  // the kernel's DREQ timeout
+        queue(*id, kDisconnected, -ETIMEDOUT, id->uid);
+    }
+}
+
+void CmService::undeliverable(const uint8_t* msg, size_t len) {
+    if (len != sizeof(CmMsg)) return;  // an address announcement: the peer learns them when it is up again
+    CmMsg m;
+    std::memcpy(&m, msg, sizeof(m));
+    Id* id = id_of(m.src_id);
+    if (!id || guests_.count(id->guest) == 0 || guests_.at(id->guest).lid != m.src_lid) return;
+    if (id->state == State::DreqSent) {
+        set_state(*id, State::Closed);
+        queue(*id, kDisconnected, -ETIMEDOUT, id->uid);
+        return;
+    }
+    peer_lost(*id);
+}
+
+// A full pipe (the guest kept a write end and filled it) loses the byte:
+// only that guest's poll is wrong then.
+void CmService::put_byte(Channel& ch) {
+    const uint8_t b = 1;
+    (void)!::write(ch.pipe_w.get(), &b, 1);
+}
+
+void CmService::take_byte(Channel& ch) {
+    uint8_t b;
+    (void)!::read(ch.pipe_r.get(), &b, 1);  // nothing there: the provider took it, and finds no event
+}
+
 void CmService::queue(Id& id, uint32_t event, int32_t status, uint64_t uid) {
     Event& e = queue_event(id, event, status);
     e.resp.uid = uid;
@@ -384,13 +447,13 @@ CmService::Event& CmService::queue_event(Id& id, uint32_t event, int32_t status)
     Channel& ch = channels_.at(id.channel);
     // A guest that never reads its events loses the oldest, not the shim's memory.
     if (ch.events.size() >= kMaxEvents) {
-        LOG_WARN("guest %s: rdma_cm channel %llu holds %u unread events; dropping the oldest",
+        if (warning_due())
+            LOG_WARN("guest %s: rdma_cm channel %llu holds %u unread events; dropping the oldest",
                  guests_.count(ch.guest) ? guests_.at(ch.guest).name.c_str() : "?", (unsigned long long)ch.id,
                  kMaxEvents);
         ch.events.pop_front();
-    } else if (const uint8_t b = 1; guest_fd_write(ch.pipe_w.get(), &b, 1) != 1) {
-        LOG_WARN("guest %s: rdma_cm channel %llu: its pipe takes no more events",
-                 guests_.count(ch.guest) ? guests_.at(ch.guest).name.c_str() : "?", (unsigned long long)ch.id);
+    } else {
+        put_byte(ch);
     }
     Event& e = ch.events.emplace_back();
     e.handle = id.handle;

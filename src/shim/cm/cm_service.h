@@ -82,6 +82,15 @@ public:
     // the LID is the peer's); checked here like any peer input, and
     // dropped if wrong.
     void from_peer(uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len);
+    // A message the outbox could not send (the peer is down, or the
+    // guest's queue to it is full): its sender is told as of a timeout.
+    void undeliverable(const uint8_t* msg, size_t len);
+
+    // Timeouts (a DREQ the peer never answers): the earliest deadline
+    // (monotonic ns, 0: none), and what is due at `now_ns`.
+    static constexpr uint64_t kDreqTimeoutNs = 3'000'000'000;
+    uint64_t next_deadline_ns() const { return timers_.empty() ? 0 : timers_.begin()->first; }
+    void on_timer(uint64_t now_ns);
 
     // A connection accepted on guest `index`'s rdma_cm.sock. Returns its
     // channel id (the daemon watches `sock` under it), or 0 when the guest
@@ -126,14 +135,14 @@ private:
         bool dst_known = false;    // dst resolved to peer_guest
         uint64_t peer_guest = 0;   // a key of guests_
         uint32_t peer = 0;         // the id at the other end, on its guest's shim (0: not known yet)
-        uint32_t listener = 0;     // ReqReceived: the listen id that took the request
-        uint32_t backlog = 0, pending = 0;  // Listen
+        uint32_t backlog = 0, pending = 0;  // Listen: pending = its CONNECT_REQUESTs not read yet
         uint32_t qp_num = 0, psn = 0, qkey = 0;
         uint32_t peer_qp_num = 0, peer_psn = 0;
         uint8_t responder_resources = 0, initiator_depth = 0;
         uint8_t retry_count = 7, rnr_retry_count = 7, srq = 0;
         uint8_t ack_timeout = 14;  // RTS's timeout (RDMA_OPTION_ID_ACK_TIMEOUT)
         uint32_t events_reported = 0;
+        uint64_t deadline_ns = 0;  // DreqSent: when the DREP is given up on (in timers_)
     };
     struct Event {
         uint32_t handle;  // the id it is about (dropped with it)
@@ -143,8 +152,11 @@ private:
         uint64_t id = 0;
         uint64_t guest = 0;
         UniqueFd sock;
-        UniqueFd pipe_w;  // a byte per event queued
-        UniqueFd pipe_r;  // the guest's end, to take a byte back when an event goes unread
+        // The shim's own descriptions of the two ends of the guest's pipe
+        // (nonblocking whatever the guest does to its own): a byte per
+        // event queued, taken back when an event goes unread.
+        UniqueFd pipe_w;
+        UniqueFd pipe_r;
         std::deque<Event> events;
         std::set<uint32_t> ids;
     };
@@ -189,6 +201,8 @@ private:
     void fill_path(ib_user_path_rec& p, const Id& id) const;
     void gid_of(uint64_t guest, uint8_t gid[16]) const;
     void close_channel_ids(Channel& ch);
+    static void put_byte(Channel& ch);
+    static void take_byte(Channel& ch);
     // The peer's side is gone (its shim or guest): the id is told as the
     // kernel tells it of a connection that timed out.
     void peer_lost(Id& id);
@@ -218,6 +232,10 @@ private:
     std::map<uint64_t, uint32_t> guest_channels_, guest_ids_;
     std::set<std::pair<uint16_t, uint16_t>> peers_;  // LID ranges of peer shims that are up
     Outbox outbox_;
+    std::set<std::pair<uint64_t, uint32_t>> timers_;  // (deadline, id)
+    uint64_t last_warning_ns_ = 0;
+    bool warning_due();  // at most one warning a second, whoever causes them
+    void set_state(Id& id, State s);  // DreqSent arms its timer, leaving it disarms it
     std::map<uint64_t, Channel> channels_;
     std::map<uint32_t, Id> ids_;
     std::map<PortKey, std::vector<uint32_t>> ports_;  // bound ids by guest, port space and port

@@ -9,13 +9,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_sa.h>
 
 #include "cm_service.h"
-#include "guest_fd.h"
 #include "vrdma/abi.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/log.h"
@@ -36,13 +36,26 @@ void respond(std::vector<uint8_t>& out, const T& resp) {
     std::memcpy(out.data(), &resp, sizeof(T));
 }
 
-// Two ends of one pipe: a write end and a read end of the same FIFO.
+// Two ends of one anonymous pipe (not a FIFO in some file system): a write
+// end and a read end.
 bool same_pipe(int w, int r) {
     struct stat ws, rs;
     if (::fstat(w, &ws) != 0 || ::fstat(r, &rs) != 0) return false;
     if (!S_ISFIFO(ws.st_mode) || ws.st_ino != rs.st_ino || ws.st_dev != rs.st_dev) return false;
+    char path[64], target[64] = {};
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", w);
+    if (::readlink(path, target, sizeof(target) - 1) <= 0 || std::strncmp(target, "pipe:[", 6) != 0) return false;
     const int wf = ::fcntl(w, F_GETFL), rf = ::fcntl(r, F_GETFL);
     return wf >= 0 && rf >= 0 && (wf & O_ACCMODE) == O_WRONLY && (rf & O_ACCMODE) == O_RDONLY;
+}
+
+// The shim's own open file description of a pipe end the guest passed:
+// its O_NONBLOCK is the shim's alone (the guest shares the pipe, not the
+// description), so no write or read of the shim's ever blocks.
+UniqueFd own_end(int fd, int mode) {
+    char path[64];
+    std::snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    return UniqueFd(::open(path, mode | O_NONBLOCK | O_CLOEXEC));
 }
 
 bool send_reply(int sock, int status, const std::vector<uint8_t>& payload, uint32_t channel_id) {
@@ -65,6 +78,19 @@ int CmService::command(uint64_t channel, const uint8_t* cmd, size_t len, std::ve
     if (len < sizeof(hdr)) return EINVAL;
     std::memcpy(&hdr, cmd, sizeof(hdr));
     if (sizeof(hdr) + hdr.in > len) return EINVAL;
+    // As the kernel, a response that would not fit is refused before the
+    // command acts (an event taken, an id made or destroyed).
+    size_t need = 0;
+    switch (hdr.cmd) {
+    case RDMA_USER_CM_CMD_CREATE_ID: need = sizeof(rdma_ucm_create_id_resp); break;
+    case RDMA_USER_CM_CMD_DESTROY_ID: need = sizeof(rdma_ucm_destroy_id_resp); break;
+    case RDMA_USER_CM_CMD_QUERY_ROUTE: need = sizeof(rdma_ucm_query_route_resp); break;
+    case RDMA_USER_CM_CMD_INIT_QP_ATTR: need = sizeof(ib_uverbs_qp_attr); break;
+    case RDMA_USER_CM_CMD_GET_EVENT: need = offsetof(rdma_ucm_event_resp, reserved); break;  // older librdmacm: no ECE
+    case RDMA_USER_CM_CMD_MIGRATE_ID: need = sizeof(rdma_ucm_migrate_resp); break;
+    default: break;
+    }
+    if (hdr.out < need) return ENOSPC;
     const uint8_t* body = cmd + sizeof(hdr);
     const uint8_t* extra = body + hdr.in;
     const size_t extra_len = len - sizeof(hdr) - hdr.in;
@@ -131,16 +157,7 @@ int CmService::command(uint64_t channel, const uint8_t* cmd, size_t len, std::ve
         out.clear();
         return rc;
     }
-    // The response must fit where librdmacm said it has room (an event may
-    // be cut at its ECE, which older libraries do not know).
-    size_t need = out.size();
-    if (hdr.cmd == RDMA_USER_CM_CMD_GET_EVENT)
-        need = offsetof(rdma_ucm_event_resp, reserved);
-    if (hdr.out < need) {
-        out.clear();
-        return ENOSPC;
-    }
-    if (out.size() > hdr.out) out.resize(hdr.out);
+    if (out.size() > hdr.out) out.resize(hdr.out);  // an event cut at its ECE, for an older librdmacm
     return 0;
 }
 
@@ -162,8 +179,9 @@ bool CmService::on_readable(uint64_t channel) {
     if (req.op == abi::CmSockOp::Open) {
         if (ch.pipe_w || fds.size() != 2 || !same_pipe(fds[0].get(), fds[1].get()))
             return send_reply(ch.sock.get(), EINVAL, out, 0), false;
-        ch.pipe_w = std::move(fds[0]);
-        ch.pipe_r = std::move(fds[1]);
+        ch.pipe_w = own_end(fds[0].get(), O_WRONLY);
+        ch.pipe_r = own_end(fds[1].get(), O_RDONLY);
+        if (!ch.pipe_w || !ch.pipe_r) return send_reply(ch.sock.get(), EMFILE, out, 0), false;
         return send_reply(ch.sock.get(), 0, out, uint32_t(ch.id));
     }
     if (req.op != abi::CmSockOp::Command || !ch.pipe_w || !fds.empty())
@@ -175,8 +193,22 @@ bool CmService::on_readable(uint64_t channel) {
 }
 
 int CmService::create_id(Channel& ch, const rdma_ucm_create_id& c, std::vector<uint8_t>& out) {
-    if (c.ps != RDMA_PS_TCP && c.ps != RDMA_PS_UDP && c.ps != RDMA_PS_IPOIB && c.ps != RDMA_PS_IB) return EINVAL;
-    if (c.qp_type != IBV_QPT_RC && c.qp_type != IBV_QPT_UD && c.qp_type != IBV_QPT_UC) return EINVAL;
+    // The kernel's pairs (ucma_get_qp_type): TCP is RC, UDP and IPoIB are
+    // UD, IB is RC, UC or UD.
+    switch (c.ps) {
+    case RDMA_PS_TCP:
+        if (c.qp_type != IBV_QPT_RC) return EINVAL;
+        break;
+    case RDMA_PS_UDP:
+    case RDMA_PS_IPOIB:
+        if (c.qp_type != IBV_QPT_UD) return EINVAL;
+        break;
+    case RDMA_PS_IB:
+        if (c.qp_type != IBV_QPT_RC && c.qp_type != IBV_QPT_UC && c.qp_type != IBV_QPT_UD) return EINVAL;
+        break;
+    default:
+        return EINVAL;
+    }
     if (guest_ids_[ch.guest] >= kMaxIds) return ENOMEM;
     Id& id = new_id(ch, c.ps, c.qp_type, c.uid);
     rdma_ucm_create_id_resp resp{};
@@ -290,7 +322,10 @@ int CmService::get_event(Channel& ch, std::vector<uint8_t>& out) {
     if (ch.events.empty()) return EAGAIN;  // its count was taken back (the id went): the provider waits again
     Event e = ch.events.front();
     ch.events.pop_front();
-    if (Id* id = id_of(e.handle)) ++id->events_reported;
+    if (Id* id = id_of(e.handle)) {
+        ++id->events_reported;
+        if (e.resp.event == kConnectRequest && id->pending) --id->pending;  // room in its backlog
+    }
     respond(out, e.resp);
     return 0;
 }
@@ -345,10 +380,9 @@ int CmService::migrate_id(Channel& ch, const rdma_ucm_migrate_id& c, std::vector
                 keep.push_back(e);
                 continue;
             }
-            guest_pipe_take(from->second.pipe_r.get());
+            take_byte(from->second);
             ch.events.push_back(e);
-            const uint8_t b = 1;
-            (void)guest_fd_write(ch.pipe_w.get(), &b, 1);
+            put_byte(ch);
         }
         from->second.events.swap(keep);
         from->second.ids.erase(c.id);

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -49,8 +50,9 @@ bool Daemon::start(std::string& error) {
     signal_fd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
     epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
     posted_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!signal_fd_ || !epoll_ || !posted_fd_ || !epoll_add(signal_fd_.get(), EPOLLIN, tag(kSignal, 0)) ||
-        !epoll_add(posted_fd_.get(), EPOLLIN, tag(kInbox, 0))) {
+    cm_timer_.reset(::timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK));
+    if (!signal_fd_ || !epoll_ || !posted_fd_ || !cm_timer_ || !epoll_add(signal_fd_.get(), EPOLLIN, tag(kSignal, 0)) ||
+        !epoll_add(posted_fd_.get(), EPOLLIN, tag(kInbox, 0)) || !epoll_add(cm_timer_.get(), EPOLLIN, tag(kCmTimer, 0))) {
         error = std::string("cannot set up epoll/signalfd: ") + strerror(errno);
         return false;
     }
@@ -396,7 +398,16 @@ void Daemon::poll_events(int timeout_ms) {
             break;
         case kInbox:
             run_posted();
+            arm_cm_timer();
             break;
+        case kCmTimer: {
+            uint64_t n;
+            (void)!::read(cm_timer_.get(), &n, sizeof(n));
+            cm_timer_armed_ns_ = 0;
+            cm_.on_timer(monotonic_ns());
+            arm_cm_timer();
+            break;
+        }
         }
     });
 }
@@ -541,6 +552,18 @@ void Daemon::accept_cm(size_t guest_index) {
 
 void Daemon::on_cm(uint64_t channel) {
     if (!cm_.on_readable(channel)) cm_.close_channel(channel);  // closing the socket takes it out of epoll
+    arm_cm_timer();
+}
+
+void Daemon::arm_cm_timer() {
+    const uint64_t due = cm_.next_deadline_ns();
+    if (due == cm_timer_armed_ns_ || !cm_timer_) return;
+    itimerspec its{};
+    if (due) {
+        its.it_value.tv_sec = time_t(due / 1'000'000'000);
+        its.it_value.tv_nsec = long(due % 1'000'000'000);
+    }
+    if (::timerfd_settime(cm_timer_.get(), TFD_TIMER_ABSTIME, &its, nullptr) == 0) cm_timer_armed_ns_ = due;
 }
 
 void Daemon::post(std::function<void()> task) {
@@ -571,15 +594,26 @@ void Daemon::connect_cm_to_fabric(fabric::FabricConfig& fc) {
     cm_.set_outbox([this](uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len) {
         Worker* w0 = workers_[0].get();
         std::vector<uint8_t> copy(msg, msg + len);
-        w0->post([w0, peer_first, src_lid, copy] {
-            if (!w0->fabric().send_cm(peer_first, src_lid, copy.data(), copy.size()))
-                LOG_DEBUG("rdma_cm: a message for the peer of lids %u-: not sent (the peer is down or busy)",
-                          peer_first);
+        w0->post([this, w0, peer_first, src_lid, copy] {
+            if (w0->fabric().send_cm(peer_first, src_lid, copy.data(), copy.size())) return;
+            LOG_DEBUG("rdma_cm: a message for the peer of lids %u-: not sent (the peer is down or busy)", peer_first);
+            post([this, copy] { cm_.undeliverable(copy.data(), copy.size()); });
         });
     });
     fc.cm_received = [this](uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len) {
+        if (posted_cm_.fetch_add(1) >= kMaxPostedCm) {  // the daemon's thread is behind: the peer floods
+            posted_cm_.fetch_sub(1);
+            if (posted_cm_dropped_.fetch_add(1) % 4096 == 0)
+                LOG_WARN("rdma_cm: the peer of lids %u-%u sends faster than this shim handles: messages dropped "
+                         "(%llu so far)",
+                         first, last, (unsigned long long)posted_cm_dropped_.load());
+            return;
+        }
         std::vector<uint8_t> copy(msg, msg + len);
-        post([this, first, last, src_lid, copy] { cm_.from_peer(first, last, src_lid, copy.data(), copy.size()); });
+        post([this, first, last, src_lid, copy] {
+            posted_cm_.fetch_sub(1);
+            cm_.from_peer(first, last, src_lid, copy.data(), copy.size());
+        });
     };
     fc.cm_peer = [this](uint16_t first, uint16_t last, bool up) {
         post([this, first, last, up] { up ? cm_.peer_up(first, last) : cm_.peer_down(first, last); });

@@ -13,6 +13,7 @@
 
 #include <fcntl.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -57,6 +58,7 @@ private:
         kCmListen = 7,  // a guest's rdma_cm.sock
         kCmConn = 8,    // one of its connections (a channel of the CM)
         kInbox = 9,     // tasks the workers give this thread
+        kCmTimer = 10,  // the CM's next timeout
     };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
@@ -73,6 +75,7 @@ private:
     void run_posted();
     // rdma_cm across the fabric: the CM's outbox, and worker 0's hooks.
     void connect_cm_to_fabric(fabric::FabricConfig& fc);
+    void arm_cm_timer();  // to the CM's next deadline, after anything it did
     // Accepts what waits on `listener` (the control socket, the metrics
     // port): each connection gets an id, is watched as `kind` and is handed
     // to `keep`; past 16 held (`held`) it is closed at once.
@@ -140,6 +143,13 @@ private:
     std::mutex posted_mutex_;
     std::vector<std::function<void()>> posted_;
     UniqueFd posted_fd_;  // an eventfd: tasks wait in posted_
+    // CM messages from peer shims waiting in posted_: past kMaxPostedCm a
+    // flooding peer's messages are dropped.
+    static constexpr uint32_t kMaxPostedCm = 4096;
+    std::atomic<uint32_t> posted_cm_{0};
+    std::atomic<uint64_t> posted_cm_dropped_{0};
+    UniqueFd cm_timer_;   // a timerfd at the CM's next deadline
+    uint64_t cm_timer_armed_ns_ = 0;
     UniqueFd control_;                           // RUN_DIR/control.sock
     std::string control_path_;
     std::map<uint64_t, UniqueFd> control_conns_;  // operator connections awaiting their request

@@ -1,13 +1,11 @@
 #include "guest_fd.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -89,16 +87,6 @@ ssize_t guest_fd_read(int fd, void* buf, size_t len) {
     g.disarm();
     errno = e;
     return n;
-}
-
-void guest_pipe_take(int read_end) {
-    pollfd p{read_end, POLLIN, 0};
-    if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return;
-    uint8_t b;
-    Guard& g = guard();
-    g.arm(kGuestFdTimeoutMs);
-    (void)::read(read_end, &b, 1);
-    g.disarm();
 }
 
 bool is_eventfd(int fd) {

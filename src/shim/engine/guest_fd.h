@@ -22,13 +22,6 @@ constexpr long kGuestFdTimeoutMs = 5;
 ssize_t guest_fd_write(int fd, const void* buf, size_t len);
 ssize_t guest_fd_read(int fd, void* buf, size_t len);
 
-// Takes one byte back from a pipe whose read end is the guest's (rdma_cm's
-// channel: librdmacm's GET_EVENT blocks on it unless the application set
-// O_NONBLOCK), so its O_NONBLOCK is left alone: only if a byte is there,
-// and bounded by the timer (a guest racing to read it first costs one
-// timer period).
-void guest_pipe_take(int read_end);
-
 // Is `fd` an eventfd (not a file, pipe or socket that could behave otherwise)?
 bool is_eventfd(int fd);
 
