@@ -470,29 +470,24 @@ void fake_char_device(struct stat& st) {
 
 extern "C" {
 
-[[gnu::visibility("default")]] int open(const char* path, int flags, ...) {
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = mode_t(va_arg(ap, int));
-        va_end(ap);
-    }
-    if (std::strcmp(path, kDevicePath) == 0) return cm_open(flags);
-    return real_open()(path, flags, mode);
-}
+// open() and open64() (the same on x86-64): the device here, anything else
+// to libc's; the mode is there only with O_CREAT or O_TMPFILE.
+#define VRDMA_OPEN_BODY(real_fn)                                      \
+    mode_t mode = 0;                                                  \
+    if (flags & (O_CREAT | O_TMPFILE)) {                              \
+        va_list ap;                                                   \
+        va_start(ap, flags);                                          \
+        mode = mode_t(va_arg(ap, int));                               \
+        va_end(ap);                                                   \
+    }                                                                 \
+    if (std::strcmp(path, kDevicePath) == 0) return cm_open(flags);   \
+    return real_fn()(path, flags, mode)
 
-[[gnu::visibility("default")]] int open64(const char* path, int flags, ...) {
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list ap;
-        va_start(ap, flags);
-        mode = mode_t(va_arg(ap, int));
-        va_end(ap);
-    }
-    if (std::strcmp(path, kDevicePath) == 0) return cm_open(flags);
-    return real_open64()(path, flags, mode);
-}
+[[gnu::visibility("default")]] int open(const char* path, int flags, ...) { VRDMA_OPEN_BODY(real_open); }
+
+[[gnu::visibility("default")]] int open64(const char* path, int flags, ...) { VRDMA_OPEN_BODY(real_open64); }
+
+#undef VRDMA_OPEN_BODY
 
 [[gnu::visibility("default")]] ssize_t write(int fd, const void* buf, size_t len) {
     if (file_of(fd)) {  // (one load for every other fd)

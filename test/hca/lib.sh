@@ -95,14 +95,15 @@ run_pair() {
 # connect_retrying SECONDS OUT CMD...: runs CMD (under timeout SECONDS)
 # until it gets past connecting to its server (for up to 60 s); returns
 # CMD's status.
-# cm_pair NAME SERVER... -- CLIENT...: rdma_cm programs, which take their
+# cm_pair NAME SERVER... ::: CLIENT...: rdma_cm programs, which take their
 # addresses as they like: VM 1 runs SERVER, VM 2 CLIENT (retrying while
 # nobody listens yet, or while the peer's guests' addresses are not known).
+# (":::" as the separator: the commands hold vrdma-run's "--".)
 cm_pair() {
     local name=$1
     shift
     local server=() client=()
-    while [ "$1" != -- ]; do server+=("$1"); shift; done
+    while [ "$1" != ::: ]; do server+=("$1"); shift; done
     shift
     client=("$@")
     local out=/tmp/$name.out

@@ -54,13 +54,13 @@ run_pair send_bw_ud 18710 "${RUN[@]}" ib_send_bw -d vrdma0 -c UD -s 1024 -n 100 
 # between the shims over the fabric, the QPs then talk through the device
 # (counted in the zero-copy check below).
 cm_ip=$cm_prefix.1
-cm_pair cm_rping "${RUN[@]}" rping -s -a "$cm_ip" -p 18720 -C 20 -S 4096 -- "${RUN[@]}" rping -c -a "$cm_ip" -p 18720 -C 20 -S 4096 -v
+cm_pair cm_rping "${RUN[@]}" rping -s -a "$cm_ip" -p 18720 -C 20 -S 4096 ::: "${RUN[@]}" rping -c -a "$cm_ip" -p 18720 -C 20 -S 4096 -v
 if [ "$N" = 2 ] && [ "$(grep -c '^ping data: rdma-ping-' /tmp/cm_rping.out)" != 20 ]; then
     fail cm_rping_data "not 20 verified pings: $(tail -2 /tmp/cm_rping.out | tr '\n' ' ')"
 fi
-cm_pair cm_write_bw "${RUN[@]}" ib_write_bw -R -d vrdma0 -s 65536 -n 100 -F -p 18721 -- \
+cm_pair cm_write_bw "${RUN[@]}" ib_write_bw -R -d vrdma0 -s 65536 -n 100 -F -p 18721 ::: \
     "${RUN[@]}" ib_write_bw -R -d vrdma0 -s 65536 -n 100 -F -p 18721 "$cm_ip"
-cm_pair cm_send_bw_ud "${RUN[@]}" ib_send_bw -R -c UD -d vrdma0 -s 1024 -n 100 -F -p 18722 -- \
+cm_pair cm_send_bw_ud "${RUN[@]}" ib_send_bw -R -c UD -d vrdma0 -s 1024 -n 100 -F -p 18722 ::: \
     "${RUN[@]}" ib_send_bw -R -c UD -d vrdma0 -s 1024 -n 100 -F -p 18722 "$cm_ip"
 
 # 4. Zero-copy, shown: the device carried the payloads, the CPU copied none.

@@ -593,3 +593,32 @@ ud_pair_launch() {
     UD_CPID=$!
     wait_line "$RUN_DIR.c" 'remote address'
 }
+
+# cm_pair NAME PORT SERVER... -- CLIENT...: rdma_cm programs. SERVER in
+# guest a, once a's shim logs its listen on PORT (in CM_LOG, default the
+# shim's log); then CLIENT in guest b; both must exit 0. The client's
+# output is left in CLIENT_OUT.
+cm_pair() {
+    local name="$1" port="$2"
+    shift 2
+    local server=() client=()
+    while [ "$1" != -- ]; do server+=("$1"); shift; done
+    shift
+    client=("$@")
+    note "$name: ${server[*]}  <-  ${client[*]}"
+    local out="$RUN_DIR.out.$name"
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "${server[@]}" >"$out.server" 2>&1 &
+    local spid=$! src=0 crc=0
+    # (a server that ends before it listens has its output shown)
+    trap 'rc=$?; sed "s/^/  server| /" "$out.server" 2>/dev/null; (exit $rc); stop_shim' EXIT
+    wait_line "${CM_LOG:-$SHIM_LOG}" "guest a: rdma_cm: listening on .* port $port " 20
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "${client[@]}" >"$out.client" 2>&1 || crc=$?
+    trap stop_shim EXIT
+    wait "$spid" || src=$?
+    tail -n 4 "$out.server" | sed 's/^/  server| /'
+    tail -n 4 "$out.client" | sed 's/^/  client| /'
+    [ "$src" -eq 0 ] || fail "$name: server exited $src"
+    [ "$crc" -eq 0 ] || fail "$name: client exited $crc"
+    CLIENT_OUT="$(cat "$out.client")"
+    rm -f "$out.server" "$out.client"
+}

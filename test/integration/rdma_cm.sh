@@ -11,33 +11,6 @@
 source "$(dirname "$0")/lib.sh"
 start_shim a:ip=10.0.0.1,fd00::1 b:ip=10.0.0.2,fd00::2
 
-# cm_pair NAME PORT SERVER... -- CLIENT...: SERVER in guest a, once the
-# shim logs its listen on PORT; then CLIENT in guest b; both must exit 0.
-cm_pair() {
-    local name="$1" port="$2"
-    shift 2
-    local server=() client=()
-    while [ "$1" != -- ]; do server+=("$1"); shift; done
-    shift
-    client=("$@")
-    note "$name: ${server[*]}  <-  ${client[*]}"
-    local out="$RUN_DIR.out.$name"
-    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "${server[@]}" >"$out.server" 2>&1 &
-    local spid=$! src=0 crc=0
-    # (a server that ends before it listens has its output shown)
-    trap 'rc=$?; sed "s/^/  server| /" "$out.server" 2>/dev/null; (exit $rc); stop_shim' EXIT
-    wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port $port " 20
-    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "${client[@]}" >"$out.client" 2>&1 || crc=$?
-    trap stop_shim EXIT
-    wait "$spid" || src=$?
-    tail -n 4 "$out.server" | sed 's/^/  server| /'
-    tail -n 4 "$out.client" | sed 's/^/  client| /'
-    [ "$src" -eq 0 ] || fail "$name: server exited $src"
-    [ "$crc" -eq 0 ] || fail "$name: client exited $crc"
-    CLIENT_OUT="$(cat "$out.client")"
-    rm -f "$out.server" "$out.client"
-}
-
 # rping verifies every ping (-v prints each); 20 of 4 KiB.
 cm_pair rping 7174 rping -s -a 10.0.0.1 -C 20 -S 4096 -- rping -c -a 10.0.0.1 -C 20 -S 4096 -v
 [ "$(grep -c '^ping data: rdma-ping-' <<<"$CLIENT_OUT")" -eq 20 ] || fail "rping: not 20 pings"
