@@ -69,15 +69,16 @@ struct CmFile {
     // thread in GET_EVENT, say) leaves the file and its fd open until the
     // last returns, as the kernel keeps a file a system call holds.
     int users = 0;
-    int closed_fd = -1;  // closed while in use: the fd to close after the last call
+    int closed_fd = -1;     // closed while in use: the fd to close after the last call
+    bool orphaned = false;  // its fd number went to another file while in use: freed after the last call
     // The pipe's identity: an fd number closed behind close()'s back
     // (dup2, close_range) and reused is not taken for this file.
     dev_t dev = 0;
     ino_t ino = 0;
 };
 
-// By fd number (the eventfd's). Entries are never freed while in the table;
-// close() takes one out before it frees it.
+// By fd number (the pipe's read end). Entries are never freed while in the
+// table: close() takes one out before it frees it.
 std::atomic<CmFile*> g_files[kMaxFd];
 
 CmFile* file_of(int fd) {
@@ -85,8 +86,7 @@ CmFile* file_of(int fd) {
     return g_files[fd].load(std::memory_order_acquire);
 }
 
-std::mutex g_table_mu;  // CmFile::users and closed_fd, and the files' deletion
-
+std::mutex g_table_mu;  // CmFile::users, closed_fd and orphaned, and the files' deletion
 
 template <typename Fn>
 Fn real(const char* name) {
@@ -125,7 +125,13 @@ FstatFn real_fstat() {
 bool still_ours(int fd, CmFile* f) {
     struct stat st;
     if (real_fstat()(fd, &st) == 0 && st.st_dev == f->dev && st.st_ino == f->ino) return true;
-    if (g_files[fd].compare_exchange_strong(f, nullptr) && f->users == 0) delete f;
+    CmFile* stale = f;
+    if (g_files[fd].compare_exchange_strong(stale, nullptr)) {
+        if (f->users == 0)
+            delete f;
+        else
+            f->orphaned = true;
+    }
     return false;
 }
 
@@ -160,11 +166,11 @@ void unpin(CmFile* f) {
     int fd = -1;
     {
         std::lock_guard lock(g_table_mu);
-        if (--f->users > 0 || f->closed_fd < 0) return;
+        if (--f->users > 0 || (f->closed_fd < 0 && !f->orphaned)) return;
         fd = f->closed_fd;
     }
     delete f;
-    real_close()(fd);
+    if (fd >= 0) real_close()(fd);
 }
 
 struct Pinned {
