@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 
 #include <rdma/ib_user_verbs.h>
 #include <rdma/ib_user_sa.h>
@@ -29,6 +30,16 @@ T body_of(const uint8_t* body, size_t in) {
     std::memcpy(&t, body, std::min(in, sizeof(T)));
     return t;
 }
+
+// A command's body and what follows it (SET_OPTION's value).
+struct Args {
+    const uint8_t* body;
+    size_t in;
+    const uint8_t* extra;
+    size_t extra_len;
+    template <typename T>
+    T get() const { return body_of<T>(body, in); }
+};
 
 template <typename T>
 void respond(std::vector<uint8_t>& out, const T& resp) {
@@ -78,82 +89,104 @@ int CmService::command(uint64_t channel, const uint8_t* cmd, size_t len, std::ve
     if (len < sizeof(hdr)) return EINVAL;
     std::memcpy(&hdr, cmd, sizeof(hdr));
     if (sizeof(hdr) + hdr.in > len) return EINVAL;
-    // As the kernel, a response that would not fit is refused before the
-    // command acts (an event taken, an id made or destroyed).
-    size_t need = 0;
-    switch (hdr.cmd) {
-    case RDMA_USER_CM_CMD_CREATE_ID: need = sizeof(rdma_ucm_create_id_resp); break;
-    case RDMA_USER_CM_CMD_DESTROY_ID: need = sizeof(rdma_ucm_destroy_id_resp); break;
-    case RDMA_USER_CM_CMD_QUERY_ROUTE: need = sizeof(rdma_ucm_query_route_resp); break;
-    case RDMA_USER_CM_CMD_INIT_QP_ATTR: need = sizeof(ib_uverbs_qp_attr); break;
-    case RDMA_USER_CM_CMD_GET_EVENT: need = offsetof(rdma_ucm_event_resp, reserved); break;  // older librdmacm: no ECE
-    case RDMA_USER_CM_CMD_MIGRATE_ID: need = sizeof(rdma_ucm_migrate_resp); break;
-    default: break;
-    }
-    if (hdr.out < need) return ENOSPC;
-    const uint8_t* body = cmd + sizeof(hdr);
-    const uint8_t* extra = body + hdr.in;
-    const size_t extra_len = len - sizeof(hdr) - hdr.in;
-    int rc;
-    switch (hdr.cmd) {
-    case RDMA_USER_CM_CMD_CREATE_ID:
-        rc = create_id(ch, body_of<rdma_ucm_create_id>(body, hdr.in), out);
-        break;
-    case RDMA_USER_CM_CMD_DESTROY_ID:
-        rc = destroy_id(ch, body_of<rdma_ucm_destroy_id>(body, hdr.in).id, out);
-        break;
-    case RDMA_USER_CM_CMD_BIND_IP:
-        rc = bind_ip(ch, body_of<rdma_ucm_bind_ip>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_BIND:  // AF_IB: librdmacm then keeps to the IP commands
-    case RDMA_USER_CM_CMD_RESOLVE_ADDR:
-    case RDMA_USER_CM_CMD_QUERY:
-        rc = EAFNOSUPPORT;
-        break;
-    case RDMA_USER_CM_CMD_RESOLVE_IP:
-        rc = resolve_ip(ch, body_of<rdma_ucm_resolve_ip>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_RESOLVE_ROUTE:
-        rc = resolve_route(ch, body_of<rdma_ucm_resolve_route>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_QUERY_ROUTE:
-        rc = query_route(ch, body_of<rdma_ucm_query>(body, hdr.in).id, out);
-        break;
-    case RDMA_USER_CM_CMD_CONNECT:
-        rc = connect(ch, body_of<rdma_ucm_connect>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_LISTEN:
-        rc = listen(ch, body_of<rdma_ucm_listen>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_ACCEPT:
-        rc = accept(ch, body_of<rdma_ucm_accept>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_REJECT:
-        rc = reject(ch, body_of<rdma_ucm_reject>(body, hdr.in));
-        break;
-    case RDMA_USER_CM_CMD_DISCONNECT:
-        rc = disconnect(ch, body_of<rdma_ucm_disconnect>(body, hdr.in).id);
-        break;
-    case RDMA_USER_CM_CMD_INIT_QP_ATTR:
-        rc = init_qp_attr(ch, body_of<rdma_ucm_init_qp_attr>(body, hdr.in), out);
-        break;
-    case RDMA_USER_CM_CMD_GET_EVENT:
-        rc = get_event(ch, out);
-        break;
-    case RDMA_USER_CM_CMD_SET_OPTION:
-        rc = set_option(ch, body_of<rdma_ucm_set_option>(body, hdr.in), extra, extra_len);
-        break;
-    case RDMA_USER_CM_CMD_NOTIFY:
-        rc = find(ch, body_of<rdma_ucm_notify>(body, hdr.in).id) ? 0 : ENOENT;
-        break;
-    case RDMA_USER_CM_CMD_MIGRATE_ID:
-        rc = migrate_id(ch, body_of<rdma_ucm_migrate_id>(body, hdr.in), out);
-        break;
-    default:  // GET_OPTION (the kernel has none either) and multicast, not served yet
-        rc = ENOSYS;
-        break;
-    }
-    if (rc) {
+
+    // One row per UCMA command, in the kernel's order: the response bytes
+    // it needs (refused with ENOSPC before the command acts, as the kernel
+    // does: an event taken, an id made or destroyed) and its handler.
+    using Handler = int (*)(CmService&, Channel&, const Args&, std::vector<uint8_t>&);
+    struct Row {
+        uint32_t cmd;
+        size_t response;
+        Handler run;  // null: not served (ENOSYS)
+    };
+    // AF_IB (BIND, RESOLVE_ADDR, QUERY) is refused: librdmacm then keeps to
+    // the IP commands.
+    static constexpr Handler kNoAfIb = [](CmService&, Channel&, const Args&, std::vector<uint8_t>&) {
+        return EAFNOSUPPORT;
+    };
+    static constexpr Row kRows[] = {
+        {RDMA_USER_CM_CMD_CREATE_ID, sizeof(rdma_ucm_create_id_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             return s.create_id(c, a.get<rdma_ucm_create_id>(), o);
+         }},
+        {RDMA_USER_CM_CMD_DESTROY_ID, sizeof(rdma_ucm_destroy_id_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             return s.destroy_id(c, a.get<rdma_ucm_destroy_id>().id, o);
+         }},
+        {RDMA_USER_CM_CMD_BIND_IP, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.bind_ip(c, a.get<rdma_ucm_bind_ip>());
+         }},
+        {RDMA_USER_CM_CMD_RESOLVE_IP, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.resolve_ip(c, a.get<rdma_ucm_resolve_ip>());
+         }},
+        {RDMA_USER_CM_CMD_RESOLVE_ROUTE, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.resolve_route(c, a.get<rdma_ucm_resolve_route>());
+         }},
+        {RDMA_USER_CM_CMD_QUERY_ROUTE, sizeof(rdma_ucm_query_route_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             return s.query_route(c, a.get<rdma_ucm_query>().id, o);
+         }},
+        {RDMA_USER_CM_CMD_CONNECT, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.connect(c, a.get<rdma_ucm_connect>());
+         }},
+        {RDMA_USER_CM_CMD_LISTEN, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.listen(c, a.get<rdma_ucm_listen>());
+         }},
+        {RDMA_USER_CM_CMD_ACCEPT, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.accept(c, a.get<rdma_ucm_accept>());
+         }},
+        {RDMA_USER_CM_CMD_REJECT, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.reject(c, a.get<rdma_ucm_reject>());
+         }},
+        {RDMA_USER_CM_CMD_DISCONNECT, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.disconnect(c, a.get<rdma_ucm_disconnect>().id);
+         }},
+        {RDMA_USER_CM_CMD_INIT_QP_ATTR, sizeof(ib_uverbs_qp_attr),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             return s.init_qp_attr(c, a.get<rdma_ucm_init_qp_attr>(), o);
+         }},
+        // An older librdmacm's event has no ECE: it is cut there.
+        {RDMA_USER_CM_CMD_GET_EVENT, offsetof(rdma_ucm_event_resp, reserved),
+         [](CmService& s, Channel& c, const Args&, std::vector<uint8_t>& o) { return s.get_event(c, o); }},
+        {RDMA_USER_CM_CMD_GET_OPTION, 0, nullptr},  // the kernel has none either
+        {RDMA_USER_CM_CMD_SET_OPTION, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.set_option(c, a.get<rdma_ucm_set_option>(), a.extra, a.extra_len);
+         }},
+        {RDMA_USER_CM_CMD_NOTIFY, 0,
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
+             return s.find(c, a.get<rdma_ucm_notify>().id) ? 0 : ENOENT;
+         }},
+        {RDMA_USER_CM_CMD_JOIN_IP_MCAST, 0, nullptr},  // multicast: not served yet
+        {RDMA_USER_CM_CMD_LEAVE_MCAST, 0, nullptr},
+        {RDMA_USER_CM_CMD_MIGRATE_ID, sizeof(rdma_ucm_migrate_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             return s.migrate_id(c, a.get<rdma_ucm_migrate_id>(), o);
+         }},
+        {RDMA_USER_CM_CMD_QUERY, 0, kNoAfIb},
+        {RDMA_USER_CM_CMD_BIND, 0, kNoAfIb},
+        {RDMA_USER_CM_CMD_RESOLVE_ADDR, 0, kNoAfIb},
+        {RDMA_USER_CM_CMD_JOIN_MCAST, 0, nullptr},
+    };
+    static_assert([] {
+        for (size_t i = 0; i < std::size(kRows); ++i)
+            if (kRows[i].cmd != i) return false;
+        return true;
+    }(), "kRows: one row per UCMA command, in the kernel's order from 0");
+
+    if (hdr.cmd >= std::size(kRows) || !kRows[hdr.cmd].run) return ENOSYS;
+    const Row& row = kRows[hdr.cmd];
+    if (hdr.out < row.response) return ENOSPC;
+    const Args args{cmd + sizeof(hdr), hdr.in, cmd + sizeof(hdr) + hdr.in, len - sizeof(hdr) - hdr.in};
+    if (int rc = row.run(*this, ch, args, out)) {
         out.clear();
         return rc;
     }
