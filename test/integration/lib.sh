@@ -622,3 +622,26 @@ cm_pair() {
     CLIENT_OUT="$(cat "$out.client")"
     rm -f "$out.server" "$out.client"
 }
+
+# cm_programs: unmodified rdmacm-utils and perftest -R from guest b
+# (client) to guest a (server, 10.0.0.1), through cm_pair, data checked
+# where the program checks it.
+cm_programs() {
+    # rping verifies every ping (-v prints each); 20 of 4 KiB.
+    cm_pair rping 7174 rping -s -a 10.0.0.1 -C 20 -S 4096 -- rping -c -a 10.0.0.1 -C 20 -S 4096 -v
+    [ "$(grep -c '^ping data: rdma-ping-' <<<"$CLIENT_OUT")" -eq 20 ] || fail "rping: not 20 pings"
+    cm_pair ucmatose 7471 ucmatose -c 4 -C 10 -- ucmatose -s 10.0.0.1 -c 4 -C 10
+    grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "ucmatose: no 'return status 0'"
+    cm_pair rdma_server 7471 rdma_server -s 10.0.0.1 -- rdma_client -s 10.0.0.1
+    cm_pair udaddy 7174 udaddy -- udaddy -s 10.0.0.1
+    grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "udaddy: no 'return status 0'"
+    # rsockets over rdma_cm: blocking and non-blocking, each byte verified (-T v).
+    cm_pair rstream-blocking 7471 rstream -T b -T v -S 65536 -C 50 -- rstream -s 10.0.0.1 -T b -T v -S 65536 -C 50
+    cm_pair rstream-nonblocking 7471 rstream -T n -T v -S 4096 -C 50 -- rstream -s 10.0.0.1 -T n -T v -S 4096 -C 50
+    cm_pair riostream 7471 riostream -T b -T v -S 65536 -C 50 -- riostream -s 10.0.0.1 -T b -T v -S 65536 -C 50
+    # perftest with -R: connections by rdma_cm (perftest checks no data).
+    cm_pair ib_write_bw 18515 ib_write_bw -R -d vrdma0 -n 200 -- ib_write_bw -R -d vrdma0 -n 200 10.0.0.1
+    cm_pair ib_read_bw 18515 ib_read_bw -R -d vrdma0 -n 200 -- ib_read_bw -R -d vrdma0 -n 200 10.0.0.1
+    cm_pair ib_send_lat 18515 ib_send_lat -R -d vrdma0 -n 200 -- ib_send_lat -R -d vrdma0 -n 200 10.0.0.1
+    cm_pair ib_send_bw-ud 18515 ib_send_bw -R -c UD -d vrdma0 -n 200 -- ib_send_bw -R -c UD -d vrdma0 -n 200 10.0.0.1
+}

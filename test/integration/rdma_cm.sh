@@ -11,25 +11,9 @@
 source "$(dirname "$0")/lib.sh"
 start_shim a:ip=10.0.0.1,fd00::1 b:ip=10.0.0.2,fd00::2
 
-# rping verifies every ping (-v prints each); 20 of 4 KiB.
-cm_pair rping 7174 rping -s -a 10.0.0.1 -C 20 -S 4096 -- rping -c -a 10.0.0.1 -C 20 -S 4096 -v
-[ "$(grep -c '^ping data: rdma-ping-' <<<"$CLIENT_OUT")" -eq 20 ] || fail "rping: not 20 pings"
+cm_programs  # (lib.sh) the programs between a and b
 cm_pair rping-ipv6 7175 rping -s -a fd00::1 -p 7175 -C 5 -- rping -c -a fd00::1 -p 7175 -C 5 -v
 grep -q '^ping data: rdma-ping-4' <<<"$CLIENT_OUT" || fail "rping over IPv6: no 5th ping"
-cm_pair ucmatose 7471 ucmatose -c 4 -C 10 -- ucmatose -s 10.0.0.1 -c 4 -C 10
-grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "ucmatose: no 'return status 0'"
-cm_pair rdma_server 7471 rdma_server -s 10.0.0.1 -- rdma_client -s 10.0.0.1
-cm_pair udaddy 7174 udaddy -- udaddy -s 10.0.0.1
-grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "udaddy: no 'return status 0'"
-# rsockets over rdma_cm: blocking and non-blocking, each byte verified (-T v).
-cm_pair rstream-blocking 7471 rstream -T b -T v -S 65536 -C 50 -- rstream -s 10.0.0.1 -T b -T v -S 65536 -C 50
-cm_pair rstream-nonblocking 7471 rstream -T n -T v -S 4096 -C 50 -- rstream -s 10.0.0.1 -T n -T v -S 4096 -C 50
-cm_pair riostream 7471 riostream -T b -T v -S 65536 -C 50 -- riostream -s 10.0.0.1 -T b -T v -S 65536 -C 50
-# perftest with -R: connections by rdma_cm (perftest checks no data).
-cm_pair ib_write_bw 18515 ib_write_bw -R -d vrdma0 -n 200 -- ib_write_bw -R -d vrdma0 -n 200 10.0.0.1
-cm_pair ib_read_bw 18515 ib_read_bw -R -d vrdma0 -n 200 -- ib_read_bw -R -d vrdma0 -n 200 10.0.0.1
-cm_pair ib_send_lat 18515 ib_send_lat -R -d vrdma0 -n 200 -- ib_send_lat -R -d vrdma0 -n 200 10.0.0.1
-cm_pair ib_send_bw-ud 18515 ib_send_bw -R -c UD -d vrdma0 -n 200 -- ib_send_bw -R -c UD -d vrdma0 -n 200 10.0.0.1
 
 note "rping within one guest, through loopback"
 timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- rping -s -a 127.0.0.1 -p 7176 -C 3 >"$RUN_DIR.lo" 2>&1 &
