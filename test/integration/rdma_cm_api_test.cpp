@@ -57,6 +57,15 @@ rdma_cm_id* new_id(rdma_event_channel* ch, rdma_port_space ps = RDMA_PS_TCP) {
     return id;
 }
 
+// Resolves `id`'s address and route to `to` (the ADDR_ and ROUTE_RESOLVED
+// events taken and acked), as a client does before it connects.
+void resolve(rdma_event_channel* ch, rdma_cm_id* id, sockaddr_in& to) {
+    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&to), 2000) == 0);
+    rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+    REQUIRE(rdma_resolve_route(id, 2000) == 0);
+    rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+}
+
 }  // namespace
 
 TEST_CASE("an event channel is a character device, readable exactly while events wait") {
@@ -170,10 +179,7 @@ TEST_CASE("an address nobody has gives ADDR_ERROR; a port nobody listens on, REJ
 
     id = new_id(c.ch);
     auto closed = v4("10.0.0.2", 7472);  // guest b, which listens on nothing
-    REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&closed), 2000) == 0);
-    rdma_ack_cm_event(expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
-    REQUIRE(rdma_resolve_route(id, 2000) == 0);
-    rdma_ack_cm_event(expect(c.ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+    resolve(c.ch, id, closed);
     CHECK(id->route.num_paths == 1);
     CHECK(id->route.path_rec[0].dlid != id->route.path_rec[0].slid);  // b's LID, not ours
     rdma_conn_param p{};
@@ -193,10 +199,7 @@ TEST_CASE("connect, accept and disconnect through loopback, private data both wa
     REQUIRE(rdma_listen(listen, 4) == 0);
 
     rdma_cm_id* conn = new_id(client.ch);
-    REQUIRE(rdma_resolve_addr(conn, nullptr, reinterpret_cast<sockaddr*>(&at), 2000) == 0);
-    rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
-    REQUIRE(rdma_resolve_route(conn, 2000) == 0);
-    rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+    resolve(client.ch, conn, at);
     const char hello[] = "hello from the client";
     rdma_conn_param p{};
     p.qp_num = 0x111;
@@ -261,10 +264,7 @@ TEST_CASE("a backlog full of unread requests drops the next: UNREACHABLE; a reje
     REQUIRE(rdma_listen(listen, 1) == 0);
     auto connect_one = [&] {
         rdma_cm_id* id = new_id(client.ch);
-        REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&at), 2000) == 0);
-        rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
-        REQUIRE(rdma_resolve_route(id, 2000) == 0);
-        rdma_ack_cm_event(expect(client.ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+        resolve(client.ch, id, at);
         rdma_conn_param p{};
         p.qp_num = 0x333;
         REQUIRE(rdma_connect(id, &p) == 0);
