@@ -499,11 +499,11 @@ stream_run() {
     stream_wait "$1"
 }
 
-# wait_line FILE REGEX [SECONDS]: until FILE has a line matching the
-# extended REGEX (default 10 s).
+# wait_line FILE REGEX [SECONDS [SKIP]]: until FILE has a line matching the
+# extended REGEX (default 10 s), among its lines after the first SKIP.
 wait_line() {
     local deadline=$(( $(date +%s) + ${3:-10} ))
-    until grep -Eq "$2" "$1" 2>/dev/null; do
+    until tail -n +"$(( ${4:-0} + 1 ))" "$1" 2>/dev/null | grep -Eq "$2"; do
         if [ "$(date +%s)" -ge "$deadline" ]; then
             echo "--- $1:" >&2
             cat "$1" >&2 || true
@@ -606,12 +606,14 @@ cm_pair() {
     shift
     client=("$@")
     note "$name: ${server[*]}  <-  ${client[*]}"
-    local out="$RUN_DIR.out.$name"
+    local out="$RUN_DIR.out.$name" log="${CM_LOG:-$SHIM_LOG}" seen
+    # Only a listen logged from now on counts: pairs may share a port.
+    seen="$(wc -l <"$log")"
     timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "${server[@]}" >"$out.server" 2>&1 &
     local spid=$! src=0 crc=0
     # (a server that ends before it listens has its output shown)
     trap 'rc=$?; sed "s/^/  server| /" "$out.server" 2>/dev/null; (exit $rc); stop_shim' EXIT
-    wait_line "${CM_LOG:-$SHIM_LOG}" "guest a: rdma_cm: listening on .* port $port " 20
+    wait_line "$log" "guest a: rdma_cm: listening on .* port $port " 20 "$seen"
     timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- "${client[@]}" >"$out.client" 2>&1 || crc=$?
     trap stop_shim EXIT
     wait "$spid" || src=$?
