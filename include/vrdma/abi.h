@@ -17,9 +17,10 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 7;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+constexpr uint32_t kVersion = 8;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
                                   // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova;
-                                  // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn)
+                                  // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn);
+                                  // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -242,6 +243,8 @@ enum class CmdOp : uint32_t {
     DeallocMw,
     OpenXrcd,
     CloseXrcd,
+    AttachMcast,
+    DetachMcast,
     kMax
 };
 
@@ -295,9 +298,13 @@ struct DeviceAttr {
     uint32_t phys_port_cnt;
     uint32_t max_mw;
     uint32_t reserved;
+    uint32_t max_mcast_grp;
+    uint32_t max_mcast_qp_attach;
+    uint32_t max_total_mcast_qp_attach;
+    uint32_t reserved2;
     char fw_ver[64];
 };
-static_assert(sizeof(DeviceAttr) == 32 + 26 * 4 + 64);
+static_assert(sizeof(DeviceAttr) == 32 + 30 * 4 + 64);
 
 struct PortAttr {
     uint32_t state;           // enum ibv_port_state
@@ -468,6 +475,11 @@ struct CmdQuerySrqResp { uint32_t max_wr; uint32_t max_sge; uint32_t srq_limit; 
 // An XRC domain: the context's own (an XRC_RECV QP and the XRC SRQs it
 // delivers to must share one).
 struct CmdOpenXrcdResp { uint32_t xrcd_handle; };
+
+// AttachMcast, DetachMcast: a UD QP joins or leaves the group `gid` (a
+// multicast GID). `lid` is the caller's MLID, taken as a hint only: the
+// shim derives a group's MLID from its MGID.
+struct CmdMcastReq { uint32_t qp_handle; uint16_t lid; uint16_t reserved; uint8_t gid[16]; };
 
 struct CmdCreateAhReq { uint32_t pd_handle; uint32_t reserved; AhAttr attr; };
 struct CmdCreateAhResp { uint32_t ah_handle; };

@@ -41,6 +41,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     a.max_res_rd_atom = int(d.max_res_rd_atom);
     a.atomic_cap = static_cast<ibv_atomic_cap>(d.atomic_cap);
     a.max_ah = int(d.max_ah);
+    a.max_mcast_grp = int(d.max_mcast_grp);
+    a.max_mcast_qp_attach = int(d.max_mcast_qp_attach);
+    a.max_total_mcast_qp_attach = int(d.max_total_mcast_qp_attach);
     a.max_srq = int(d.max_srq);
     a.max_srq_wr = int(d.max_srq_wr);
     a.max_srq_sge = int(d.max_srq_sge);

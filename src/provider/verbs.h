@@ -76,6 +76,10 @@ int modify_qp(ibv_qp*, ibv_qp_attr*, int);
 int query_qp(ibv_qp*, ibv_qp_attr*, int, ibv_qp_init_attr*);
 int destroy_qp(ibv_qp*);
 
+// verbs_mcast.cpp
+int attach_mcast(ibv_qp*, const ibv_gid*, uint16_t);
+int detach_mcast(ibv_qp*, const ibv_gid*, uint16_t);
+
 // verbs_srq.cpp
 ibv_srq* create_srq(ibv_pd*, ibv_srq_init_attr*);
 ibv_srq* create_srq_ex(ibv_context*, ibv_srq_init_attr_ex*);

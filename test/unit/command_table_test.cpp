@@ -48,6 +48,8 @@ const Expected kExpected[] = {
     {CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw, sizeof(abi::CmdHandleReq), 0},
     {CmdOp::OpenXrcd, "OpenXrcd", cmd_open_xrcd, 0, sizeof(abi::CmdOpenXrcdResp)},
     {CmdOp::CloseXrcd, "CloseXrcd", cmd_close_xrcd, sizeof(abi::CmdHandleReq), 0},
+    {CmdOp::AttachMcast, "AttachMcast", cmd_attach_mcast, sizeof(abi::CmdMcastReq), 0},
+    {CmdOp::DetachMcast, "DetachMcast", cmd_detach_mcast, sizeof(abi::CmdMcastReq), 0},
 };
 
 }  // namespace

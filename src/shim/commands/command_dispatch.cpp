@@ -55,6 +55,8 @@ constexpr CommandSpec kCommands[] = {
     command<abi::CmdHandleReq, NoRecord>(CmdOp::DeallocMw, "DeallocMw", cmd_dealloc_mw),
     command<NoRecord, abi::CmdOpenXrcdResp>(CmdOp::OpenXrcd, "OpenXrcd", cmd_open_xrcd),
     command<abi::CmdHandleReq, NoRecord>(CmdOp::CloseXrcd, "CloseXrcd", cmd_close_xrcd),
+    command<abi::CmdMcastReq, NoRecord>(CmdOp::AttachMcast, "AttachMcast", cmd_attach_mcast),
+    command<abi::CmdMcastReq, NoRecord>(CmdOp::DetachMcast, "DetachMcast", cmd_detach_mcast),
 };
 constexpr uint32_t kOps = uint32_t(CmdOp::kMax);
 constexpr size_t kCommandCount = sizeof(kCommands) / sizeof(kCommands[0]);

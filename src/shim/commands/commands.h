@@ -62,6 +62,8 @@ int cmd_alloc_mw(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_dealloc_mw(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_open_xrcd(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_close_xrcd(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_attach_mcast(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_detach_mcast(Engine&, Context&, const uint8_t*, uint8_t*);
 
 // Helpers shared by the handlers.
 template <typename T>

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "multicast_groups.h"
+
 namespace vrdma::shim {
 namespace {
 
@@ -98,6 +100,9 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.max_srq_wr = q.max_srq_wr;
     a.max_srq_sge = q.max_sge;
     a.max_inline_data = q.max_inline;
+    a.max_mcast_grp = MulticastGroups::kMaxGroups;
+    a.max_mcast_qp_attach = MulticastGroups::kMaxQpsPerGroupPerGuest;
+    a.max_total_mcast_qp_attach = MulticastGroups::kMaxAttachPerGuest;
     a.max_pkeys = kMaxPkeys;
     a.local_ca_ack_delay = 16;
     a.phys_port_cnt = 1;

@@ -207,7 +207,9 @@ void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) {
 }
 
 void Engine::unregister_qp(uint32_t qpn) {
-    if (qpns_.erase(qpn)) shared_->release_qpn(qpn);
+    if (!qpns_.erase(qpn)) return;
+    shared_->multicast().detach_all(qpn);
+    shared_->release_qpn(qpn);
 }
 
 Engine::QpRef Engine::find_qp_by_qpn(uint32_t qpn) {

@@ -29,6 +29,7 @@ namespace vrdma::shim {
 
 uint64_t monotonic_ns();
 class HcaDevice;
+class MulticastForwarder;
 
 class Engine {
 public:
@@ -64,6 +65,22 @@ public:
     GuestUsage* usage_of(const GuestIdentity& guest);
     const GlobalUsage& global_usage() const { return shared_->global_usage(); }
     SharedTables& shared() { return *shared_; }
+    // The shim's multicast groups as this worker last saw them (fetched
+    // again only after a change: multicast_groups.h).
+    const McastView& multicast_view() {
+        const uint64_t g = shared_->multicast().generation();
+        if (g != mcast_generation_) {
+            mcast_view_ = shared_->multicast().view();
+            mcast_generation_ = g;
+        }
+        return *mcast_view_;
+    }
+    // Multicast datagrams to peer shims (the fabric's, on the worker that
+    // runs it; null: none).
+    void set_multicast_forwarder(MulticastForwarder* f) { mcast_forwarder_ = f; }
+    MulticastForwarder* multicast_forwarder() const { return mcast_forwarder_; }
+    // Room for one multicast payload, gathered once and delivered from here.
+    uint8_t* multicast_payload() { return mcast_payload_.data(); }
 
     // Attaches a process: maps its arena (validated) and creates its context.
     // Returns null with a positive errno in `err` on failure.
@@ -266,6 +283,10 @@ private:
     HcaDevice* hca_ = nullptr;
     Transport* hca_transport_ = nullptr;
     UdDirectory* ud_directory_ = nullptr;
+    MulticastForwarder* mcast_forwarder_ = nullptr;
+    std::shared_ptr<const McastView> mcast_view_;
+    uint64_t mcast_generation_ = 0;
+    std::vector<uint8_t> mcast_payload_ = std::vector<uint8_t>(kPortMtuBytes);
     SendWork scratch_;
     Pins scratch_pins_;
     uint64_t turn_used_ = 0;  // of the context being processed

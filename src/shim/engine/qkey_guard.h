@@ -30,6 +30,9 @@ inline bool qkey_admits(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
         throttle.throttled(GuessThrottle::pair(req.slid, ctx.guest().lid), eng.now()))
         return qkey_guard_detail::note_throttled(eng, ctx, req);
     if (qp.attr.qkey == req.qkey) return true;
+    // A multicast copy to a member with another Q_Key (legal: that member
+    // drops it) is no guess of the sender's: dropped, not charged.
+    if (req.fan_out) return false;
     return qkey_guard_detail::note_violation(eng, ctx, qp, req);
 }
 

@@ -83,6 +83,9 @@ struct Request {
     // Not carried: this PSN was sent before (a resend after a timeout or a
     // NAK); transports count them.
     bool resend = false;
+    // Not carried: a member's copy of a multicast datagram, its payload in
+    // the shim's memory (multicast_delivery.h): nobody waits for an answer.
+    bool fan_out = false;
     // Not carried: the guest's WQE, validated, for a transport that posts
     // it as it is (hca_transport.h).
     const SendWork* wqe = nullptr;

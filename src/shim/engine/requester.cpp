@@ -13,6 +13,7 @@
 #include "hca_transport.h"
 #include "hca_ud.h"
 #include "memory_windows.h"
+#include "multicast_delivery.h"
 #include "psn.h"
 #include "qp_state.h"
 #include "responder.h"
@@ -372,6 +373,65 @@ Step fail_after_sent(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st
     return Step::Stop;
 }
 
+// The datagram of UD WQE `w` to the address `ah`, `len` bytes.
+void fill_ud_request(Context& ctx, Qp& qp, const SendWork& w, const Ah& ah, uint64_t len, Request& req) {
+    const abi::SendWqe& h = w.hdr;
+    req.opcode = h.opcode;
+    req.qp_type = IBV_QPT_UD;
+    stamp_source(ctx, qp, req);
+    req.dlid = ah.attr.dlid;
+    req.dqpn = h.remote_qpn;
+    req.sl = ah.attr.sl;
+    req.solicited = (h.send_flags & IBV_SEND_SOLICITED) != 0;
+    req.has_imm = h.opcode == IBV_WR_SEND_WITH_IMM;
+    req.imm = h.imm_data;
+    req.length = len;
+    // A qkey with the high bit set means "use the QP's own".
+    req.qkey = (h.remote_qkey & 0x80000000u) ? qp.attr.qkey : h.remote_qkey;
+    if (ah.attr.is_global) {
+        req.grh = true;
+        req.traffic_class = ah.attr.traffic_class;
+        req.hop_limit = ah.attr.hop_limit;
+        req.flow_label = ah.attr.flow_label;
+        make_gid(ctx.guest().guid, req.sgid);
+        std::memcpy(req.dgid, ah.attr.dgid, 16);
+    }
+    req.inline_payload = w.is_inline;
+    req.psn = qp.next_psn;
+}
+
+// A UD send to a multicast LID (multicast_delivery.h): the payload is
+// gathered once into the engine's multicast buffer and copied from there
+// to every member of the group, here and on the peer shims, before this
+// returns. The WQE completes at once, or, behind WQEs still in flight (to
+// a peer shim), once they have (it counts as sent: requester_sent). Only a
+// datagram to QPN 0xffffff reaches a group, as IB requires; one to another
+// QPN is sent and reaches nobody.
+Step start_multicast(Engine& eng, Context& ctx, Qp& qp, SendWork& w, const Ah& ah, bool idle) {
+    auto fail = [&](uint32_t status) { return fail_after_sent(eng, ctx, qp, w, status, idle); };
+    Span loc[abi::kMaxSge];
+    uint32_t nl = 0;
+    uint64_t len = 0;
+    if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len); e != IBV_WC_SUCCESS) return fail(e);
+    if (len > kPortMtuBytes) return fail(IBV_WC_LOC_LEN_ERR);
+    const Span staged{eng.multicast_payload(), len};
+    if (len && copy_sg(&staged, 1, 0, loc, nl, 0, len) != CopyFault::None) return fail(IBV_WC_LOC_PROT_ERR);
+    Request req;
+    fill_ud_request(ctx, qp, w, ah, len, req);
+    req.inline_payload = true;  // the staged copy, valid while the copies are made
+    if (ctx.guest().port_active && req.dqpn == kMulticastQpn) multicast_send(eng, req, staged.p);
+    count_issued(ctx, req);
+    if (idle) {
+        complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
+        return Step::Next;
+    }
+    if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
+    qp.sent_flags[ring_slot(qp.sq_next, qp.sq.entries)] = 1;
+    qp.next_psn = psn_next(qp.next_psn);
+    qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+    return Step::Next;
+}
+
 Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const abi::SendWqe& h = w.hdr;
     const bool idle = qp.sq_next == qp.sq.cons;
@@ -380,6 +440,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (h.opcode != IBV_WR_SEND && h.opcode != IBV_WR_SEND_WITH_IMM) return fail(IBV_WC_LOC_QP_OP_ERR);
     const Ah* ah = ctx.ahs.get(h.ah_handle);
     if (!ah || ah->pd != qp.pd) return fail(IBV_WC_LOC_QP_OP_ERR);
+    if (is_multicast_lid(ah->attr.dlid)) return start_multicast(eng, ctx, qp, w, *ah, idle);
     Transport* t = eng.routes().lookup(ah->attr.dlid);
     // A QP on the device sends through it to every UD QP on a device.
     const bool on_device = qp.device_bound && hca_ud_destination(eng, ah->attr.dlid, h.remote_qpn);
@@ -392,28 +453,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (len > (on_device ? eng.hca()->mtu_bytes() : kPortMtuBytes)) return fail(IBV_WC_LOC_LEN_ERR);
 
     Request req;
-    req.opcode = h.opcode;
-    req.qp_type = IBV_QPT_UD;
-    stamp_source(ctx, qp, req);
-    req.dlid = ah->attr.dlid;
-    req.dqpn = h.remote_qpn;
-    req.sl = ah->attr.sl;
-    req.solicited = (h.send_flags & IBV_SEND_SOLICITED) != 0;
-    req.has_imm = h.opcode == IBV_WR_SEND_WITH_IMM;
-    req.imm = h.imm_data;
-    req.length = len;
-    // A qkey with the high bit set means "use the QP's own".
-    req.qkey = (h.remote_qkey & 0x80000000u) ? qp.attr.qkey : h.remote_qkey;
-    if (ah->attr.is_global) {
-        req.grh = true;
-        req.traffic_class = ah->attr.traffic_class;
-        req.hop_limit = ah->attr.hop_limit;
-        req.flow_label = ah->attr.flow_label;
-        make_gid(ctx.guest().guid, req.sgid);
-        std::memcpy(req.dgid, ah->attr.dgid, 16);
-    }
-    req.inline_payload = w.is_inline;
-    req.psn = qp.next_psn;
+    fill_ud_request(ctx, qp, w, *ah, len, req);
     req.wqe = &w;
     req.sq_idx = qp.sq_next;
     Response r;
@@ -560,7 +600,7 @@ void requester_begin_drain(Qp& qp) {
                                                                          : qp.sq_next;
 }
 
-bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
+bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t max_wqes) {
     // A QP that failed on its own (a local error in the middle of a large
     // transfer) gives up the transfer: the peer's receive it took fails.
     if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_SQE) abandon_transfer(eng, qp);
@@ -624,7 +664,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t) {
         qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
         return true;
     }
-    uint32_t unsent = n - inflight_count(qp);
+    uint32_t unsent = std::min(n - inflight_count(qp), max_wqes);
     if (draining) {
         uint32_t left = ring_count(qp.drain_end, qp.sq_next, qp.sq.entries);
         if (left < unsent) unsent = left;
@@ -715,6 +755,17 @@ void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
     qp.ack_since_ns = eng.now();
     qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
+}
+
+void send_posted_datagrams(Engine& eng, Context& ctx, Qp& qp, uint32_t& allowance) {
+    if (qp.type != IBV_QPT_UD || qp.state != IBV_QPS_RTS || !qp.sq.ring || !allowance) return;
+    uint32_t n;
+    if (!wq_pending(qp.sq, n) || n <= inflight_count(qp)) return;  // nothing waits to be taken
+    const uint32_t unsent = n - inflight_count(qp);
+    eng.outside_budget([&] { requester_process(eng, ctx, qp, eng.now(), allowance); });
+    uint32_t left = 0;
+    if (qp.sq.ring && wq_pending(qp.sq, n) && n >= inflight_count(qp)) left = n - inflight_count(qp);
+    allowance -= std::min(allowance, unsent > left ? unsent - left : 1u);
 }
 
 void requester_sent(Engine& eng, Context& ctx, Qp& qp, uint32_t idx) {

@@ -25,7 +25,19 @@ struct Pins;
 
 // One pass over the QP's send queue (and receive queue when flushing).
 // Returns true if anything progressed.
-bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t now);
+// At most `max_wqes` new WQEs start (send_posted_datagrams).
+bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t now, uint32_t max_wqes = UINT32_MAX);
+
+// A UD QP's datagrams that were posted and not yet taken leave now,
+// whatever the turn's budget, as many as `allowance` says (it goes down by
+// those that went; what they cost comes off the guest's next turns, as any
+// overrun does): called before an AH or the QP itself is destroyed, with
+// kPostedDatagrams for the command (commands run before the queues in a
+// pass, and a turn spent would leave them). A device would have sent them
+// by then, and programs rely on it: mckey posts its last sends, then
+// destroys the AH and the QP without waiting for completions.
+constexpr uint32_t kPostedDatagrams = 64;
+void send_posted_datagrams(Engine& eng, Context& ctx, Qp& qp, uint32_t& allowance);
 
 // The response of an asynchronous transport to the request `resp.psn` of an
 // RC QP. Stale responses (not for the oldest WQE in flight) are ignored.

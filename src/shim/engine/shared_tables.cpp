@@ -25,7 +25,8 @@ uint32_t SharedTables::alloc_qpn() {
     if (qpns_.size() + recent_qpns_.size() >= 0xc00000) return 0;
     for (;;) {
         uint32_t q = secure_random_u32() & 0xffffff;
-        if (q < 2 || qpns_.count(q) || recent_qpns_.contains(q)) continue;  // 0 and 1: IB's special QPs
+        // 0 and 1: IB's special QPs; 0xffffff: the multicast QPN.
+        if (q < 2 || q == 0xffffff || qpns_.count(q) || recent_qpns_.contains(q)) continue;
         qpns_.insert(q);
         return q;
     }

@@ -22,6 +22,7 @@
 #include <unordered_set>
 
 #include "guess_throttle.h"
+#include "multicast_groups.h"
 #include "quota.h"
 #include "recent_ids.h"
 
@@ -61,6 +62,8 @@ public:
     GlobalUsage& global_usage() { return global_; }
     GuessThrottle& guess_throttle() { return guess_throttle_; }
     GuessThrottle& qkey_throttle() { return qkey_throttle_; }
+    // The multicast groups of the shim's guests' UD QPs (its own locking).
+    MulticastGroups& multicast() { return multicast_; }
 
     // The UD QPs of this shim's guests on its RDMA device, by QPN (hca_ud.h):
     // a datagram the device delivers names only the source QPN, and its
@@ -81,6 +84,7 @@ private:
     GlobalUsage global_;
     GuessThrottle guess_throttle_;  // rkeys, by source LID
     GuessThrottle qkey_throttle_;   // qkeys, by (source LID, target LID)
+    MulticastGroups multicast_;
     struct UdOwner {
         uint16_t lid;
         uint64_t guid;

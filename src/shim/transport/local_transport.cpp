@@ -71,6 +71,15 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
     return SendResult::Done;
 }
 
+bool LocalTransport::send_copy(Engine& eng, const Request& req, const uint8_t* payload) {
+    Delivery d;
+    responder_begin(eng, req, d);
+    const Span src{const_cast<uint8_t*>(payload), req.length};
+    if (d.resp.syndrome == Syndrome::Ack && d.length) timed_move(eng, req, d, &src, 1, 0, d.length, copied_bytes_);
+    responder_finish(d);
+    return true;
+}
+
 void LocalTransport::abandon(Engine& eng, Qp& qp) {
     SlicedCopy* s = qp.sliced.get();
     if (!s || !s->active) return;

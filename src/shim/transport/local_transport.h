@@ -26,6 +26,8 @@ public:
     // receive the transfer took completes with IBV_WC_REM_ABORT_ERR and the
     // responder QP goes to error, as when a peer shim goes away mid-message.
     void abandon(Engine& eng, Qp& qp) override;
+    // A multicast copy to a guest of this worker: delivered now.
+    bool send_copy(Engine& eng, const Request& req, const uint8_t* payload) override;
 
     // With --hca-local, this host's RC and UC traffic goes through the
     // device too, as to a peer shim with that GID (hca_bind.h).

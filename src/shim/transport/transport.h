@@ -53,6 +53,18 @@ public:
         return false;
     }
 
+    // Carries a copy of datagram `req` whose payload (req.length bytes at
+    // `payload`, at most the port MTU) is the shim's own and whose sender
+    // waits for nothing (req.fan_out, multicast_delivery.h): to one member
+    // QP (the local transport), or, addressed to the group, to another
+    // worker for its members (a worker link). False if it did not go: the
+    // copy is lost, as a datagram may be. A peer shim gets its datagram
+    // through the MulticastForwarder.
+    virtual bool send_copy(Engine& eng, const Request& req, const uint8_t* payload) {
+        (void)eng, (void)req, (void)payload;
+        return false;
+    }
+
     // `qp` stops the transfer in slices this transport was moving for it
     // (sliced_transfer.h).
     virtual void abandon(Engine& eng, Qp& qp) {
@@ -91,6 +103,18 @@ public:
     // The guest of the peer shim with device GID `gid` whose UD QP on that
     // device is `qpn`; false if no peer announced it.
     virtual bool ud_owner(const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) const = 0;
+};
+
+// Multicast datagrams to the peer shims (the fabric: fabric.h). A datagram
+// to a multicast LID goes once to every peer shim that is up, which copies
+// it to its own members of the group and sends it no further.
+class MulticastForwarder {
+public:
+    virtual ~MulticastForwarder() = default;
+    // `req`: the datagram (dlid the MLID, dqpn kMulticastQpn); its payload
+    // is req.length bytes at `payload`, valid only during the call. Each
+    // datagram sent is charged to `eng`'s turn.
+    virtual void forward_multicast(Engine& eng, const Request& req, const uint8_t* payload) = 0;
 };
 
 }  // namespace vrdma::shim

@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "engine.h"
+#include "multicast_delivery.h"
+#include "multicast_groups.h"
 #include "payload_move.h"
 #include "requester.h"
 #include "sliced_transfer.h"
@@ -69,11 +71,13 @@ void WorkerLink::fill_request(WorkerMsg& m, const Request& req, const Span* loca
     m.first = m.last = true;
     m.pins.clear();
     if (req.inline_payload) {
-        // Inline data lives in the sender's scratch memory: it travels in
-        // the message (on_request points local[0] at it).
+        // Inline data lives in the sender's scratch memory (a multicast
+        // copy's in the engine's multicast buffer): it travels in the
+        // message (on_request points local[0] at it).
+        uint8_t* room = m.payload_room(req.length);
         uint64_t at = 0;
         for (uint32_t i = 0; i < nlocal; ++i) {
-            std::memcpy(m.inline_data + at, local[i].p, local[i].len);
+            std::memcpy(room + at, local[i].p, local[i].len);
             at += local[i].len;
         }
         m.nlocal = 0;
@@ -143,6 +147,20 @@ SendResult WorkerLink::send(Engine& eng, Context& ctx, Qp& qp, const Request& re
     return SendResult::InFlight;
 }
 
+bool WorkerLink::send_copy(Engine&, const Request& req, const uint8_t* payload) {
+    flush();
+    WorkerMsg* m = waiting_.empty() ? claim() : nullptr;
+    if (!m) {
+        ++stats_.ring_full;
+        return false;
+    }
+    const Span src{const_cast<uint8_t*>(payload), req.length};
+    fill_request(*m, req, &src, req.length ? 1 : 0, nullptr);
+    publish();
+    ++stats_.requests_out;
+    return true;
+}
+
 void WorkerLink::abandon(Engine&, Qp& qp) {
     SlicedCopy* s = qp.sliced.get();
     if (!s || !s->active) return;
@@ -186,8 +204,15 @@ void WorkerLink::on_request(WorkerMsg& m) {
     ++stats_.requests_in;
     const Request& req = m.req;
     if (req.inline_payload) {
-        m.local[0] = Span{m.inline_data, req.length};
+        m.local[0] = Span{m.payload_room(req.length), req.length};
         m.nlocal = req.length ? 1 : 0;
+    }
+    if (is_multicast_lid(req.dlid)) {
+        // A multicast datagram (multicast_delivery.h): to this worker's
+        // members of the group; nobody waits for an answer.
+        if (req.fan_out && req.inline_payload && m.first && m.last && req.length <= kPortMtuBytes)
+            multicast_deliver(eng_, req, m.payload_room(req.length), DeliverTo::ThisWorker);
+        return;
     }
     const bool whole = m.first && m.last;
     Inbound* in = &one_;
@@ -228,7 +253,7 @@ void WorkerLink::on_request(WorkerMsg& m) {
         in->discard = true;  // a page was lost under the copy: d.resp says whose
     if (!m.last) return;
     responder_finish(in->d);  // done already when it failed or moved nothing
-    answer(in->req, in->d.resp, whole ? m.pins : in->source);
+    if (!in->req.fan_out) answer(in->req, in->d.resp, whole ? m.pins : in->source);
     in->target.clear();
     if (!whole) inbound_.erase(key(req.slid, req.sqpn));
 }

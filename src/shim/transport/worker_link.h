@@ -32,6 +32,7 @@
 #include "request.h"
 #include "responder.h"
 #include "mpsc_ring.h"
+#include "device_model.h"
 #include "transport.h"
 #include "vrdma/abi.h"
 #include "vrdma_common/unique_fd.h"
@@ -60,6 +61,14 @@ struct WorkerMsg {
     uint32_t nlocal = 0;
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];  // req.inline_payload
+    // A multicast copy larger than inline_data (up to the port MTU): made
+    // the first time this slot carries one, and kept for the next.
+    std::unique_ptr<uint8_t[]> large;
+    uint8_t* payload_room(uint64_t bytes) {
+        if (bytes <= sizeof(inline_data)) return inline_data;
+        if (!large) large = std::make_unique<uint8_t[]>(kPortMtuBytes);
+        return large.get();
+    }
     // Answers and notices: the QP they are for and the other end.
     Response resp;
     uint16_t lid = 0, peer_lid = 0;
@@ -114,6 +123,10 @@ public:
     void set_device_gid(const uint8_t* gid) { device_gid_ = gid; }
     void qp_gone(uint16_t lid, uint32_t qpn, uint16_t peer_lid, uint32_t peer_qpn, int event) override;
     void abandon(Engine& eng, Qp& qp) override;
+    // A multicast datagram for the other worker's members: handed over if
+    // its inbox has room now (nothing waits for room: one that would is
+    // dropped).
+    bool send_copy(Engine& eng, const Request& req, const uint8_t* payload) override;
 
     // A message the other worker sent (receive_messages): a request for
     // this worker's guests (the responder runs here and the payload moves

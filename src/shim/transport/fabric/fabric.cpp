@@ -171,12 +171,26 @@ Fabric::Fabric(Engine& eng) : eng_(eng) {}
 
 Fabric::~Fabric() {
     if (eng_.ud_directory() == this) eng_.set_ud_directory(nullptr);
+    if (eng_.multicast_forwarder() == this) eng_.set_multicast_forwarder(nullptr);
     for (auto& p : peers_) eng_.routes().remove(p.get());
 }
 
 void Fabric::announce_ud(uint16_t lid, uint32_t qpn, uint64_t guid) {
     for (auto& p : peers_)
         if (p->up() && p->has_device_) p->link_->send_ud_qp(lid, qpn, guid);
+}
+
+void Fabric::forward_multicast(Engine& eng, const Request& req, const uint8_t* payload) {
+    for (size_t i = 0; i < peers_.size(); ++i) {
+        const Peer& p = *peers_[i];
+        if (!p.up()) continue;
+        bool seen = false;  // a second link to the same worker of the same shim
+        for (size_t j = 0; j < i && !seen; ++j)
+            seen = peers_[j]->up() && peers_[j]->instance_ == p.instance_ && peers_[j]->remote_worker_ == p.remote_worker_;
+        if (seen) continue;
+        p.link_->send_multicast(req, payload);
+        eng.charge_turn(Engine::kWqeCost + req.length);
+    }
 }
 
 bool Fabric::ud_owner(const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) const {
@@ -204,6 +218,7 @@ void Fabric::announce_all_ud(Peer& p) {
 bool Fabric::start(const FabricConfig& cfg, std::string& error) {
     cfg_ = cfg;
     eng_.set_ud_directory(this);
+    eng_.set_multicast_forwarder(this);
     if (!key_.load(cfg.key_file, error)) return false;
     if (!tls_.init(key_, cfg.crypto, error)) return false;
     instance_ = cfg.instance;

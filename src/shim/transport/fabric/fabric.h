@@ -146,10 +146,15 @@ private:
     std::unordered_map<uint32_t, Link::UdOwner> ud_saved_;
 };
 
-class Fabric final : public UdDirectory, public PollGroup {
+class Fabric final : public UdDirectory, public MulticastForwarder, public PollGroup {
 public:
     explicit Fabric(Engine& eng);
     ~Fabric() override;
+
+    // To every peer worker whose link is up, once per (peer shim, worker)
+    // even when two links join them; each copies it to its own members of
+    // the group.
+    void forward_multicast(Engine& eng, const Request& req, const uint8_t* payload) override;
 
     void announce_ud(uint16_t lid, uint32_t qpn, uint64_t guid) override;
     bool ud_owner(const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) const override;

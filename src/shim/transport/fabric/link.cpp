@@ -12,6 +12,8 @@
 #include "engine.h"
 #include "fault_guard.h"
 #include "hca_device.h"
+#include "multicast_delivery.h"
+#include "multicast_groups.h"
 #include "psn.h"
 #include "qp_state.h"
 #include "requester.h"
@@ -66,6 +68,10 @@ struct Link::InMsg {
     bool aborted = false;  // the sender lost its memory under the payload (kSegAbort)
     bool faulted = false;  // the target memory lost a page under the payload
     bool foreign = false;  // a request from a LID the peer does not own: read, dropped, never answered
+    // A multicast datagram: its payload lands in `staged` (made the first
+    // time this slot takes one), and goes to the members from there.
+    bool multicast = false;
+    std::unique_ptr<uint8_t[]> staged;
     // A request (responder side).
     Request req;
     Delivery d;
@@ -86,7 +92,7 @@ struct Link::InMsg {
         lid = 0;
         qpn = 0;
         total = received = 0;
-        discard = aborted = faulted = foreign = false;
+        discard = aborted = faulted = foreign = multicast = false;
         req = Request{};
         d.reset();
         pins.clear();
@@ -668,6 +674,10 @@ void Link::begin_request(InMsg& m, const Request& req) {
     m.pins.clear();
     const bool carries = request_carries_payload(req.opcode);
     m.total = carries ? req.length : 0;
+    if (is_multicast_lid(req.dlid)) {
+        begin_multicast(m, req);
+        return;
+    }
     // Only LIDs of this shim's guests are served here.
     if (!eng_->serves(req.dlid)) {
         ++stats.errors;
@@ -693,8 +703,36 @@ void Link::begin_request(InMsg& m, const Request& req) {
     }
 }
 
+// A datagram to a multicast group (multicast_delivery.h): staged here,
+// then copied to this worker's members of the group. Only a well-formed
+// UD send from a partition its guest is in; anything else is read,
+// dropped and never answered.
+void Link::begin_multicast(InMsg& m, const Request& req) {
+    m.discard = true;
+    m.foreign = true;  // not answered, whatever it claims to be
+    const bool send = req.opcode == IBV_WR_SEND || req.opcode == IBV_WR_SEND_WITH_IMM;
+    if (req.qp_type != IBV_QPT_UD || !send || req.dqpn != kMulticastQpn || req.length > kPortMtuBytes) {
+        ++stats.errors;
+        return;
+    }
+    if (!peer_member(req.slid, req.pkey)) {
+        ++stats.foreign_pkey;
+        return;
+    }
+    if (!m.staged) m.staged = std::make_unique<uint8_t[]>(kPortMtuBytes);
+    m.multicast = true;
+    m.discard = m.foreign = false;
+    m.d.spans[0] = Span{m.staged.get(), req.length};
+    m.d.nspans = 1;
+    m.d.length = req.length;
+}
+
 void Link::finish_request(InMsg& m) {
     if (m.foreign) return;  // not answered: the LID is not the peer's
+    if (m.multicast) {
+        if (!m.aborted) multicast_deliver(*eng_, m.req, m.staged.get(), DeliverTo::ThisWorker);
+        return;
+    }
     const Request& req = m.req;
     Delivery& d = m.d;
     if (m.aborted || m.faulted) {
@@ -934,6 +972,30 @@ bool Link::send_cm(uint16_t lid, const uint8_t* msg, size_t len) {
     return true;
 }
 
+bool Link::send_multicast(const Request& req, const uint8_t* payload) {
+    if (state_ != LinkState::Up || close_after_flush_ || req.length > kPortMtuBytes) return false;
+    QpSender* s = sender(req.slid, req.sqpn, true);
+    // As send_request: the last slot stays free for a response.
+    OutMsg* m = s->count + 1 < QpSender::kDepth
+                    ? reserve(*s, SegType::Request, req.slid, req.sqpn, req.dlid, req.dqpn, req.psn)
+                    : nullptr;
+    if (!m) return false;
+    m->notify_sent = false;  // its WQE completed when the copies were made
+    WireRequest w = encode(req);
+    std::memcpy(m->fixed, &w, sizeof(w));
+    m->fixed_len = sizeof(w);
+    if (req.length) {
+        uint8_t* room = m->payload_room(req.length);
+        std::memcpy(room, payload, req.length);
+        m->spans[0] = Span{room, req.length};
+        m->nspans = 1;
+        m->total = req.length;
+    }
+    commit(*s);
+    ++stats.tx_msgs;
+    return true;
+}
+
 void Link::send_ud_qp(uint16_t lid, uint32_t qpn, uint64_t guid) {
     if (state_ != LinkState::Up || close_after_flush_) return;
     QpSender* s = sender(lid, qpn, true);
@@ -1064,6 +1126,7 @@ void Link::batch_done() {
         for (; s->committed > 0; --s->committed) {
             if (s->at(0).notify_sent) notify_sent(s->at(0));
             s->at(0).pins.clear();
+            s->at(0).large.reset();  // a multicast payload's room goes with it
             s->head = (s->head + 1) % QpSender::kDepth;
             --s->count;
             room = true;

@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device_model.h"
 #include "frame_channel.h"
 #include "request.h"
 #include "responder.h"
@@ -78,6 +79,14 @@ struct OutMsg {
     uint64_t notice = 0;  // SegType::UdQp: the guest's port GUID (sent as the offset)
     Pins pins;
     alignas(16) uint8_t inline_data[abi::kMaxInline];
+    // A multicast datagram larger than inline_data (up to the port MTU):
+    // made the first time this slot carries one, and kept for the next.
+    std::unique_ptr<uint8_t[]> large;
+    uint8_t* payload_room(uint64_t bytes) {
+        if (bytes <= sizeof(inline_data)) return inline_data;
+        if (!large) large = std::make_unique<uint8_t[]>(kPortMtuBytes);
+        return large.get();
+    }
 };
 
 // The outgoing queue of one local QP (as requester and as responder).
@@ -201,6 +210,11 @@ public:
     // `lid` (at most kMaxCmPayload bytes). False: not sent (the link is not
     // up, or that guest's queue is full).
     bool send_cm(uint16_t lid, const uint8_t* msg, size_t len);
+    // Sends multicast datagram `req` (payload req.length bytes at
+    // `payload`, copied now) for the peer worker's members of its group.
+    // False: not sent (the link is not up, or the sending QP's queue is
+    // full: the datagram is lost, as UD allows).
+    bool send_multicast(const Request& req, const uint8_t* payload);
     // Where the CM messages the peer sends go (unset: dropped): the
     // sending guest's LID (one the peer owns) and the bytes.
     std::function<void(uint16_t src_lid, const uint8_t* msg, size_t len)> on_cm;
@@ -235,6 +249,7 @@ private:
     // A UD or UC request left (or will never leave): its WQE may complete.
     void notify_sent(OutMsg& m);
     void begin_request(InMsg& m, const Request& req);
+    void begin_multicast(InMsg& m, const Request& req);
     void finish_request(InMsg& m);
     void begin_response(InMsg& m, const Response& resp, uint64_t length);
     void finish_response(InMsg& m);

@@ -28,8 +28,10 @@ constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // devices; 5: TLS 1.3, the Hello inside it, 128-bit instance ids, the mode,
 // partition announcements; 6: encrypt mode in AES-GCM frames, keys of both
 // modes by generation; 7: workers (a connection joins one worker of each
-// shim: the dialer names the one it wants); 8: rdma_cm messages (SegType::Cm)
-constexpr uint32_t kProtocolVersion = 8;
+// shim: the dialer names the one it wants); 8: rdma_cm messages (SegType::Cm);
+// 9: multicast (a UD request to a multicast LID, for the receiving worker's
+// members of the group)
+constexpr uint32_t kProtocolVersion = 9;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
 // Random per shim start: tells a restarted peer apart, and a connection of
