@@ -131,6 +131,39 @@ size_t build(Input& in, const std::vector<uint32_t>& handles, const std::vector<
         std::memcpy(buf, &hdr, sizeof(hdr));
         return sizeof(hdr) + len + (c.optlen <= 256 ? c.optlen : 0);
     }
+    case RDMA_USER_CM_CMD_JOIN_IP_MCAST: {
+        rdma_ucm_join_ip_mcast c{};
+        c.uid = in.u64();
+        if (in.pick(2)) {  // a multicast group, else anything put_addr gives
+            sockaddr_in sin{};
+            sin.sin_family = AF_INET;
+            sin.sin_addr.s_addr = htonl(0xe0000000u | (in.u32() & 0x0fffffffu));
+            std::memcpy(&c.addr, &sin, sizeof(sin));
+        } else {
+            put_addr(in, c.addr);
+        }
+        c.id = handle();
+        std::memcpy(body, &c, len = sizeof(c));
+        break;
+    }
+    case RDMA_USER_CM_CMD_JOIN_MCAST: {
+        rdma_ucm_join_mcast c{};
+        c.uid = in.u64();
+        c.id = handle();
+        sockaddr_in6 a{};
+        put_addr(in, a);
+        std::memcpy(&c.addr, &a, sizeof(a));
+        c.addr_size = uint16_t(in.pick(2) ? sizeof(sockaddr_in) : in.u16());
+        c.join_flags = uint16_t(in.pick(3));
+        std::memcpy(body, &c, len = sizeof(c));
+        break;
+    }
+    case RDMA_USER_CM_CMD_LEAVE_MCAST: {
+        rdma_ucm_destroy_id c{};
+        c.id = in.pick(2) ? in.pick(8) + 1 : handle();  // joins are numbered from 1
+        std::memcpy(body, &c, len = sizeof(c));
+        break;
+    }
     default: {
         // The rest carry (response,) id, and a few small fields: raw bytes
         // with a handle where most of them keep their id.

@@ -625,6 +625,31 @@ cm_pair() {
     rm -f "$out.server" "$out.client"
 }
 
+# cm_multicast: mckey across guests: two receiving QPs of guest a (-c 2)
+# join 230.1.2.3; once both joined, a sender in guest b sends 10 datagrams
+# of 4 KiB (the MTU) to the group; each receiving QP must get all 10
+# (mckey waits for them), and both sides exit 0.
+cm_multicast() {
+    note "mckey: 2 receivers in guest a, a sender in guest b, group 230.1.2.3"
+    local out="$RUN_DIR.out.mckey" spid src=0 crc=0 deadline=$(( $(date +%s) + 20 ))
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- \
+        stdbuf -oL mckey -m 230.1.2.3 -b 10.0.0.1 -c 2 -C 10 -S 4096 >"$out.server" 2>&1 &
+    spid=$!
+    until [ "$(grep -c 'joined dgid' "$out.server")" -ge 2 ]; do
+        [ "$(date +%s)" -lt "$deadline" ] || { cat "$out.server" >&2; fail "mckey: the receivers did not join"; }
+        sleep 0.05
+    done
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- mckey -m 230.1.2.3 -s -C 10 -S 4096 \
+        >"$out.client" 2>&1 || crc=$?
+    wait "$spid" || src=$?
+    tail -n 4 "$out.server" | sed 's/^/  receivers| /'
+    tail -n 4 "$out.client" | sed 's/^/  sender| /'
+    [ "$src" -eq 0 ] || fail "mckey: the receivers exited $src"
+    [ "$crc" -eq 0 ] || fail "mckey: the sender exited $crc"
+    grep -q 'data transfers complete' "$out.server" || fail "mckey: the receivers did not get every datagram"
+    rm -f "$out.server" "$out.client"
+}
+
 # cm_programs: unmodified rdmacm-utils and perftest -R from guest b
 # (client) to guest a (server, 10.0.0.1), through cm_pair, data checked
 # where the program checks it.
@@ -637,6 +662,7 @@ cm_programs() {
     cm_pair rdma_server 7471 rdma_server -s 10.0.0.1 -- rdma_client -s 10.0.0.1
     cm_pair udaddy 7174 udaddy -- udaddy -s 10.0.0.1
     grep -q 'return status 0' <<<"$CLIENT_OUT" || fail "udaddy: no 'return status 0'"
+    cm_multicast
     # rsockets over rdma_cm: blocking and non-blocking, each byte verified (-T v).
     cm_pair rstream-blocking 7471 rstream -T b -T v -S 65536 -C 50 -- rstream -s 10.0.0.1 -T b -T v -S 65536 -C 50
     cm_pair rstream-nonblocking 7471 rstream -T n -T v -S 4096 -C 50 -- rstream -s 10.0.0.1 -T n -T v -S 4096 -C 50

@@ -396,3 +396,117 @@ TEST_CASE("a guest holds at most 4096 ids; a malformed command is refused") {
     CHECK(write(c.ch->fd, &big, sizeof(big)) == -1);
     CHECK(errno == EINVAL);
 }
+
+TEST_CASE("a multicast join names the IP group's MGID; leave drops its unread event and waits for its ack") {
+    Channel c;
+    rdma_cm_id* id = new_id(c.ch, RDMA_PS_UDP);
+    auto src = v4("10.0.0.1", 0), group = v4("230.5.6.7", 0);
+    REQUIRE(rdma_resolve_addr(id, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&group), 2000) ==
+            0);
+    rdma_ack_cm_event(expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+    int context = 0;
+    REQUIRE(rdma_join_multicast(id, reinterpret_cast<sockaddr*>(&group), &context) == 0);
+    rdma_cm_event* e = expect(c.ch, RDMA_CM_EVENT_MULTICAST_JOIN);
+    CHECK(e->status == 0);
+    CHECK(e->param.ud.private_data == &context);
+    CHECK(e->param.ud.qp_num == 0xffffff);
+    CHECK(e->param.ud.qkey == 0x01234567);  // RDMA_UDP_QKEY
+    const ibv_ah_attr& ah = e->param.ud.ah_attr;
+    CHECK(ah.is_global == 1);
+    CHECK(ah.dlid >= 0xc000);
+    CHECK(ah.dlid < 0xffff);
+    // IPoIB's mapping with the rdma_cm signature of the UDP port space:
+    // ff12:4001:ffff::, then the group's low 28 bits.
+    const uint8_t mgid[16] = {0xff, 0x12, 0x40, 0x01, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0x06, 0x05, 0x06, 0x07};
+    CHECK(std::memcmp(ah.grh.dgid.raw, mgid, 16) == 0);
+    const uint16_t mlid = ah.dlid;
+
+    // A second id joining the group gets the same MGID and MLID.
+    rdma_cm_id* other = new_id(c.ch, RDMA_PS_UDP);
+    REQUIRE(rdma_resolve_addr(other, reinterpret_cast<sockaddr*>(&src), reinterpret_cast<sockaddr*>(&group), 2000) ==
+            0);
+    rdma_ack_cm_event(expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+    REQUIRE(rdma_join_multicast(other, reinterpret_cast<sockaddr*>(&group), nullptr) == 0);
+    rdma_cm_event* e2 = expect(c.ch, RDMA_CM_EVENT_MULTICAST_JOIN);
+    CHECK(std::memcmp(e2->param.ud.ah_attr.grh.dgid.raw, mgid, 16) == 0);
+    CHECK(e2->param.ud.ah_attr.dlid == mlid);
+    rdma_ack_cm_event(e2);
+
+    // Leave waits for the ack of the join's event it reported.
+    std::atomic<bool> done{false};
+    std::thread t([&] {
+        CHECK(rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&group)) == 0);
+        done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(done.load());
+    rdma_ack_cm_event(e);
+    t.join();
+    CHECK(done.load());
+    // Not joined (any more): librdmacm's own answer.
+    errno = 0;
+    CHECK(rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&group)) == -1);
+    CHECK(errno == EADDRNOTAVAIL);
+
+    // A join whose event was never read: leave drops the event and returns.
+    REQUIRE(rdma_join_multicast(id, reinterpret_cast<sockaddr*>(&group), nullptr) == 0);
+    REQUIRE(readable(c.ch, 5000));
+    REQUIRE(rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&group)) == 0);
+    CHECK_FALSE(readable(c.ch));
+    REQUIRE(rdma_destroy_id(other) == 0);
+    REQUIRE(rdma_destroy_id(id) == 0);
+}
+
+TEST_CASE("a multicast join needs a UD id with an address; a guest holds at most 1024 joins") {
+    Channel c;
+    auto src = v4("10.0.0.1", 0), group = v4("230.5.6.8", 0);
+    // An id of the TCP port space (RC QPs) takes no multicast.
+    rdma_cm_id* tcp = new_id(c.ch, RDMA_PS_TCP);
+    REQUIRE(rdma_bind_addr(tcp, reinterpret_cast<sockaddr*>(&src)) == 0);
+    errno = 0;
+    CHECK(rdma_join_multicast(tcp, reinterpret_cast<sockaddr*>(&group), nullptr) == -1);
+    CHECK(errno == EINVAL);
+    REQUIRE(rdma_destroy_id(tcp) == 0);
+    // A UD id with no address yet has no device to join on.
+    rdma_cm_id* idle = new_id(c.ch, RDMA_PS_UDP);
+    errno = 0;
+    CHECK(rdma_join_multicast(idle, reinterpret_cast<sockaddr*>(&group), nullptr) == -1);
+    CHECK(errno == EINVAL);
+    // Bound to one of its addresses, it may; up to the guest's quota.
+    REQUIRE(rdma_bind_addr(idle, reinterpret_cast<sockaddr*>(&src)) == 0);
+    int refused = 0, err = 0;
+    for (int i = 0; i < 1025 && !refused; ++i) {
+        auto g = v4("230.5.7.0", 0);
+        g.sin_addr.s_addr = htonl(ntohl(g.sin_addr.s_addr) + uint32_t(i));
+        if (rdma_join_multicast(idle, reinterpret_cast<sockaddr*>(&g), nullptr) != 0) {
+            refused = i;
+            err = errno;
+        }
+    }
+    CHECK(refused == 1024);
+    CHECK(err == ENOMEM);
+    REQUIRE(rdma_destroy_id(idle) == 0);  // its joins and their unread events go with it
+    CHECK_FALSE(readable(c.ch));
+}
+
+TEST_CASE("a guest listens on at most 256 ids at once") {
+    Channel c;
+    std::vector<rdma_cm_id*> ids;
+    int refused = -1, err = 0;
+    for (int i = 0; i < 257 && refused < 0; ++i) {
+        rdma_cm_id* id = new_id(c.ch);
+        ids.push_back(id);
+        auto at = v4("10.0.0.1", uint16_t(20000 + i));
+        REQUIRE(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&at)) == 0);
+        if (rdma_listen(id, 4) != 0) {
+            refused = i;
+            err = errno;
+        }
+    }
+    CHECK(refused == 256);
+    CHECK(err == ENOMEM);
+    // A listener destroyed gives its room back.
+    REQUIRE(rdma_destroy_id(ids.front()) == 0);
+    CHECK(rdma_listen(ids.back(), 4) == 0);
+    for (size_t i = 1; i < ids.size(); ++i) REQUIRE(rdma_destroy_id(ids[i]) == 0);
+}

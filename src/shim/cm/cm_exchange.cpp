@@ -259,6 +259,7 @@ void CmService::drop_id(uint32_t handle) {
         ch.ids.erase(handle);
     }
     if (id.deadline_ns) timers_.erase({id.deadline_ns, handle});
+    drop_joins(handle);
     if (id.bound) {
         auto pit = ports_.find(PortKey{id.guest, id.ps, id.src.port});
         if (pit != ports_.end()) {
@@ -267,6 +268,7 @@ void CmService::drop_id(uint32_t handle) {
         }
     }
     --guest_ids_[id.guest];
+    if (id.state == State::Listen) --guest_listens_[id.guest];
     ids_.erase(handle);
     for (uint32_t child : unannounced) drop_id(child);
 }

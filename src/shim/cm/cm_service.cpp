@@ -295,7 +295,11 @@ int CmService::resolve_ip(Channel& ch, const rdma_ucm_resolve_ip& c) {
         else dst.ip.bytes[15] = 1;
     }
     uint64_t peer_guest = 0;
-    const bool known = guest_of(dst.ip, id->guest, peer_guest);
+    // A multicast group is reached from the guest's own port: the id is
+    // resolved to its own device, for rdma_join_multicast
+    // (UD ids only: a connection to a multicast address goes nowhere.)
+    const bool group = dst.ip.is_multicast() && id->qp_type == IBV_QPT_UD;
+    const bool known = group ? (peer_guest = id->guest, true) : guest_of(dst.ip, id->guest, peer_guest);
     if (id->src.ip.is_any()) {
         const uint16_t port = id->src.port;
         if (dst.ip.is_loopback() || owns(id->guest, dst.ip)) {
@@ -370,6 +374,10 @@ int CmService::listen(Channel& ch, const rdma_ucm_listen& c) {
         if (o && o != id && o->state == State::Listen &&
             (o->src.ip.is_any() || id->src.ip.is_any() || o->src.ip == id->src.ip))
             return EADDRINUSE;
+    }
+    if (id->state != State::Listen) {
+        if (guest_listens_[id->guest] >= kMaxListens) return ENOMEM;
+        ++guest_listens_[id->guest];
     }
     if (id->state != State::Listen)
         LOG_INFO("guest %s: rdma_cm: listening on %s port %u (%s)", guests_.at(id->guest).name.c_str(),

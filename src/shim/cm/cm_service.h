@@ -16,7 +16,7 @@
 // guest's memory: every command arrives in a socket message, every peer's
 // message in a fabric segment, and each is copied and checked. A guest
 // reaches only its own channels and ids, binds only its own addresses, and
-// is held to kMaxChannels, kMaxIds and kMaxEvents.
+// is held to kMaxChannels, kMaxIds, kMaxListens, kMaxJoins and kMaxEvents.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,7 @@ enum CmEvent : uint32_t {
     kAddrResolved = 0, kAddrError = 1, kRouteResolved = 2, kRouteError = 3,
     kConnectRequest = 4, kConnectResponse = 5, kConnectError = 6, kUnreachable = 7,
     kRejected = 8, kEstablished = 9, kDisconnected = 10, kDeviceRemoval = 11,
+    kMulticastJoin = 12, kMulticastError = 13,
 };
 
 // What the CM knows of a guest: one of this shim's, or of a peer shim's
@@ -62,6 +63,8 @@ public:
     static constexpr uint32_t kMaxChannels = 64;     // per guest: open()s of rdma_cm
     static constexpr uint32_t kMaxIds = 4096;        // per guest
     static constexpr uint32_t kMaxEvents = 16384;    // queued per channel
+    static constexpr uint32_t kMaxJoins = 1024;      // per guest: multicast joins of its ids
+    static constexpr uint32_t kMaxListens = 256;     // per guest: ids listening
 
     // Guest `index` (the daemon's) is served, or is no longer: its
     // channels close, and the peers of its ids see them go.
@@ -102,6 +105,7 @@ public:
     void close_channel(uint64_t channel);
     size_t channel_count() const { return channels_.size(); }
     size_t id_count() const { return ids_.size(); }
+    size_t join_count() const { return joins_.size(); }
 
     // One UCMA command (header and body, `extra` bytes of SET_OPTION's
     // value after it) on `channel`: the response bytes for the command's
@@ -143,10 +147,23 @@ private:
         uint8_t ack_timeout = 14;  // RTS's timeout (RDMA_OPTION_ID_ACK_TIMEOUT)
         uint32_t events_reported = 0;
         uint64_t deadline_ns = 0;  // DreqSent: when the DREP is given up on (in timers_)
+        std::vector<uint32_t> joins;  // its multicast joins (keys of joins_)
     };
     struct Event {
         uint32_t handle;  // the id it is about (dropped with it)
+        uint32_t join = 0;  // a multicast join's event: the join (dropped with it)
         rdma_ucm_event_resp resp;
+    };
+    // A multicast join of an id (rdma_join_multicast): the group it named.
+    // The data path's membership is the QP's (ibv_attach_mcast, which
+    // librdmacm calls on the join's event).
+    struct Join {
+        uint32_t handle = 0;
+        uint32_t id = 0;
+        uint64_t guest = 0;
+        uint64_t uid = 0;
+        uint8_t mgid[16] = {};
+        uint32_t events_reported = 0;
     };
     struct Channel {
         uint64_t id = 0;
@@ -183,6 +200,11 @@ private:
     int get_event(Channel& ch, std::vector<uint8_t>& out);
     int set_option(Channel& ch, const rdma_ucm_set_option& c, const uint8_t* value, size_t len);
     int migrate_id(Channel& ch, const rdma_ucm_migrate_id& c, std::vector<uint8_t>& out);
+    // Multicast (cm_multicast.cpp).
+    int join(Channel& ch, uint32_t id, const void* addr, size_t addr_len, uint64_t uid, uint32_t flags,
+             std::vector<uint8_t>& out);
+    int leave(Channel& ch, uint32_t join, std::vector<uint8_t>& out);
+    void drop_joins(uint32_t id);  // the id goes: its joins with it
 
     // Ids, ports and addresses (cm_service.cpp).
     Id* find(const Channel& ch, uint32_t handle);
@@ -229,7 +251,7 @@ private:
     // plus the LID for a peer shim's.
     static constexpr uint64_t kRemoteKey = 1ull << 32;
     std::map<uint64_t, CmGuest> guests_;
-    std::map<uint64_t, uint32_t> guest_channels_, guest_ids_;
+    std::map<uint64_t, uint32_t> guest_channels_, guest_ids_, guest_listens_;
     std::set<std::pair<uint16_t, uint16_t>> peers_;  // LID ranges of peer shims that are up
     Outbox outbox_;
     std::set<std::pair<uint64_t, uint32_t>> timers_;  // (deadline, id)
@@ -238,6 +260,9 @@ private:
     void set_state(Id& id, State s);  // DreqSent arms its timer, leaving it disarms it
     std::map<uint64_t, Channel> channels_;
     std::map<uint32_t, Id> ids_;
+    std::map<uint32_t, Join> joins_;
+    std::map<uint64_t, uint32_t> guest_joins_;
+    uint32_t next_join_ = 1;
     std::map<PortKey, std::vector<uint32_t>> ports_;  // bound ids by guest, port space and port
     uint64_t next_channel_ = 1;
     uint32_t next_handle_ = 1;

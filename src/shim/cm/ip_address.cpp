@@ -22,6 +22,34 @@ bool IpAddress::is_loopback() const {
     return family == AF_INET6 && std::memcmp(bytes, one, 16) == 0;
 }
 
+bool IpAddress::is_multicast() const {
+    if (family == AF_INET) return (bytes[0] & 0xf0) == 0xe0;
+    return family == AF_INET6 && bytes[0] == 0xff;
+}
+
+bool multicast_gid(const IpAddress& group, bool udp_port_space, uint16_t pkey, uint8_t mgid[16]) {
+    if (group.is_any() || (group.family != AF_INET && group.family != AF_INET6)) return false;
+    const uint8_t* a = group.bytes;
+    if (group.family == AF_INET6 && a[0] == 0xff && (a[1] & 0xf0) == 0x10 && a[2] == 0xa0 && a[3] == 0x1b) {
+        std::memcpy(mgid, a, 16);
+        return true;
+    }
+    std::memset(mgid, 0, 16);
+    mgid[0] = 0xff;
+    mgid[1] = 0x12;  // transient, link-local scope
+    mgid[2] = group.family == AF_INET ? 0x40 : 0x60;
+    mgid[3] = udp_port_space ? 0x01 : 0x1b;
+    mgid[4] = uint8_t(pkey >> 8);
+    mgid[5] = uint8_t(pkey);
+    if (group.family == AF_INET) {
+        mgid[12] = a[0] & 0x0f;
+        std::memcpy(mgid + 13, a + 1, 3);
+    } else {
+        std::memcpy(mgid + 6, a + 6, 10);
+    }
+    return true;
+}
+
 std::string IpAddress::str() const {
     char buf[INET6_ADDRSTRLEN] = "?";
     if (family == AF_INET || family == AF_INET6) ::inet_ntop(family, bytes, buf, sizeof(buf));

@@ -19,6 +19,7 @@ struct IpAddress {
     bool operator==(const IpAddress& o) const;
     bool is_any() const;       // 0.0.0.0 or ::
     bool is_loopback() const;  // 127.0.0.0/8 or ::1
+    bool is_multicast() const; // 224.0.0.0/4 or ff00::/8
     std::string str() const;
 };
 
@@ -28,6 +29,14 @@ struct Endpoint {
     uint16_t port = 0;  // host order
     uint32_t scope_id = 0;
 };
+
+// The MGID an IP multicast group maps to in partition `pkey`, as IPoIB maps
+// it (RFC 4391) with link-local scope, and as the kernel's rdma_cm does:
+// in the UDP port space its signature is 0x4001 (IPv4) or 0x6001 (IPv6)
+// instead of IPoIB's 0x401b and 0x601b. An IPv6 address that is an
+// SA-assigned MGID (ff1x:a01b::/32) is the MGID itself. False for the
+// wildcard (the caller assigns a group of its own).
+bool multicast_gid(const IpAddress& group, bool udp_port_space, uint16_t pkey, uint8_t mgid[16]);
 
 // "10.0.0.1", "fd00::2" or "[fd00::2]".
 bool parse_ip(const std::string& text, IpAddress& out);

@@ -165,8 +165,15 @@ int CmService::command(uint64_t channel, const uint8_t* cmd, size_t len, std::ve
          [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>&) {
              return s.find(c, a.get<rdma_ucm_notify>().id) ? 0 : ENOENT;
          }},
-        {RDMA_USER_CM_CMD_JOIN_IP_MCAST, 0, nullptr},  // multicast: not served yet
-        {RDMA_USER_CM_CMD_LEAVE_MCAST, 0, nullptr},
+        {RDMA_USER_CM_CMD_JOIN_IP_MCAST, sizeof(rdma_ucm_create_id_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             const auto j = a.get<rdma_ucm_join_ip_mcast>();
+             return s.join(c, j.id, &j.addr, sizeof(j.addr), j.uid, RDMA_MC_JOIN_FLAG_FULLMEMBER, o);
+         }},
+        {RDMA_USER_CM_CMD_LEAVE_MCAST, sizeof(rdma_ucm_destroy_id_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             return s.leave(c, a.get<rdma_ucm_destroy_id>().id, o);
+         }},
         {RDMA_USER_CM_CMD_MIGRATE_ID, sizeof(rdma_ucm_migrate_resp),
          [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
              return s.migrate_id(c, a.get<rdma_ucm_migrate_id>(), o);
@@ -174,7 +181,12 @@ int CmService::command(uint64_t channel, const uint8_t* cmd, size_t len, std::ve
         {RDMA_USER_CM_CMD_QUERY, 0, kNoAfIb},
         {RDMA_USER_CM_CMD_BIND, 0, kNoAfIb},
         {RDMA_USER_CM_CMD_RESOLVE_ADDR, 0, kNoAfIb},
-        {RDMA_USER_CM_CMD_JOIN_MCAST, 0, nullptr},
+        {RDMA_USER_CM_CMD_JOIN_MCAST, sizeof(rdma_ucm_create_id_resp),
+         [](CmService& s, Channel& c, const Args& a, std::vector<uint8_t>& o) {
+             const auto j = a.get<rdma_ucm_join_mcast>();
+             if (j.addr_size > sizeof(j.addr)) return EINVAL;
+             return s.join(c, j.id, &j.addr, j.addr_size, j.uid, j.join_flags, o);
+         }},
     };
     static_assert([] {
         for (size_t i = 0; i < std::size(kRows); ++i)
@@ -355,6 +367,8 @@ int CmService::get_event(Channel& ch, std::vector<uint8_t>& out) {
     if (ch.events.empty()) return EAGAIN;  // its count was taken back (the id went): the provider waits again
     Event e = ch.events.front();
     ch.events.pop_front();
+    if (e.join)
+        if (auto j = joins_.find(e.join); j != joins_.end()) ++j->second.events_reported;
     if (Id* id = id_of(e.handle)) {
         ++id->events_reported;
         if (e.resp.event == kConnectRequest && id->pending) --id->pending;  // room in its backlog
