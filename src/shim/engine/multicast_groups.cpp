@@ -43,6 +43,18 @@ void MulticastGroups::replace(size_t i, std::shared_ptr<const McastGroup> g) {
     }
 }
 
+void MulticastGroups::remove_member(size_t group, size_t member) {
+    const McastGroup& old = *groups_[group].data;
+    const uint16_t lid = old.members[member].lid;
+    std::shared_ptr<McastGroup> g;  // none: the last member leaves, and the group goes
+    if (old.members.size() > 1) {
+        g = std::make_shared<McastGroup>(old);
+        g->members.erase(g->members.begin() + std::ptrdiff_t(member));
+    }
+    replace(group, std::move(g));
+    count_down(lid);
+}
+
 void MulticastGroups::count_down(uint16_t lid) {
     auto it = guests_.find(lid);
     if (it == guests_.end()) return;
@@ -93,13 +105,7 @@ int MulticastGroups::detach(uint16_t lid, uint32_t qpn, const uint8_t mgid[16]) 
         auto m = std::find_if(old.members.begin(), old.members.end(),
                               [&](const McastMember& x) { return x.qpn == qpn && x.lid == lid; });
         if (m == old.members.end()) return EINVAL;
-        std::shared_ptr<McastGroup> g;
-        if (old.members.size() > 1) {
-            g = std::make_shared<McastGroup>(old);
-            g->members.erase(g->members.begin() + (m - old.members.begin()));
-        }
-        replace(i, std::move(g));
-        count_down(lid);
+        remove_member(i, size_t(m - old.members.begin()));
         publish();
         return 0;
     }
@@ -115,14 +121,7 @@ void MulticastGroups::detach_all(uint32_t qpn) {
         auto m = std::find_if(old.members.begin(), old.members.end(),
                               [&](const McastMember& x) { return x.qpn == qpn; });
         if (m == old.members.end()) continue;
-        const uint16_t lid = m->lid;
-        std::shared_ptr<McastGroup> g;
-        if (old.members.size() > 1) {
-            g = std::make_shared<McastGroup>(old);
-            g->members.erase(g->members.begin() + (m - old.members.begin()));
-        }
-        replace(i, std::move(g));
-        count_down(lid);
+        remove_member(i, size_t(m - old.members.begin()));
         changed = true;
     }
     if (changed) publish();

@@ -95,6 +95,9 @@ private:
     // Under mutex_: group `i` becomes `g` (none: it goes), and a new view.
     void replace(size_t i, std::shared_ptr<const McastGroup> g);
     void publish();
+    // Under mutex_: member `member` of group `group` leaves (the group with
+    // it if it was the last), and its guest's counts go down.
+    void remove_member(size_t group, size_t member);
     void count_down(uint16_t lid);
 
     mutable std::mutex mutex_;
