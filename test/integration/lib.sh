@@ -650,6 +650,52 @@ cm_multicast() {
     rm -f "$out.server" "$out.client"
 }
 
+# cm_udpong: udpong (rsockets datagrams) between guest a (10.0.0.1, the
+# server) and guest b (10.0.0.2). Rsockets resolve datagram addresses
+# through a kernel UDP socket (rsocket.c: ds_get_src_addr, and its UDP
+# service exchanges QPNs over it), so each guest needs its address on an
+# interface of its own network namespace, as a container has: each side
+# runs in a namespace of its own, joined by a veth pair carrying the
+# guests' addresses (the shims' sockets are files, reached from any
+# namespace). Skipped without root.
+UDP_NS_A="" UDP_NS_B=""
+cm_udpong() {
+    if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null; then
+        note "udpong: skipped (it needs root for the network namespaces that hold the guests' addresses)"
+        return 0
+    fi
+    note "udpong: rsockets datagrams, each guest in a network namespace with its address"
+    UDP_NS_A="vrdma-udp-a-$$" UDP_NS_B="vrdma-udp-b-$$"
+    local a="vu$$a" b="vu$$b" ns up out
+    trap 'rc=$?; ip netns del "$UDP_NS_A" 2>/dev/null; ip netns del "$UDP_NS_B" 2>/dev/null; (exit $rc); stop_shim' EXIT
+    ip netns add "$UDP_NS_A"
+    ip netns add "$UDP_NS_B"
+    ip link add "$a" type veth peer name "$b"
+    ip link set "$a" netns "$UDP_NS_A"
+    ip link set "$b" netns "$UDP_NS_B"
+    ip -n "$UDP_NS_A" addr add 10.0.0.1/24 dev "$a"
+    ip -n "$UDP_NS_B" addr add 10.0.0.2/24 dev "$b"
+    for ns in "$UDP_NS_A" "$UDP_NS_B"; do ip -n "$ns" link set lo up; done
+    ip -n "$UDP_NS_A" link set "$a" up
+    ip -n "$UDP_NS_B" link set "$b" up
+    ip netns exec "$UDP_NS_A" timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- udpong -b 10.0.0.1 -p 7178 \
+        >"$RUN_DIR.udpong" 2>&1 &
+    up=$!
+    for _ in $(seq 1 200); do  # its UDP socket bound (rsockets' datagram service)
+        ip netns exec "$UDP_NS_A" ss -Huln 'sport = :7178' | grep -q . && break
+        sleep 0.1
+    done
+    out="$(ip netns exec "$UDP_NS_B" timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- \
+        udpong -s 10.0.0.1 -p 7178 -C 200 -S 1000 2>&1)" || { echo "$out"; cat "$RUN_DIR.udpong"; fail "udpong failed"; }
+    sed 's/^/  client| /' <<<"$out"
+    grep -Eq '^custom +1000 +200 ' <<<"$out" || fail "udpong: no line for 200 transfers of 1000 bytes"
+    kill "$up" 2>/dev/null || true  # its server runs until stopped
+    wait "$up" || true
+    ip netns del "$UDP_NS_A"
+    ip netns del "$UDP_NS_B"
+    trap stop_shim EXIT
+}
+
 # cm_programs: unmodified rdmacm-utils and perftest -R from guest b
 # (client) to guest a (server, 10.0.0.1), through cm_pair, data checked
 # where the program checks it.

@@ -23,46 +23,7 @@ wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on 127.0.0.1 port 7176 " 20
 in_guest a timeout 60 rping -c -a 127.0.0.1 -p 7176 -C 3 -v | grep -c '^ping data' | grep -qx 3 || fail "loopback rping"
 wait "$lo" || { sed "s/^/  server| /" "$RUN_DIR.lo"; fail "loopback rping server failed"; }
 
-# rsockets' datagrams resolve addresses through a kernel UDP socket
-# (rsocket.c: ds_get_src_addr, and its UDP service exchanges QPNs over
-# it), so each guest needs its address on an interface of its own network
-# namespace: a guest that is a container has that already. Here each side
-# runs in a namespace of its own, joined by a veth pair carrying the
-# guests' addresses; the shim's sockets are files, reached from any
-# namespace.
-if [ "$(id -u)" -eq 0 ] && command -v ip >/dev/null; then
-    note "udpong: rsockets datagrams, each guest in a network namespace with its address"
-    ns_a="vrdma-udp-a-$$" ns_b="vrdma-udp-b-$$"
-    trap 'rc=$?; ip netns del "$ns_a" 2>/dev/null; ip netns del "$ns_b" 2>/dev/null; (exit $rc); stop_shim' EXIT
-    ip netns add "$ns_a"
-    ip netns add "$ns_b"
-    ip link add "vu$$a" type veth peer name "vu$$b"
-    ip link set "vu$$a" netns "$ns_a"
-    ip link set "vu$$b" netns "$ns_b"
-    ip -n "$ns_a" addr add 10.0.0.1/24 dev "vu$$a"
-    ip -n "$ns_b" addr add 10.0.0.2/24 dev "vu$$b"
-    for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-    ip -n "$ns_a" link set "vu$$a" up
-    ip -n "$ns_b" link set "vu$$b" up
-    ip netns exec "$ns_a" timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- udpong -b 10.0.0.1 -p 7178 \
-        >"$RUN_DIR.udpong" 2>&1 &
-    up=$!
-    for _ in $(seq 1 200); do  # its UDP socket bound (rsockets' datagram service)
-        ip netns exec "$ns_a" ss -Huln 'sport = :7178' | grep -q . && break
-        sleep 0.1
-    done
-    out="$(ip netns exec "$ns_b" timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest b -- \
-        udpong -s 10.0.0.1 -p 7178 -C 200 -S 1000 2>&1)" || { echo "$out"; cat "$RUN_DIR.udpong"; fail "udpong failed"; }
-    echo "$out" | sed 's/^/  client| /'
-    grep -Eq '^custom +1000 +200 ' <<<"$out" || fail "udpong: no line for 200 transfers of 1000 bytes"
-    kill "$up" 2>/dev/null || true  # its server runs until stopped
-    wait "$up" || true
-    ip netns del "$ns_a"
-    ip netns del "$ns_b"
-    trap stop_shim EXIT
-else
-    note "udpong: skipped (it needs root for the network namespaces that hold the guests' addresses)"
-fi
+cm_udpong  # (lib.sh) rsockets datagrams, each guest in its network namespace
 
 note "cmtime: 50 connections set up and torn down"
 timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- cmtime -p 7177 >/dev/null 2>&1 &
