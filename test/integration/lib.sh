@@ -696,6 +696,23 @@ cm_udpong() {
     trap stop_shim EXIT
 }
 
+# cm_cmtime: cmtime's 50 connections set up and torn down, the server in
+# guest a (listening once the shim of a logs it, in CM_LOG), the client in
+# guest b, which must exit 0 and time every step.
+cm_cmtime() {
+    note "cmtime: 50 connections set up and torn down"
+    local log="${CM_LOG:-$SHIM_LOG}" seen ct out
+    seen="$(wc -l <"$log")"
+    timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- cmtime -p 7177 >/dev/null 2>&1 &
+    ct=$!
+    wait_line "$log" "guest a: rdma_cm: listening on .* port 7177 " 20 "$seen"
+    out="$(in_guest b timeout 60 cmtime -s 10.0.0.1 -p 7177 -c 50 2>&1)" || { echo "$out"; fail "cmtime: the client failed"; }
+    sed 's/^/  client| /' <<<"$out"
+    grep -Eq '^connect +:' <<<"$out" || fail "cmtime: no connect step in its table"
+    kill "$ct" 2>/dev/null || true  # its server runs until stopped
+    wait "$ct" || true
+}
+
 # cm_programs: unmodified rdmacm-utils and perftest -R from guest b
 # (client) to guest a (server, 10.0.0.1), through cm_pair, data checked
 # where the program checks it.

@@ -25,13 +25,7 @@ wait "$lo" || { sed "s/^/  server| /" "$RUN_DIR.lo"; fail "loopback rping server
 
 cm_udpong  # (lib.sh) rsockets datagrams, each guest in its network namespace
 
-note "cmtime: 50 connections set up and torn down"
-timeout 60 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- cmtime -p 7177 >/dev/null 2>&1 &
-ct=$!
-wait_line "$SHIM_LOG" "guest a: rdma_cm: listening on .* port 7177 " 20
-in_guest b timeout 60 cmtime -s 10.0.0.1 -p 7177 -c 50 | sed 's/^/  client| /'
-kill "$ct" 2>/dev/null || true  # its server runs until stopped
-wait "$ct" || true
+cm_cmtime  # (lib.sh) 50 connections set up and torn down
 
 note "the API cases"
 timeout 120 "$VRDMA_RUN" --run-dir "$RUN_DIR" --guest a -- "$VRDMA_BUILD_DIR/test/integration/vrdma-rdma-cm-tests" ||

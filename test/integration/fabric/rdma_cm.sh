@@ -4,11 +4,11 @@
 # shims announce their guests' addresses to each other, so b resolves a's
 # address to a guest of the peer shim, and the CM messages between the two
 # ids travel between the shims. Unmodified rdmacm-utils (rping, ucmatose,
-# udaddy, mckey, rdma_server/rdma_client, rstream, riostream and udpong)
-# and perftest -R, data checked where the program checks it; then the
-# failures: an address nobody has, a port nobody listens on, and host 1's
-# shim killed under an established rping (the client on host 2 is told DISCONNECTED, and a's
-# address no longer resolves).
+# udaddy, mckey, rdma_server/rdma_client, rstream, riostream, udpong and
+# cmtime) and perftest -R, data checked where the program checks it; then
+# the failures: an address nobody has, a port nobody listens on, and host
+# 1's shim killed under an established rping (the client on host 2 is told
+# DISCONNECTED, and a's address no longer resolves).
 export VRDMA_TOPOLOGY=two-hosts
 source "$(dirname "$0")/../lib.sh"
 fabric_start "a:ip=10.0.0.1,fd00::1" "b:ip=10.0.0.2"
@@ -17,6 +17,7 @@ CM_LOG="$(host_log 1)"  # guest a's shim, which logs the listens (cm_pair)
 
 cm_programs  # (lib.sh) the programs between a and b
 cm_udpong    # (lib.sh) rsockets datagrams, each guest in its network namespace
+cm_cmtime    # (lib.sh) 50 connections set up and torn down
 
 note "failures: an address nobody has, a port nobody listens on"
 out="$(in_guest b timeout 20 rping -c -a 10.9.9.9 -C 1 2>&1 || true)"
