@@ -3,6 +3,7 @@
 // on this guest and on the peer (another guest, possibly on another shim),
 // gets one copy with a GRH that names the group; QPs not attached get none.
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cerrno>
@@ -20,11 +21,15 @@ constexpr uint32_t kMulticastQpn = 0xffffff;
 // group's own comes from its MGID, and a GRH names the group).
 constexpr uint16_t kMlid = 0xc001;
 
-// An IPoIB-style MGID (ff12:401b:ffff::) ending in `tail`.
+// An IPoIB-style MGID (ff12:401b:ffff::) ending in `tail`, with this
+// process's id in it: groups are the shim's, and verbs.sh runs two
+// instances of this program at once, whose groups must not meet.
 ibv_gid group_gid(uint32_t tail) {
     ibv_gid g{};
     const uint8_t head[] = {0xff, 0x12, 0x40, 0x1b, 0xff, 0xff};
     std::memcpy(g.raw, head, sizeof(head));
+    const uint32_t pid = htonl(uint32_t(getpid()));
+    std::memcpy(g.raw + 8, &pid, 4);
     tail = htonl(tail);
     std::memcpy(g.raw + 12, &tail, 4);
     return g;
