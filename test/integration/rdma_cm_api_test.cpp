@@ -57,6 +57,23 @@ rdma_cm_id* new_id(rdma_event_channel* ch, rdma_port_space ps = RDMA_PS_TCP) {
     return id;
 }
 
+// `call` (rdma_destroy_id, rdma_leave_multicast) succeeds, and returns
+// only once the event `e` it reported is acked: still waiting 200 ms
+// later, done after the ack.
+template <typename F>
+void returns_after_ack(F call, rdma_cm_event* e) {
+    std::atomic<bool> done{false};
+    std::thread t([&] {
+        CHECK(call() == 0);
+        done = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    CHECK_FALSE(done.load());
+    rdma_ack_cm_event(e);
+    t.join();
+    CHECK(done.load());
+}
+
 // Resolves `id`'s address and route to `to` (the ADDR_ and ROUTE_RESOLVED
 // events taken and acked), as a client does before it connects.
 void resolve(rdma_event_channel* ch, rdma_cm_id* id, sockaddr_in& to) {
@@ -113,16 +130,7 @@ TEST_CASE("destroying an id drops its unread events and waits for the ack of tho
         auto dst = v4("10.0.0.1", 7470);
         REQUIRE(rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0);
         rdma_cm_event* e = expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
-        std::atomic<bool> done{false};
-        std::thread t([&] {
-            CHECK(rdma_destroy_id(id) == 0);
-            done = true;
-        });
-        std::this_thread::sleep_for(std::chrono::milliseconds(200));
-        CHECK_FALSE(done.load());
-        rdma_ack_cm_event(e);
-        t.join();
-        CHECK(done.load());
+        returns_after_ack([&] { return rdma_destroy_id(id); }, e);
     }
 }
 
@@ -433,16 +441,7 @@ TEST_CASE("a multicast join names the IP group's MGID; leave drops its unread ev
     rdma_ack_cm_event(e2);
 
     // Leave waits for the ack of the join's event it reported.
-    std::atomic<bool> done{false};
-    std::thread t([&] {
-        CHECK(rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&group)) == 0);
-        done = true;
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    CHECK_FALSE(done.load());
-    rdma_ack_cm_event(e);
-    t.join();
-    CHECK(done.load());
+    returns_after_ack([&] { return rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&group)); }, e);
     // Not joined (any more): librdmacm's own answer.
     errno = 0;
     CHECK(rdma_leave_multicast(id, reinterpret_cast<sockaddr*>(&group)) == -1);
