@@ -3,6 +3,8 @@
 // contexts and channels they consult, and the cq_event op.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <linux/kcmp.h>
+#include <sys/syscall.h>
 #include <poll.h>
 #include <sched.h>
 #include <time.h>
@@ -92,9 +94,33 @@ void unregister_context(ibv_context* ibctx) {
     std::lock_guard lock(r.mu);
     auto it = r.contexts.find(ibctx);
     if (it == r.contexts.end()) return;
-    for (auto& [p, ch] : r.channels)
-        if (ch->ctx == it->second) ch->ctx = nullptr;
+    Context* ctx = it->second;
     r.contexts.erase(it);
+    // An imported context shares the state: the channels stay with it
+    // until the last ibv_context over it goes.
+    for (auto& [ib, c] : r.contexts)
+        if (c == ctx) return;
+    for (auto& [p, ch] : r.channels)
+        if (ch->ctx == ctx) ch->ctx = nullptr;
+}
+
+Context* claim_context_of_cmd_fd(int cmd_fd, ibv_device** device, int* async_fd) {
+    const pid_t self = ::getpid();
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    for (auto& [ib, ctx] : r.contexts) {
+        const long same = ::syscall(SYS_kcmp, self, self, KCMP_FILE, cmd_fd, ib->cmd_fd);
+        if (same < 0) return nullptr;  // errno: kcmp's (ENOSYS, EPERM under a seccomp filter)
+        if (same != 0) continue;
+        const int dup = ib->async_fd >= 0 ? ::fcntl(ib->async_fd, F_DUPFD_CLOEXEC, 0) : -1;
+        if (ib->async_fd >= 0 && dup < 0) return nullptr;
+        ctx->users.fetch_add(1);
+        *device = ib->device;
+        *async_fd = dup;
+        return ctx;
+    }
+    errno = ENOENT;
+    return nullptr;
 }
 
 uint32_t channel_id_of(const ibv_comp_channel* channel, const Context& ctx) {

@@ -16,6 +16,7 @@
 #include <fstream>
 
 #include "events.h"
+#include "import.h"
 #include "on_demand.h"
 #include "verbs.h"
 #include "vrdma_common/fd_passing.h"
@@ -28,6 +29,8 @@ namespace {
 constexpr size_t kArenaBytes = 64u << 20;  // sparse: pages appear as rings use them
 
 void free_context(ibv_context* ibctx);
+
+verbs_context* finish_context(verbs_context* vctx, Context* ctx);
 
 const verbs_context_ops kContextOps = {
     .advise_mr = advise_mr,
@@ -58,6 +61,9 @@ const verbs_context_ops kContextOps = {
     .free_context = free_context,
     .free_dm = free_dm,
     .get_srq_num = get_srq_num,
+    .import_dm = import_dm,
+    .import_mr = import_mr,
+    .import_pd = import_pd,
     .modify_qp = modify_qp,
     .modify_srq = modify_srq,
     .open_xrcd = open_xrcd,
@@ -74,7 +80,17 @@ const verbs_context_ops kContextOps = {
     .req_notify_cq = req_notify_cq,
     .rereg_mr = rereg_mr,
     .resize_cq = resize_cq,
+    .unimport_dm = unimport_dm,
+    .unimport_mr = unimport_mr,
+    .unimport_pd = unimport_pd,
 };
+
+verbs_context* finish_context(verbs_context* vctx, Context* ctx) {
+    vctx->context.num_comp_vectors = int(abi::kCompVectors);
+    verbs_set_ops(vctx, &kContextOps);
+    register_context(&vctx->context, ctx);
+    return vctx;
+}
 
 bool read_socket_attr(const char* ibdev_path, std::string& out) {
     std::ifstream f(std::string(ibdev_path) + "/" + abi::kSocketAttr);
@@ -151,7 +167,8 @@ void free_context(ibv_context* ibctx) {
                                                    offsetof(verbs_context, context));
     auto* shell = reinterpret_cast<ContextShell*>(vctx);
     unregister_context(ibctx);
-    delete shell->impl;
+    // The last of the ibv_contexts over it (an import shares it) detaches.
+    if (shell->impl->users.fetch_sub(1) == 1) delete shell->impl;
     verbs_uninit_context(&shell->vctx);
     std::free(shell);
 }
@@ -166,7 +183,9 @@ Context::~Context() {
     if (arena_base) ::munmap(arena_base, arena_len);
 }
 
-verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
+verbs_context* alloc_context(ibv_device* device, int cmd_fd, void* private_data) {
+    if (const ImportRequest* req = as_import_request(private_data))
+        return alloc_imported_context(device, cmd_fd, *req);
     auto* vdev = reinterpret_cast<verbs_device*>(device);
     std::string sock_path;
     if (!vdev->sysfs || !read_socket_attr(vdev->sysfs->ibdev_path, sock_path)) {
@@ -213,10 +232,17 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void*) {
         errno = rc;
         return nullptr;
     }
-    vctx->context.num_comp_vectors = int(abi::kCompVectors);
-    verbs_set_ops(vctx, &kContextOps);
-    register_context(&vctx->context, ctx);
-    return vctx;
+    return finish_context(vctx, ctx);
+}
+
+verbs_context* alloc_imported_context(ibv_device* device, int cmd_fd, const ImportRequest& req) {
+    auto* shell = static_cast<ContextShell*>(_verbs_init_and_alloc_context(
+        device, cmd_fd, sizeof(ContextShell),
+        reinterpret_cast<verbs_context*>(offsetof(ContextShell, vctx)), 0 /* RDMA_DRIVER_UNKNOWN */));
+    if (!shell) return nullptr;
+    shell->impl = req.ctx;
+    shell->vctx.context.async_fd = req.async_fd;  // a duplicate: the event queue is shared, as the kernel's
+    return finish_context(&shell->vctx, req.ctx);
 }
 
 void* alloc_ring(Context& ctx, size_t bytes) {

@@ -22,6 +22,7 @@
 
 namespace vrdma::prov {
 
+struct Dm;
 struct Mr;
 struct Xrcd;
 
@@ -54,6 +55,17 @@ struct Context {
     std::unordered_map<uint32_t, Mr*> odp_mrs;
     std::atomic<uint32_t> on_demand_mrs{0};
     std::vector<Xrcd*> xrcds;  // open XRC domains (verbs_xrc.cpp), under mem_mu
+
+    // Imports (import.cpp): the ibv_contexts sharing this state (the one
+    // that opened the device and those ibv_import_device made from its
+    // command fd), and what ibv_import_pd, _mr and _dm may name, by
+    // handle, under mem_mu. `mrs` and `dms` hold the objects as made (an
+    // import copies from them).
+    std::atomic<uint32_t> users{1};
+    std::unordered_set<uint32_t> pd_handles;
+    std::unordered_map<uint32_t, Mr*> mrs;
+    std::unordered_map<uint32_t, Dm*> dms;
+    uint32_t next_dm_handle = 1;
 
     abi::DeviceAttr dev_attr{};
     uint32_t lid = 0;

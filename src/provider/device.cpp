@@ -11,6 +11,7 @@
 
 namespace vrdma::prov {
 verbs_context* alloc_context(ibv_device* device, int cmd_fd, void* private_data);
+verbs_context* import_context(ibv_device* device, int cmd_fd);
 }
 
 // Exported marker: lets a second copy of the provider (another file, e.g. an
@@ -49,7 +50,7 @@ const verbs_device_ops kDeviceOps = {
     .static_providers = nullptr,
     .match_device = match_device,
     .alloc_context = alloc_context,
-    .import_context = nullptr,
+    .import_context = import_context,
     .alloc_device = alloc_device,
     .uninit_device = uninit_device,
 };

@@ -44,6 +44,11 @@ void async_event(ibv_context* ibctx, ibv_async_event* event);
 void register_context(ibv_context* ibctx, Context* ctx);
 void unregister_context(ibv_context* ibctx);
 Context* find_vrdma_context(const ibv_context* ibctx);  // null: not a vrdma context
+// For ibv_import_device: the registered context whose command fd is the
+// same open file as `cmd_fd` (kcmp), with one more user counted, its
+// device and a duplicate of its async fd in the out-parameters. Null when
+// none is (errno: ENOENT, or why kcmp could not tell).
+Context* claim_context_of_cmd_fd(int cmd_fd, ibv_device** device, int* async_fd);
 
 // The shim id of a vrdma channel of `ctx` (0 if the channel is not one).
 uint32_t channel_id_of(const ibv_comp_channel* channel, const Context& ctx);

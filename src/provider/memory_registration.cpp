@@ -431,6 +431,13 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
 
 void forget_unmapped_segments(Context& ctx) { sweep(ctx, read_maps(false)); }
 
+void retain_segments(Context& ctx, const std::vector<uint32_t>& seg_ids) {
+    for (uint32_t id : seg_ids) {
+        auto it = ctx.segments.segs.find(id);
+        if (it != ctx.segments.segs.end()) it->second.refs++;
+    }
+}
+
 void release_segments(Context& ctx, const std::vector<uint32_t>& seg_ids) {
     bool any_free = false;
     for (uint32_t id : seg_ids) {

@@ -64,6 +64,9 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
 // mapped (after munmap of memory the application owns: device memory).
 void forget_unmapped_segments(Context& ctx);
 
+// Takes one more reference on each segment (an imported MR's own).
+void retain_segments(Context& ctx, const std::vector<uint32_t>& seg_ids);
+
 // Drops the references taken by share_range; segments no longer referenced
 // and no longer mapped are removed from the shim.
 void release_segments(Context& ctx, const std::vector<uint32_t>& seg_ids);

@@ -127,8 +127,10 @@ void track_odp(Context& ctx, Mr& mr, bool on_demand) {
 }
 
 void untrack_odp(Context& ctx, Mr& mr) {
-    if (ctx.odp_mrs.erase(mr.vmr.ibv_mr.lkey) && mr.on_demand)
-        ctx.on_demand_mrs.fetch_sub(1, std::memory_order_release);
+    auto it = ctx.odp_mrs.find(mr.vmr.ibv_mr.lkey);
+    if (it == ctx.odp_mrs.end() || it->second != &mr) return;
+    ctx.odp_mrs.erase(it);
+    if (mr.on_demand) ctx.on_demand_mrs.fetch_sub(1, std::memory_order_release);
 }
 
 void fault_in_sges(Context& ctx, const ibv_sge* list, size_t n) {

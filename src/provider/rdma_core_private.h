@@ -214,6 +214,7 @@ void verbs_register_driver_34(const verbs_device_ops* ops);
 void* _verbs_init_and_alloc_context(ibv_device* device, int cmd_fd, size_t alloc_size,
                                     verbs_context* context_offset, uint32_t driver_id);
 void verbs_uninit_context(verbs_context* context);
+ibv_context* verbs_open_device(ibv_device* device, void* private_data);
 void verbs_set_ops(verbs_context* vctx, const verbs_context_ops* ops);
 void verbs_init_cq(ibv_cq* cq, ibv_context* context, ibv_comp_channel* channel, void* cq_context);
 

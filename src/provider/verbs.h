@@ -20,6 +20,22 @@ ibv_mr* reg_dm_mr(ibv_pd*, ibv_dm*, uint64_t, size_t, unsigned int);
 void dm_mr_made(Dm* dm);
 void dm_mr_gone(Dm* dm);
 constexpr uint64_t kMaxDmBytes = 1 << 20;  // ibv_device_attr_ex::max_dm_size, per context
+ibv_dm* import_dm(ibv_context*, uint32_t);
+void unimport_dm(ibv_dm*);
+
+// import.cpp (ibv_import_device itself is a preloaded entry point there)
+ibv_pd* import_pd(ibv_context*, uint32_t);
+void unimport_pd(ibv_pd*);
+ibv_mr* import_mr(ibv_pd*, uint32_t);
+void unimport_mr(ibv_mr*);
+// verbs_device_ops.import_context: reached only when libibverbs' own
+// ibv_import_device runs, which cannot work for vrdma (import.cpp).
+verbs_context* import_context(ibv_device*, int);
+// alloc_context for an import: `private_data` of verbs_open_device when
+// import.cpp opens the device for ibv_import_device (null otherwise).
+struct ImportRequest;
+verbs_context* alloc_imported_context(ibv_device* device, int cmd_fd, const ImportRequest& req);
+const ImportRequest* as_import_request(const void* private_data);
 
 // verbs_parent_domain.cpp
 ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);

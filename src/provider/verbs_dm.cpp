@@ -9,6 +9,7 @@
 // (its memory cgroup pays for it), up to kMaxDmBytes per context and
 // process. MRs over it are zero-based: work requests name its bytes from
 // 0, as on mlx5.
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -31,6 +32,7 @@ struct Dm {
     size_t mapped = 0;  // page multiple
     uint32_t mrs = 0;   // live MRs over it (under the context's mem_mu)
     bool shared = false;  // an MR was made over it: the shim has its segment
+    bool imported = false;  // ibv_import_dm: another mapping of a context's device memory
 };
 
 namespace {
@@ -57,6 +59,22 @@ int memcpy_from_dm(void* host, ibv_dm* d, uint64_t offset, size_t length) {
     if (!copy_ok(*dm, offset, length)) return EINVAL;
     std::memcpy(host, dm->base + offset, length);
     return 0;
+}
+
+void init_ibv_dm(Dm& dm, ibv_context* ibctx, uint32_t handle) {
+    dm.ibv.context = ibctx;
+    dm.ibv.memcpy_to_dm = memcpy_to_dm;
+    dm.ibv.memcpy_from_dm = memcpy_from_dm;
+    dm.ibv.comp_mask = 0;
+    dm.ibv.handle = handle;
+}
+
+// Unmaps it (the caller holds mem_mu and checked that no MR is over it).
+void unmap_dm(Context& ctx, Dm* dm) {
+    ::munmap(dm->base, dm->mapped);
+    if (dm->shared) forget_unmapped_segments(ctx);  // the shim lets go of that mapping too
+    if (!dm->imported) ctx.dm_bytes -= dm->mapped;
+    delete dm;
 }
 
 }  // namespace
@@ -100,12 +118,56 @@ ibv_dm* alloc_dm(ibv_context* ibctx, ibv_alloc_dm_attr* attr) {
     }
     ctx.dm_bytes += dm->mapped;
     dm->base = static_cast<uint8_t*>(base);
-    dm->ibv.context = ibctx;
-    dm->ibv.memcpy_to_dm = memcpy_to_dm;
-    dm->ibv.memcpy_from_dm = memcpy_from_dm;
-    dm->ibv.comp_mask = 0;
-    dm->ibv.handle = 0;
+    const uint32_t handle = ctx.next_dm_handle++;
+    init_ibv_dm(*dm, ibctx, handle);
+    ctx.dms[handle] = dm;  // what ibv_import_dm may name
     return &dm->ibv;
+}
+
+// ibv_import_dm: a second mapping of the same memfd, so that either the
+// device memory or its import may go first.
+ibv_dm* import_dm(ibv_context* ibctx, uint32_t handle) {
+    Context& ctx = ctx_of(ibctx);
+    std::lock_guard lock(ctx.mem_mu);
+    auto it = ctx.dms.find(handle);
+    if (it == ctx.dms.end()) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    const Dm& from = *it->second;
+    auto* dm = new (std::nothrow) Dm{};
+    if (!dm) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    dm->fd.reset(::fcntl(from.fd.get(), F_DUPFD_CLOEXEC, 0));
+    void* base = dm->fd ? ::mmap(nullptr, from.mapped, PROT_READ | PROT_WRITE, MAP_SHARED, dm->fd.get(), 0)
+                        : MAP_FAILED;
+    if (base == MAP_FAILED) {
+        const int e = errno;
+        delete dm;
+        errno = e;
+        return nullptr;
+    }
+    dm->base = static_cast<uint8_t*>(base);
+    dm->length = from.length;
+    dm->mapped = from.mapped;
+    dm->imported = true;
+    init_ibv_dm(*dm, ibctx, handle);
+    return &dm->ibv;
+}
+
+void unimport_dm(ibv_dm* d) {
+    Dm* dm = to_dm(d);
+    Context& ctx = ctx_of(d->context);
+    std::lock_guard lock(ctx.mem_mu);
+    if (dm->mrs) {  // the MRs over it still use this mapping: it stays until the context goes
+        LOG_WARN("ibv_unimport_dm: %u MRs are still over the imported device memory; it stays mapped", dm->mrs);
+        return;
+    }
+    auto it = ctx.dms.find(d->handle);
+    if (it != ctx.dms.end() && it->second == dm) ctx.dms.erase(it);
+    unmap_dm(ctx, dm);
 }
 
 // The memory goes once no MR is over it (EBUSY while one is, as the
@@ -115,10 +177,8 @@ int free_dm(ibv_dm* d) {
     Context& ctx = ctx_of(d->context);
     std::lock_guard lock(ctx.mem_mu);
     if (dm->mrs) return EBUSY;
-    ::munmap(dm->base, dm->mapped);
-    if (dm->shared) forget_unmapped_segments(ctx);  // the shim lets go of it too
-    ctx.dm_bytes -= dm->mapped;
-    delete dm;
+    ctx.dms.erase(d->handle);  // freed through it or an import of it: no more imports
+    unmap_dm(ctx, dm);
     return 0;
 }
 

@@ -30,6 +30,8 @@ ibv_pd* alloc_pd(ibv_context* ibctx) {
     }
     pd->ibv.context = ibctx;
     pd->ibv.handle = resp.pd_handle;
+    std::lock_guard lock(ctx.mem_mu);
+    ctx.pd_handles.insert(resp.pd_handle);  // what ibv_import_pd may name
     return &pd->ibv;
 }
 
@@ -41,9 +43,14 @@ int dealloc_pd(ibv_pd* ibpd) {
         return 0;
     }
     if (pd->parent_domains.load() != 0) return EBUSY;
+    Context& ctx = ctx_of(ibpd->context);
     abi::CmdHandleReq req{ibpd->handle};
-    int rc = command(ctx_of(ibpd->context), abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
+    int rc = command(ctx, abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
     if (rc && rc != EIO) return rc;  // shim gone: nothing left to free there
+    {
+        std::lock_guard lock(ctx.mem_mu);
+        ctx.pd_handles.erase(ibpd->handle);
+    }
     delete pd;
     return 0;
 }
@@ -97,6 +104,7 @@ ibv_mr* register_memory(ibv_pd* pd, uintptr_t addr, size_t length, uint64_t iova
             mr->dm = dm;
             if (dm) dm_mr_made(dm);
             if (access & IBV_ACCESS_ON_DEMAND) track_odp(ctx, *mr, on_demand);
+            ctx.mrs[mr->handle] = mr;  // what ibv_import_mr may name
             return &m;
         }
         release_segments(ctx, mr->segments);
@@ -113,6 +121,7 @@ int dereg_mr(verbs_mr* vmr) {
     abi::CmdHandleReq req{mr->handle};
     int rc = command(ctx, abi::CmdOp::DeregMr, &req, sizeof(req), nullptr, 0);
     if (rc && rc != EIO) return rc;  // shim gone: the MR is gone with it
+    ctx.mrs.erase(mr->handle);  // deregistered through it or an import of it: gone for both
     untrack_odp(ctx, *mr);
     release_segments(ctx, mr->segments);
     if (mr->dm) dm_mr_gone(mr->dm);
