@@ -17,10 +17,11 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 8;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+constexpr uint32_t kVersion = 9;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
                                   // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova;
                                   // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn);
-                                  // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits)
+                                  // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits);
+                                  // 9: completion timestamps (CmdCreateCqReq::flags, Cqe::completion_ns)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -180,7 +181,11 @@ struct Cqe {
     uint8_t sl;
     uint8_t dlid_path_bits;
     uint16_t reserved0;
-    uint64_t reserved1[2];
+    // Written only in a CQ created with kCqTimestamps, when the shim adds
+    // the completion: the device clock (the host's CLOCK_MONOTONIC in ns;
+    // hca_core_clock is 1 GHz) and the host's CLOCK_REALTIME in ns.
+    uint64_t completion_ns;
+    uint64_t wallclock_ns;
 };
 static_assert(sizeof(Cqe) == 64);
 
@@ -387,7 +392,9 @@ struct CmdCreateCqReq {
     uint32_t entries;         // power of two
     uint32_t channel_id;      // 0: no completion channel
     uint32_t comp_vector;
+    uint32_t flags;           // kCqTimestamps; other bits: EINVAL
 };
+constexpr uint32_t kCqTimestamps = 1;  // stamp each completion (Cqe::completion_ns, wallclock_ns)
 struct CmdCreateCqResp { uint32_t cq_handle; };
 
 // ResizeCq: the provider holds the CQ (no polling) and supplies a new,

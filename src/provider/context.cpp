@@ -74,6 +74,7 @@ const verbs_context_ops kContextOps = {
     .query_device_ex = query_device_ex,
     .query_port = query_port,
     .query_qp = query_qp,
+    .query_rt_values = query_rt_values,
     .query_srq = query_srq,
     .reg_dm_mr = reg_dm_mr,
     .reg_mr = reg_mr,

@@ -76,6 +76,8 @@ unsigned int read_wc_flags(ibv_cq_ex* c) { return cur(c).wc_flags; }
 uint32_t read_slid(ibv_cq_ex* c) { return cur(c).slid; }
 uint8_t read_sl(ibv_cq_ex* c) { return cur(c).sl; }
 uint8_t read_dlid_path_bits(ibv_cq_ex* c) { return cur(c).dlid_path_bits; }
+uint64_t read_completion_ts(ibv_cq_ex* c) { return cur(c).completion_ns; }
+uint64_t read_completion_wallclock_ns(ibv_cq_ex* c) { return cur(c).wallclock_ns; }
 
 }  // namespace
 
@@ -94,6 +96,8 @@ void install_cq_ex_ops(Cq& cq) {
     ex.read_slid = read_slid;
     ex.read_sl = read_sl;
     ex.read_dlid_path_bits = read_dlid_path_bits;
+    ex.read_completion_ts = read_completion_ts;
+    ex.read_completion_wallclock_ns = read_completion_wallclock_ns;
 }
 
 }  // namespace vrdma::prov

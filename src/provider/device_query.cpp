@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 #include "context.h"
 #include "verbs.h"
@@ -52,6 +53,9 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     a.phys_port_cnt = uint8_t(d.phys_port_cnt);
     ex.phys_port_cnt_ex = d.phys_port_cnt;
     ex.max_dm_size = kMaxDmBytes;
+    // Completion timestamps (kCqExWcFlags) and ibv_query_rt_values_ex.
+    ex.completion_timestamp_mask = ~uint64_t(0);
+    ex.hca_core_clock = kCoreClockKhz;
     // On-demand paging (on_demand.h): every operation of RC, UC and UD, the
     // implicit MR too; XRC sends and XRC SRQ receives.
     ex.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
@@ -63,6 +67,23 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     ex.xrc_odp_caps = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV;
 
     std::memcpy(attr, &ex, std::min(attr_size, sizeof(ex)));
+    return 0;
+}
+
+// The device clock is the host's CLOCK_MONOTONIC, which the application
+// reads as the shim does: no command. As on mlx5, the raw clock is a count
+// of ticks in tv_nsec (tv_sec 0).
+int query_rt_values(ibv_context*, ibv_values_ex* values) {
+    if (values->comp_mask & ~uint32_t(IBV_VALUES_MASK_RAW_CLOCK)) return EINVAL;
+    uint32_t filled = 0;
+    if (values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) {
+        timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        values->raw_clock.tv_sec = 0;
+        values->raw_clock.tv_nsec = long(uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec));
+        filled |= IBV_VALUES_MASK_RAW_CLOCK;
+    }
+    values->comp_mask = filled;  // what was filled in
     return 0;
 }
 

@@ -10,6 +10,7 @@ struct Dm;
 // device_query.cpp
 int query_device_ex(ibv_context*, const ibv_query_device_ex_input*, ibv_device_attr_ex*, size_t);
 int query_port(ibv_context*, uint8_t, ibv_port_attr*);
+int query_rt_values(ibv_context*, ibv_values_ex*);
 
 // verbs_dm.cpp
 ibv_dm* alloc_dm(ibv_context*, ibv_alloc_dm_attr*);
@@ -82,7 +83,11 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives);
 
 // cq_ex_poll.cpp: start_poll/next_poll/end_poll and the read_* functions
 // over the same completion ring. The completion fields offered:
-constexpr uint64_t kCqExWcFlags = IBV_WC_STANDARD_FLAGS;
+constexpr uint64_t kCqExWcFlags = uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                                  IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+// The device clock the stamps are read on (abi::Cqe::completion_ns): the
+// host's CLOCK_MONOTONIC in ns, so hca_core_clock is 1 GHz.
+constexpr uint64_t kCoreClockKhz = 1000000;
 void install_cq_ex_ops(Cq& cq);
 
 // verbs_qp.cpp

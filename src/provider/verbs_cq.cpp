@@ -26,6 +26,7 @@ struct CqCreate {
     int cqe;
     ibv_comp_channel* channel;
     int comp_vector;
+    uint32_t flags = 0;  // abi::kCqTimestamps
 };
 
 // Both creation verbs: the ring, the shim's CQ. The caller fills in what
@@ -78,6 +79,7 @@ Cq* create_common(ibv_context* ibctx, const CqCreate& c) {
     req.entries = entries;
     req.channel_id = channel_id;
     req.comp_vector = uint32_t(c.comp_vector);
+    req.flags = c.flags;
     abi::CmdCreateCqResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateCq, &req, sizeof(req), &resp, sizeof(resp))) {
         free_ring(ctx, cq->mem);
@@ -124,7 +126,10 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) {
         errno = EINVAL;
         return nullptr;
     }
-    Cq* cq = create_common(ibctx, CqCreate{int(attr->cqe), attr->channel, int(attr->comp_vector)});
+    constexpr uint64_t kStamps =
+        uint64_t(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    const uint32_t cq_flags = (attr->wc_flags & kStamps) ? abi::kCqTimestamps : 0;
+    Cq* cq = create_common(ibctx, CqCreate{int(attr->cqe), attr->channel, int(attr->comp_vector), cq_flags});
     if (!cq) return nullptr;
     // libibverbs fills in the channel, the CQ context and the event counts,
     // and counts the CQ on its channel, once this returns (as after

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "verbs_fixture.h"
@@ -213,7 +215,7 @@ TEST_CASE("extended CQ: an error completion and end_poll after next_poll ran dry
 TEST_CASE("extended CQ: unsupported completion fields and flags are refused", "[cq_ex][api]") {
     Device dev;
     errno = 0;
-    CHECK(make_cq_ex(dev.ctx, 8, uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) == nullptr);
+    CHECK(make_cq_ex(dev.ctx, 8, uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_TM_INFO) == nullptr);
     CHECK(errno == EOPNOTSUPP);
     errno = 0;
     CHECK(make_cq_ex(dev.ctx, 8, IBV_WC_EX_WITH_CVLAN) == nullptr);
@@ -266,4 +268,92 @@ TEST_CASE("extended CQ on a completion channel: the channel is counted once and 
     CHECK(ibv_destroy_comp_channel(ch) == EBUSY);  // still used
     REQUIRE(ibv_destroy_cq(ibv_cq_ex_to_cq(cq)) == 0);
     CHECK(ibv_destroy_comp_channel(ch) == 0);
+}
+
+namespace {
+uint64_t now_ns(clockid_t clock) {
+    timespec ts;
+    clock_gettime(clock, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// One completion's stamps, read between start_poll and end_poll.
+struct Stamps {
+    ibv_wc_status status;
+    uint64_t device, wall;
+};
+Stamps poll_stamps(ibv_cq_ex* cq) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    ibv_poll_cq_attr attr{};
+    int rc;
+    while ((rc = ibv_start_poll(cq, &attr)) == ENOENT && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+    REQUIRE(rc == 0);
+    Stamps s{cq->status, ibv_wc_read_completion_ts(cq), ibv_wc_read_completion_wallclock_ns(cq)};
+    ibv_end_poll(cq);
+    return s;
+}
+}  // namespace
+
+TEST_CASE("extended CQ: completions stamped on the device clock and the wall clock; the clock's values",
+          "[cq_ex]") {
+    Device dev, peer(Device::kPeer);
+    ibv_device_attr_ex da{};
+    REQUIRE(ibv_query_device_ex(dev.ctx, nullptr, &da) == 0);
+    CHECK(da.hca_core_clock == 1000000);  // kHz: the device clock counts nanoseconds
+    CHECK(da.completion_timestamp_mask == ~uint64_t(0));
+
+    constexpr uint64_t kFlags = uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
+                                IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    ibv_cq_ex* scq = make_cq_ex(dev.ctx, 8, kFlags);
+    ibv_cq_ex* rcq = make_cq_ex(peer.ctx, 8, kFlags);
+    REQUIRE(scq);
+    REQUIRE(rcq);
+    {
+        QpOptions oa, ob;
+        oa.send_cq = oa.recv_cq = ibv_cq_ex_to_cq(scq);
+        ob.send_cq = ob.recv_cq = ibv_cq_ex_to_cq(rcq);
+        Qp a(dev, oa), b(peer, ob);
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+        Buffer src(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE), dst(peer.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+        REQUIRE(post_recv(b.qp, 1, {sge(dst, 0, 64)}) == 0);
+
+        const uint64_t mono0 = now_ns(CLOCK_MONOTONIC), wall0 = now_ns(CLOCK_REALTIME);
+        ibv_send_wr wr{};
+        wr.wr_id = 2;
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        REQUIRE(post_send(a.qp, wr, {sge(src, 0, 64)}) == 0);
+        const Stamps sent = poll_stamps(scq);
+        const Stamps got = poll_stamps(rcq);
+        const uint64_t mono1 = now_ns(CLOCK_MONOTONIC), wall1 = now_ns(CLOCK_REALTIME);
+        CHECK(sent.status == IBV_WC_SUCCESS);
+        CHECK(got.status == IBV_WC_SUCCESS);
+        // Each completion was stamped between the post and its poll, on
+        // the host's clocks.
+        CHECK(sent.device >= mono0);
+        CHECK(sent.device <= mono1);
+        CHECK(got.device >= mono0);
+        CHECK(got.device <= mono1);
+        CHECK(sent.wall >= wall0);
+        CHECK(sent.wall <= wall1);
+        CHECK(got.wall >= wall0);
+        CHECK(got.wall <= wall1);
+    }
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(scq)) == 0);
+    CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(rcq)) == 0);
+
+    // ibv_query_rt_values_ex reads the same clock (as mlx5: ticks in tv_nsec).
+    const uint64_t before = now_ns(CLOCK_MONOTONIC);
+    ibv_values_ex v{};
+    v.comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
+    REQUIRE(ibv_query_rt_values_ex(dev.ctx, &v) == 0);
+    const uint64_t after = now_ns(CLOCK_MONOTONIC);
+    CHECK(v.comp_mask == IBV_VALUES_MASK_RAW_CLOCK);
+    CHECK(v.raw_clock.tv_sec == 0);
+    CHECK(uint64_t(v.raw_clock.tv_nsec) >= before);
+    CHECK(uint64_t(v.raw_clock.tv_nsec) <= after);
+    v.comp_mask = 1u << 5;  // no such value
+    CHECK(ibv_query_rt_values_ex(dev.ctx, &v) == EINVAL);
 }

@@ -12,7 +12,7 @@ int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdCreateCqReq>(req);
     if (!is_pow2(r.entries) || r.entries > abi::kMaxCqEntries || r.entries - 1 > ctx.quotas().max_cqe)
         return EINVAL;
-    if (r.comp_vector >= abi::kCompVectors) return EINVAL;
+    if (r.comp_vector >= abi::kCompVectors || (r.flags & ~abi::kCqTimestamps)) return EINVAL;
     HostRange ring;
     if (int err = map_ring(ctx, r.ring_gva, abi::cq_ring_bytes(r.entries), ring)) return err;
     if (r.channel_id && !ctx.has_channel(r.channel_id)) return EINVAL;
@@ -25,6 +25,7 @@ int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     cq->entries = r.entries;
     cq->user_handle = r.user_handle;
     cq->channel_id = r.channel_id;
+    cq->timestamps = (r.flags & abi::kCqTimestamps) != 0;
     cq->keep = std::move(ring.keepalive);
     cq->last_arm_seq = cq->notify->arm_seq.load(std::memory_order_acquire);
     cq->ring->producer.store(0, std::memory_order_release);

@@ -2,6 +2,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <time.h>
+
 #include <cstring>
 
 #include "async_events.h"
@@ -11,6 +13,12 @@
 
 namespace vrdma::shim {
 namespace {
+
+uint64_t clock_ns(clockid_t clock) {
+    timespec ts;
+    clock_gettime(clock, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
 
 void cq_fail(Context& ctx, Cq& cq, const char* why) {
     if (cq.error) return;
@@ -33,7 +41,14 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicit
         cq_fail(ctx, *cq, "overrun");
         return false;
     }
-    std::memcpy(&cq->slots[ring_slot(cq->prod, cq->entries)], &cqe, sizeof(cqe));
+    abi::Cqe* slot = &cq->slots[ring_slot(cq->prod, cq->entries)];
+    std::memcpy(slot, &cqe, sizeof(cqe));
+    if (cq->timestamps) {
+        // Two vDSO clock reads, only for CQs that asked (ibv_create_cq_ex
+        // with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP or _WALLCLOCK).
+        slot->completion_ns = clock_ns(CLOCK_MONOTONIC);
+        slot->wallclock_ns = clock_ns(CLOCK_REALTIME);
+    }
     cq->prod = ring_next(cq->prod, cq->entries);
     cq->ring->producer.store(cq->prod, std::memory_order_release);
     cq_after_push(ctx, *cq, solicited || cqe.status != IBV_WC_SUCCESS);

@@ -96,6 +96,7 @@ struct Cq {
     uint32_t async_events = 0;
     uint64_t user_handle = 0;
     bool error = false;           // overrun or invalid consumer index
+    bool timestamps = false;      // abi::kCqTimestamps: cq_push stamps each completion
     uint32_t users = 0;           // QPs using it
     std::shared_ptr<Mapping> keep;
 };
