@@ -21,7 +21,8 @@ constexpr uint32_t kVersion = 9;  // 2: work slots (ControlBlock::work_bits); 3:
                                   // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova;
                                   // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn);
                                   // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits);
-                                  // 9: completion timestamps (CmdCreateCqReq::flags, Cqe::completion_ns)
+                                  // 9: completion timestamps (CmdCreateCqReq::flags, Cqe::completion_ns);
+                                  //    tag matching (TM SRQs, TmOp, Cqe::tm_tag, DeviceAttr::max_tm_tags)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -181,11 +182,23 @@ struct Cqe {
     uint8_t sl;
     uint8_t dlid_path_bits;
     uint16_t reserved0;
-    // Written only in a CQ created with kCqTimestamps, when the shim adds
-    // the completion: the device clock (the host's CLOCK_MONOTONIC in ns;
-    // hca_core_clock is 1 GHz) and the host's CLOCK_REALTIME in ns.
-    uint64_t completion_ns;
-    uint64_t wallclock_ns;
+    union {
+        // Written only in a CQ created with kCqTimestamps, when the shim
+        // adds the completion: the device clock (the host's CLOCK_MONOTONIC
+        // in ns; hca_core_clock is 1 GHz) and the host's CLOCK_REALTIME in ns.
+        struct {
+            uint64_t completion_ns;
+            uint64_t wallclock_ns;
+        };
+        // A tag-matched receive (IBV_WC_TM_RECV with IBV_WC_TM_MATCH): the
+        // message's tag and its TMH's app_ctx (ibv_wc_tm_info), host order.
+        // A CQ has one or the other (a CQ asking for both is refused).
+        struct {
+            uint64_t tm_tag;
+            uint32_t tm_priv;
+            uint32_t tm_reserved;
+        };
+    };
 };
 static_assert(sizeof(Cqe) == 64);
 
@@ -250,6 +263,7 @@ enum class CmdOp : uint32_t {
     CloseXrcd,
     AttachMcast,
     DetachMcast,
+    TmOp,
     kMax
 };
 
@@ -306,7 +320,7 @@ struct DeviceAttr {
     uint32_t max_mcast_grp;
     uint32_t max_mcast_qp_attach;
     uint32_t max_total_mcast_qp_attach;
-    uint32_t reserved2;
+    uint32_t max_tm_tags;     // tagged buffers per TM SRQ; 0: no tag matching (a shim with a device)
     char fw_ver[64];
 };
 static_assert(sizeof(DeviceAttr) == 32 + 30 * 4 + 64);
@@ -470,11 +484,33 @@ struct CmdCreateSrqReq {
     uint32_t stride;          // power of two
     uint32_t max_sge;
     uint32_t srq_limit;
-    uint32_t srq_type;        // IBV_SRQT_BASIC or IBV_SRQT_XRC
+    uint32_t srq_type;        // IBV_SRQT_BASIC, IBV_SRQT_XRC or IBV_SRQT_TM
     uint32_t xrcd_handle;     // XRC: its domain
-    uint32_t cq_handle;       // XRC: where its receive completions go
+    uint32_t cq_handle;       // XRC, TM: where its receive (and TM list) completions go
+    uint32_t max_num_tags;    // TM: the size of its tag list (<= DeviceAttr::max_tm_tags)
 };
 struct CmdCreateSrqResp { uint32_t srq_handle; uint32_t srqn; };
+
+// Tag matching (docs/protocol.md "Tag matching"): one operation on a TM
+// SRQ's tag list (ibv_post_srq_ops posts each of its list as one command).
+constexpr uint32_t kMaxTmSge = 4;           // SGEs of a tagged buffer
+constexpr uint32_t kMaxRndvHeaderBytes = 64; // a rendezvous request: TMH, RVH, user data
+constexpr uint32_t kTmHeaderBytes = 16;     // struct ibv_tmh
+constexpr uint32_t kMaxTmOps = 64;          // ibv_tm_caps::max_ops (each op is a command, done when it returns)
+struct CmdTmOpReq {
+    uint64_t wr_id;           // the operation's completion (IBV_OPS_SIGNALED)
+    uint64_t recv_wr_id;      // ADD: the tagged buffer's receive completions
+    uint64_t tag;             // ADD
+    uint64_t mask;            // ADD
+    uint32_t srq_handle;
+    uint32_t opcode;          // IBV_WR_TAG_ADD, _DEL or _SYNC
+    uint32_t flags;           // IBV_OPS_SIGNALED, IBV_OPS_TM_SYNC
+    uint32_t unexpected_cnt;  // the unexpected messages software has handled
+    uint32_t handle;          // DEL: the entry ADD returned
+    uint32_t num_sge;         // ADD: <= kMaxTmSge
+    Sge sge[kMaxTmSge];
+};
+struct CmdTmOpResp { uint32_t handle; };  // ADD: the entry
 
 struct CmdModifySrqReq { uint32_t srq_handle; uint32_t attr_mask; uint32_t max_wr; uint32_t srq_limit; };
 struct CmdQuerySrqResp { uint32_t max_wr; uint32_t max_sge; uint32_t srq_limit; };

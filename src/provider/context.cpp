@@ -70,6 +70,7 @@ const verbs_context_ops kContextOps = {
     .poll_cq = poll_cq,
     .post_recv = post_recv,
     .post_send = post_send,
+    .post_srq_ops = post_srq_ops,
     .post_srq_recv = post_srq_recv,
     .query_device_ex = query_device_ex,
     .query_port = query_port,

@@ -78,6 +78,10 @@ uint8_t read_sl(ibv_cq_ex* c) { return cur(c).sl; }
 uint8_t read_dlid_path_bits(ibv_cq_ex* c) { return cur(c).dlid_path_bits; }
 uint64_t read_completion_ts(ibv_cq_ex* c) { return cur(c).completion_ns; }
 uint64_t read_completion_wallclock_ns(ibv_cq_ex* c) { return cur(c).wallclock_ns; }
+void read_tm_info(ibv_cq_ex* c, ibv_wc_tm_info* info) {
+    info->tag = cur(c).tm_tag;
+    info->priv = cur(c).tm_priv;
+}
 
 }  // namespace
 
@@ -98,6 +102,7 @@ void install_cq_ex_ops(Cq& cq) {
     ex.read_dlid_path_bits = read_dlid_path_bits;
     ex.read_completion_ts = read_completion_ts;
     ex.read_completion_wallclock_ns = read_completion_wallclock_ns;
+    ex.read_tm_info = read_tm_info;
 }
 
 }  // namespace vrdma::prov

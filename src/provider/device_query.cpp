@@ -55,6 +55,14 @@ int query_device_ex(ibv_context* ibctx, const ibv_query_device_ex_input*, ibv_de
     ex.max_dm_size = kMaxDmBytes;
     // Completion timestamps (kCqExWcFlags) and ibv_query_rt_values_ex.
     ex.completion_timestamp_mask = ~uint64_t(0);
+    // Tag matching, in the shim (docs/protocol.md "Tag matching").
+    if (d.max_tm_tags) {
+        ex.tm_caps.max_rndv_hdr_size = abi::kMaxRndvHeaderBytes;
+        ex.tm_caps.max_num_tags = d.max_tm_tags;
+        ex.tm_caps.flags = IBV_TM_CAP_RC;
+        ex.tm_caps.max_ops = abi::kMaxTmOps;
+        ex.tm_caps.max_sge = abi::kMaxTmSge;
+    }
     ex.hca_core_clock = kCoreClockKhz;
     // On-demand paging (on_demand.h): every operation of RC, UC and UD, the
     // implicit MR too; XRC sends and XRC SRQ receives.

@@ -84,7 +84,7 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives);
 // cq_ex_poll.cpp: start_poll/next_poll/end_poll and the read_* functions
 // over the same completion ring. The completion fields offered:
 constexpr uint64_t kCqExWcFlags = uint64_t(IBV_WC_STANDARD_FLAGS) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP |
-                                  IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+                                  IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK | IBV_WC_EX_WITH_TM_INFO;
 // The device clock the stamps are read on (abi::Cqe::completion_ns): the
 // host's CLOCK_MONOTONIC in ns, so hca_core_clock is 1 GHz.
 constexpr uint64_t kCoreClockKhz = 1000000;
@@ -113,6 +113,7 @@ int destroy_srq(ibv_srq*);
 int post_send(ibv_qp*, ibv_send_wr*, ibv_send_wr**);
 int post_recv(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**);
 int post_srq_recv(ibv_srq*, ibv_recv_wr*, ibv_recv_wr**);
+int post_srq_ops(ibv_srq*, ibv_ops_wr*, ibv_ops_wr**);
 
 // qp_ex_send.cpp: the ibv_qp_ex work-request API
 struct Qp;

@@ -128,6 +128,11 @@ ibv_cq_ex* create_cq_ex(ibv_context* ibctx, ibv_cq_init_attr_ex* attr) {
     }
     constexpr uint64_t kStamps =
         uint64_t(IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    // A completion holds the stamps or the tag-matching fields (abi::Cqe).
+    if ((attr->wc_flags & kStamps) && (attr->wc_flags & IBV_WC_EX_WITH_TM_INFO)) {
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
     const uint32_t cq_flags = (attr->wc_flags & kStamps) ? abi::kCqTimestamps : 0;
     Cq* cq = create_common(ibctx, CqCreate{int(attr->cqe), attr->channel, int(attr->comp_vector), cq_flags});
     if (!cq) return nullptr;

@@ -11,8 +11,18 @@
 namespace vrdma::prov {
 namespace {
 
-// A basic SRQ, or an XRC one (`xrcd` and `cq` set).
-ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, ibv_xrcd* xrcd, ibv_cq* cq) {
+// What kind of SRQ create_common makes: basic; XRC (`xrcd` and `cq`); tag
+// matching (`cq` and `max_num_tags`).
+struct SrqKind {
+    ibv_srq_type type = IBV_SRQT_BASIC;
+    ibv_xrcd* xrcd = nullptr;
+    ibv_cq* cq = nullptr;
+    uint32_t max_num_tags = 0;
+};
+
+ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, const SrqKind& kind) {
+    ibv_xrcd* xrcd = kind.xrcd;
+    ibv_cq* cq = kind.cq;
     Context& ctx = ctx_of(pd->context);
     const abi::DeviceAttr& d = ctx.dev_attr;
     uint32_t max_sge = std::min(d.max_srq_sge, abi::kMaxSge);
@@ -58,9 +68,10 @@ ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, ibv_xr
     req.stride = rq.stride;
     req.max_sge = rq.max_sge;
     req.srq_limit = attr.srq_limit;
-    req.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+    req.srq_type = kind.type;
     req.xrcd_handle = xrcd ? to_xrcd(xrcd)->vx.handle : 0;
     req.cq_handle = cq ? to_cq(cq)->handle : 0;
+    req.max_num_tags = kind.max_num_tags;
     abi::CmdCreateSrqResp resp{};
     if (int rc = command(ctx, abi::CmdOp::CreateSrq, &req, sizeof(req), &resp, sizeof(resp))) {
         free_ring(ctx, rq.mem);
@@ -80,12 +91,10 @@ ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, ibv_xr
     s.events_completed = 0;
     pthread_mutex_init(&s.mutex, nullptr);
     pthread_cond_init(&s.cond, nullptr);
-    srq->vsrq.srq_type = xrcd ? IBV_SRQT_XRC : IBV_SRQT_BASIC;
+    srq->vsrq.srq_type = kind.type;
     srq->vsrq.srq_num = resp.srqn;
-    if (xrcd) {
-        srq->vsrq.xrcd = &to_xrcd(xrcd)->vx;
-        srq->vsrq.cq = cq;
-    }
+    if (xrcd) srq->vsrq.xrcd = &to_xrcd(xrcd)->vx;
+    if (cq) srq->vsrq.cq = cq;
     attr.max_wr = rq.max_wr;
     attr.max_sge = rq.max_sge;
     std::lock_guard lock(ctx.ev_mu);
@@ -96,15 +105,16 @@ ibv_srq* create_common(ibv_pd* pd, ibv_srq_attr& attr, void* srq_context, ibv_xr
 }  // namespace
 
 ibv_srq* create_srq(ibv_pd* pd, ibv_srq_init_attr* init) {
-    return create_common(pd, init->attr, init->srq_context, nullptr, nullptr);
+    return create_common(pd, init->attr, init->srq_context, SrqKind{});
 }
 
-// Basic and XRC SRQs (tag matching is not offered: EOPNOTSUPP).
+// Basic, XRC and tag-matching SRQs.
 ibv_srq* create_srq_ex(ibv_context* ibctx, ibv_srq_init_attr_ex* a) {
-    constexpr uint32_t kKnown =
-        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    constexpr uint32_t kKnown = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD |
+                                IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM;
     const ibv_srq_type type = (a->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) ? a->srq_type : IBV_SRQT_BASIC;
-    if ((a->comp_mask & ~kKnown) || (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC)) {
+    if ((a->comp_mask & ~kKnown) || (type != IBV_SRQT_BASIC && type != IBV_SRQT_XRC && type != IBV_SRQT_TM) ||
+        (type == IBV_SRQT_TM && ctx_of(ibctx).dev_attr.max_tm_tags == 0)) {
         errno = EOPNOTSUPP;
         return nullptr;
     }
@@ -112,13 +122,65 @@ ibv_srq* create_srq_ex(ibv_context* ibctx, ibv_srq_init_attr_ex* a) {
         errno = EINVAL;
         return nullptr;
     }
-    if (type == IBV_SRQT_BASIC) return create_common(a->pd, a->attr, a->srq_context, nullptr, nullptr);
-    const bool named = (a->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) && (a->comp_mask & IBV_SRQ_INIT_ATTR_CQ);
-    if (!named || !a->xrcd || !a->cq || a->xrcd->context != ibctx || a->cq->context != ibctx) {
+    if (type == IBV_SRQT_BASIC) return create_common(a->pd, a->attr, a->srq_context, SrqKind{});
+    const bool with_cq = (a->comp_mask & IBV_SRQ_INIT_ATTR_CQ) && a->cq && a->cq->context == ibctx;
+    if (type == IBV_SRQT_TM) {
+        // Its own CQ, and a tag list within the device's limits.
+        const ibv_tm_cap& t = a->tm_cap;
+        if (!with_cq || !(a->comp_mask & IBV_SRQ_INIT_ATTR_TM) || t.max_num_tags == 0 ||
+            t.max_num_tags > ctx_of(ibctx).dev_attr.max_tm_tags || t.max_ops > abi::kMaxTmOps) {
+            errno = EINVAL;
+            return nullptr;
+        }
+        return create_common(a->pd, a->attr, a->srq_context, SrqKind{IBV_SRQT_TM, nullptr, a->cq, t.max_num_tags});
+    }
+    const bool named = (a->comp_mask & IBV_SRQ_INIT_ATTR_XRCD) && a->xrcd && a->xrcd->context == ibctx;
+    if (!named || !with_cq) {
         errno = EINVAL;
         return nullptr;
     }
-    return create_common(a->pd, a->attr, a->srq_context, a->xrcd, a->cq);
+    return create_common(a->pd, a->attr, a->srq_context, SrqKind{IBV_SRQT_XRC, a->xrcd, a->cq, 0});
+}
+
+// ibv_post_srq_ops: each operation is one command, done when it returns
+// (its completion, if signaled, is in the SRQ's CQ by then).
+int post_srq_ops(ibv_srq* ibsrq, ibv_ops_wr* wr, ibv_ops_wr** bad) {
+    Srq* srq = to_srq(ibsrq);
+    int rc = 0;
+    for (; wr; wr = wr->next) {
+        if (srq->vsrq.srq_type != IBV_SRQT_TM) {
+            rc = EINVAL;
+            break;
+        }
+        abi::CmdTmOpReq req{};
+        req.wr_id = wr->wr_id;
+        req.srq_handle = srq->handle;
+        req.opcode = uint32_t(wr->opcode);
+        req.flags = uint32_t(wr->flags);
+        req.unexpected_cnt = wr->tm.unexpected_cnt;
+        req.handle = wr->tm.handle;
+        if (wr->opcode == IBV_WR_TAG_ADD) {
+            if (wr->tm.add.num_sge < 0 || uint32_t(wr->tm.add.num_sge) > abi::kMaxTmSge ||
+                (wr->tm.add.num_sge && !wr->tm.add.sg_list)) {
+                rc = EINVAL;
+                break;
+            }
+            req.recv_wr_id = wr->tm.add.recv_wr_id;
+            req.tag = wr->tm.add.tag;
+            req.mask = wr->tm.add.mask;
+            req.num_sge = uint32_t(wr->tm.add.num_sge);
+            for (uint32_t i = 0; i < req.num_sge; ++i) {
+                const ibv_sge& s = wr->tm.add.sg_list[i];
+                req.sge[i] = abi::Sge{s.addr, s.length, s.lkey};
+            }
+        }
+        abi::CmdTmOpResp resp{};
+        rc = command(*srq->ctx, abi::CmdOp::TmOp, &req, sizeof(req), &resp, sizeof(resp));
+        if (rc) break;
+        if (wr->opcode == IBV_WR_TAG_ADD) wr->tm.handle = resp.handle;
+    }
+    if (rc && bad) *bad = wr;
+    return rc;
 }
 
 int get_srq_num(ibv_srq* ibsrq, uint32_t* srq_num) {

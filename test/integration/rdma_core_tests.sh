@@ -13,7 +13,7 @@ suite_src=/usr/share/doc/rdma-core/tests
 python=/usr/bin/python3  # Debian's, where pyverbs is installed
 [ -f "$suite_src/run_tests.py" ] || { echo "no $suite_src (apt-get install python3-pyverbs)"; exit 77; }
 "$python" -c 'import pyverbs' 2>/dev/null || { echo "no pyverbs for $python"; exit 77; }
-min_passed="${RDMA_CORE_MIN_PASSED:-144}"
+min_passed="${RDMA_CORE_MIN_PASSED:-149}"
 # 10.0.0.1: guest a's address for rdma_cm, which test_rdmacm.py reads as
 # the address of vrdma0's network interface (below).
 start_shim a:ip=10.0.0.1

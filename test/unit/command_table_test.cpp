@@ -50,6 +50,7 @@ const Expected kExpected[] = {
     {CmdOp::CloseXrcd, "CloseXrcd", cmd_close_xrcd, sizeof(abi::CmdHandleReq), 0},
     {CmdOp::AttachMcast, "AttachMcast", cmd_attach_mcast, sizeof(abi::CmdMcastReq), 0},
     {CmdOp::DetachMcast, "DetachMcast", cmd_detach_mcast, sizeof(abi::CmdMcastReq), 0},
+    {CmdOp::TmOp, "TmOp", cmd_tm_op, sizeof(abi::CmdTmOpReq), sizeof(abi::CmdTmOpResp)},
 };
 
 }  // namespace

@@ -414,6 +414,75 @@ TEST_CASE("SRQ and AH commands validate their fields", "[shim][commands]") {
     CHECK(t.a.cmd(CmdOp::DeallocPd, abi::CmdHandleReq{pd}).status == 0);
 }
 
+TEST_CASE("tag-matching SRQs and TmOp validate their fields", "[shim][commands]") {
+    TwoGuests t;
+    uint32_t pd = t.a.pd();
+    auto cq = t.a.cq(16);
+    uint64_t ring = t.a.alloc(abi::wq_ring_bytes(64, 256));
+    auto srq = [&](uint32_t type, uint32_t cq_handle, uint32_t tags, uint64_t gva = 0) {
+        abi::CmdCreateSrqReq r{};
+        r.ring_gva = gva ? gva : ring;
+        r.pd_handle = pd;
+        r.entries = 64;
+        r.stride = 256;
+        r.max_sge = 1;
+        r.srq_type = type;
+        r.cq_handle = cq_handle;
+        r.max_num_tags = tags;
+        return t.a.cmd(CmdOp::CreateSrq, r);
+    };
+    CHECK(srq(IBV_SRQT_TM, 0, 4).status == EINVAL);  // no CQ
+    CHECK(srq(IBV_SRQT_TM, cq.handle, 0).status == EINVAL);
+    CHECK(srq(IBV_SRQT_TM, cq.handle, 1025).status == EINVAL);
+    CHECK(srq(IBV_SRQT_BASIC, 0, 4).status == EINVAL);  // a tag list on a basic SRQ
+    auto r = srq(IBV_SRQT_TM, cq.handle, 2);
+    REQUIRE(r.status == 0);
+    const uint32_t s = r.as<abi::CmdCreateSrqResp>().srq_handle;
+    CHECK(t.a.cmd(CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle}).status == EBUSY);  // the SRQ's CQ
+
+    auto mr = t.a.mr(pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+    auto op = [&](auto mutate) {
+        abi::CmdTmOpReq o{};
+        o.srq_handle = s;
+        o.opcode = IBV_WR_TAG_ADD;
+        o.num_sge = 1;
+        o.sge[0] = abi::Sge{mr.addr, 64, mr.lkey};
+        mutate(o);
+        return t.a.cmd(CmdOp::TmOp, o);
+    };
+    CHECK(op([](auto& o) { o.srq_handle = 0; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.opcode = 99; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.flags = 4; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.num_sge = abi::kMaxTmSge + 1; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.sge[0].lkey += 1; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.sge[0].length = 8192; }).status == EINVAL);  // beyond the MR
+    auto first = op([](auto&) {});
+    REQUIRE(first.status == 0);
+    CHECK(first.as<abi::CmdTmOpResp>().handle == 1);
+    REQUIRE(op([](auto&) {}).status == 0);
+    CHECK(op([](auto&) {}).status == ENOMEM);  // max_num_tags posted
+    CHECK(op([](auto& o) { o.opcode = IBV_WR_TAG_DEL; o.handle = 0; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.opcode = IBV_WR_TAG_DEL; o.handle = 3; }).status == EINVAL);
+    CHECK(op([](auto& o) { o.opcode = IBV_WR_TAG_DEL; o.handle = 1; }).status == 0);
+    CHECK(t.a.poll(cq).empty());  // unsignaled
+    // Deleting a free entry fails in its completion, signaled or not.
+    CHECK(op([](auto& o) { o.opcode = IBV_WR_TAG_DEL; o.handle = 1; o.wr_id = 5; }).status == 0);
+    auto c = t.a.poll(cq);
+    REQUIRE(c.size() == 1);
+    CHECK(c[0].wr_id == 5);
+    CHECK(c[0].status == IBV_WC_TM_ERR);
+    CHECK(c[0].opcode == IBV_WC_TM_DEL);
+
+    // A basic SRQ has no list.
+    auto b = srq(IBV_SRQT_BASIC, 0, 0, t.a.alloc(abi::wq_ring_bytes(64, 256)));
+    REQUIRE(b.status == 0);
+    const uint32_t basic = b.as<abi::CmdCreateSrqResp>().srq_handle;
+    CHECK(op([&](auto& o) { o.srq_handle = basic; o.opcode = IBV_WR_TAG_SYNC; }).status == EINVAL);
+    CHECK(t.a.cmd(CmdOp::DestroySrq, abi::CmdHandleReq{basic}).status == 0);
+    CHECK(t.a.cmd(CmdOp::DestroySrq, abi::CmdHandleReq{s}).status == 0);
+    CHECK(t.a.cmd(CmdOp::DestroyCq, abi::CmdHandleReq{cq.handle}).status == 0);
+}
+
 TEST_CASE("quotas give ENOMEM", "[shim][commands]") {
     Quotas q;
     q.max_pd = 2;

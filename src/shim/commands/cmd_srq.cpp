@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "hca_bind.h"
+#include "tag_matching.h"
 #include "work_queue.h"
 
 namespace vrdma::shim {
@@ -21,9 +22,16 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
         xrcd = ctx.xrcds.get(r.xrcd_handle);
         cq = ctx.cqs.get(r.cq_handle);
         if (!xrcd || !cq) return EINVAL;
+    } else if (r.srq_type == IBV_SRQT_TM) {
+        // Tag matching is the shim's (tag_matching.h): not with a device,
+        // whose SRQs the shim does not see.
+        if (eng.hca()) return EOPNOTSUPP;
+        cq = ctx.cqs.get(r.cq_handle);
+        if (!cq || r.xrcd_handle || r.max_num_tags == 0 || r.max_num_tags > kTmMaxTags) return EINVAL;
     } else if (r.srq_type != IBV_SRQT_BASIC || r.xrcd_handle || r.cq_handle) {
         return EINVAL;
     }
+    if (r.srq_type != IBV_SRQT_TM && r.max_num_tags) return EINVAL;
     if (r.max_sge == 0 || r.max_sge > q.max_sge) return EINVAL;
     uint64_t min_stride = sizeof(abi::RecvWqe) + uint64_t(r.max_sge) * sizeof(abi::Sge);
     if (!wq_geometry_ok(r.entries, q.max_srq_wr, r.stride, min_stride)) return EINVAL;
@@ -47,8 +55,13 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     // 24 bits, and another guest may turn it).
     while (xrcd && (srq->srqn == 0 || ctx.xrc_srqs.count(srq->srqn))) srq->srqn = eng.alloc_srqn();
     srq->user_handle = r.user_handle;
-    // XRC runs on this host and the TCP fabric only: no device SRQ.
-    if (!xrcd) srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);
+    // XRC and tag matching run on this host and the TCP fabric only: no
+    // device SRQ.
+    if (!xrcd && r.srq_type == IBV_SRQT_BASIC) srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);
+    if (r.srq_type == IBV_SRQT_TM) {
+        srq->tm = std::make_unique<TagList>();
+        srq->tm->entries.resize(r.max_num_tags);
+    }
     srq->xrcd = xrcd ? r.xrcd_handle : 0;
     srq->cq = cq ? r.cq_handle : 0;
     uint32_t srqn = srq->srqn;
@@ -56,6 +69,7 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     if (!h) return ENOMEM;
     charge.keep();
     ++pd->users;
+    if (cq && !xrcd) ++cq->users;  // a TM SRQ's
     if (xrcd) {
         ++xrcd->users;
         ++cq->users;
@@ -100,7 +114,19 @@ int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
         ctx.xrc_srqs.erase(gone->srqn);
         if (Xrcd* x = ctx.xrcds.get(gone->xrcd)) --x->users;
         if (Cq* cq = ctx.cqs.get(gone->cq)) --cq->users;
+    } else if (gone->tm) {
+        if (Cq* cq = ctx.cqs.get(gone->cq)) --cq->users;
     }
+    return 0;
+}
+
+int cmd_tm_op(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
+    auto r = load_req<abi::CmdTmOpReq>(req);
+    Srq* srq = ctx.srqs.get(r.srq_handle);
+    if (!srq || !srq->tm) return EINVAL;
+    uint32_t handle = 0;
+    if (int rc = tm_list_op(ctx, *srq, r, handle)) return rc;
+    store_resp(resp, abi::CmdTmOpResp{handle});
     return 0;
 }
 

@@ -57,6 +57,7 @@ constexpr CommandSpec kCommands[] = {
     command<abi::CmdHandleReq, NoRecord>(CmdOp::CloseXrcd, "CloseXrcd", cmd_close_xrcd),
     command<abi::CmdMcastReq, NoRecord>(CmdOp::AttachMcast, "AttachMcast", cmd_attach_mcast),
     command<abi::CmdMcastReq, NoRecord>(CmdOp::DetachMcast, "DetachMcast", cmd_detach_mcast),
+    command<abi::CmdTmOpReq, abi::CmdTmOpResp>(CmdOp::TmOp, "TmOp", cmd_tm_op),
 };
 constexpr uint32_t kOps = uint32_t(CmdOp::kMax);
 constexpr size_t kCommandCount = sizeof(kCommands) / sizeof(kCommands[0]);

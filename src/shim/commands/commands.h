@@ -54,6 +54,7 @@ int cmd_create_srq(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_modify_srq(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_query_srq(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_destroy_srq(Engine&, Context&, const uint8_t*, uint8_t*);
+int cmd_tm_op(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_create_ah(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_destroy_ah(Engine&, Context&, const uint8_t*, uint8_t*);
 int cmd_resize_cq(Engine&, Context&, const uint8_t*, uint8_t*);

@@ -90,6 +90,10 @@ bool GuestPublication::publish(int run_fd, const std::string& run_dir, const std
         {port + "/gids", "0", format_gid(pa.gid)},
         {port + "/gid_attrs/types", "0", "IB/RoCE v1"},
     };
+    for (uint32_t i = 1; i < kGidTableLen; ++i) {  // the empty entries
+        files.push_back({port + "/gids", std::to_string(i), "0000:0000:0000:0000:0000:0000:0000:0000"});
+        files.push_back({port + "/gid_attrs/types", std::to_string(i), "IB/RoCE v1"});
+    }
     for (size_t i = 0; i < id.pkeys.size(); ++i) {
         std::snprintf(buf, sizeof(buf), "0x%04x", id.pkeys[i]);
         files.push_back({port + "/pkeys", std::to_string(i), buf});

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "multicast_groups.h"
+#include "tag_matching.h"
 
 namespace vrdma::shim {
 namespace {
@@ -101,6 +102,7 @@ abi::DeviceAttr make_device_attr(const GuestIdentity& id, const Quotas& q) {
     a.max_srq_sge = q.max_sge;
     a.max_inline_data = q.max_inline;
     a.max_mcast_grp = MulticastGroups::kMaxGroups;
+    a.max_tm_tags = kTmMaxTags;
     a.max_mcast_qp_attach = MulticastGroups::kMaxQpsPerGroupPerGuest;
     a.max_total_mcast_qp_attach = MulticastGroups::kMaxAttachPerGuest;
     a.max_pkeys = kMaxPkeys;
@@ -115,7 +117,7 @@ abi::PortAttr make_port_attr(const GuestIdentity& id) {
     p.state = id.port_active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
     p.max_mtu = IBV_MTU_4096;
     p.active_mtu = IBV_MTU_4096;
-    p.gid_tbl_len = 1;
+    p.gid_tbl_len = kGidTableLen;
     p.port_cap_flags = IBV_PORT_SYS_IMAGE_GUID_SUP;
     p.max_msg_sz = kMaxMsgSize;
     p.pkey_tbl_len = uint16_t(id.pkeys.size());

@@ -61,6 +61,10 @@ constexpr const char* kFwVersion = VRDMA_VERSION;
 
 constexpr uint32_t kPortMtuBytes = 4096;  // IBV_MTU_4096
 constexpr uint32_t kMaxPkeys = 16;        // P_Key table entries a guest may be given
+// The GID table: index 0 is the port's GID; the others are empty, as on an
+// IB HCA's port (a query of one answers ENODATA), and no AH or QP may name
+// them.
+constexpr uint32_t kGidTableLen = 8;
 
 // Two P_Keys admit traffic between their QPs when they name the same
 // partition (low 15 bits) and at least one of them is a full member (bit 15).

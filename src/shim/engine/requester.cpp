@@ -16,6 +16,7 @@
 #include "multicast_delivery.h"
 #include "psn.h"
 #include "qp_state.h"
+#include "tag_matching.h"
 #include "responder.h"
 #include "transport.h"
 #include "vrdma/ring.h"
@@ -592,6 +593,7 @@ void requester_reset(Qp& qp) {
     qp.rewound = false;
     qp.epsn = 0;
     qp.atomic_replay_valid = false;
+    qp.tm_rendezvous.clear();
 }
 
 void requester_begin_drain(Qp& qp) {
@@ -610,6 +612,8 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
         return a || b;
     }
     if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
+    // Rendezvous reads a TM SRQ runs through this QP (tag_matching.h).
+    if (!qp.tm_rendezvous.empty()) tm_run_rendezvous(eng, ctx, qp);
     hca_service(eng, ctx, qp);  // a device QP takes the guest's receives as they are posted
     // SQD: no new WQE starts; those started (in flight, or waiting for an
     // RNR or retry timer) finish, and then the send queue is drained.

@@ -120,10 +120,45 @@ struct Xrcd {
     uint32_t users = 0;  // XRC_RECV QPs and XRC SRQs in it
 };
 
+// A tag-matching SRQ's list of tagged buffers (IBV_SRQT_TM;
+// tag_matching.h).
+struct TagEntry {
+    bool used = false;
+    uint64_t seq = 0;  // order of posting: of the entries that match, the earliest wins
+    uint64_t tag = 0;
+    uint64_t mask = 0;
+    uint64_t recv_wr_id = 0;
+    uint32_t num_sge = 0;
+    abi::Sge sge[abi::kMaxTmSge]{};
+};
+struct TagList {
+    std::vector<TagEntry> entries;  // max_num_tags, sized at creation
+    uint64_t next_seq = 1;
+    // Phase synchronization (docs/protocol.md "Tag matching"): tagged
+    // messages delivered as unexpected, and the count software last
+    // reported. Tags match only while the two agree.
+    uint32_t unexpected = 0;
+    uint32_t reported = 0;
+    bool synced() const { return reported == unexpected; }
+};
+
+// A rendezvous request matched at a QP on a TM SRQ whose read and FIN
+// run in that QP's next pass (tag_matching.h), after the sender saw its
+// send complete, as on a device.
+struct PendingRendezvous {
+    abi::Cqe cqe{};         // the message's completion as prepared (QP, source)
+    uint32_t cq = 0;        // the TM SRQ's CQ
+    uint32_t srq = 0;       // the TM SRQ (its PD holds the tagged buffer's keys)
+    uint64_t recv_wr_id = 0;
+    uint32_t num_sge = 0;
+    abi::Sge sge[abi::kMaxTmSge]{};
+    uint8_t headers[32]{};  // the TMH and RVH
+};
+
 struct Srq {
     uint32_t pd = 0;
     uint32_t xrcd = 0;            // an XRC SRQ: its domain (0: a basic SRQ)
-    uint32_t cq = 0;              // an XRC SRQ: where its receive completions go
+    uint32_t cq = 0;              // an XRC or TM SRQ: where its receive completions go
     WorkQueue wq;
     uint32_t max_sge = 0;
     uint32_t limit = 0;           // armed when nonzero
@@ -133,6 +168,7 @@ struct Srq {
     uint32_t async_events = 0;    // records written (reported at DestroySrq)
     std::shared_ptr<DeviceSrq> dev;  // with a device: its device SRQ (hca_bind.h)
     bool feeds_device = false;       // its WQEs go to the device SRQ; the shim takes none
+    std::unique_ptr<TagList> tm;     // a TM SRQ: its tag list (null otherwise)
 };
 
 class Transport;
@@ -212,6 +248,10 @@ struct Qp {
 
     // Responder (responder.h).
     uint32_t epsn = 0;               // PSN expected next
+    // On a TM SRQ: the message being received, held here until the tag
+    // list decides where it goes (tag_matching.h). Made at the first one.
+    std::shared_ptr<Mapping> tm_staging;
+    std::vector<PendingRendezvous> tm_rendezvous;  // matched, read not done yet
     bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
     uint32_t atomic_replay_psn = 0;
     uint64_t atomic_replay_orig = 0;

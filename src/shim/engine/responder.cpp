@@ -14,6 +14,7 @@
 #include "psn.h"
 #include "qkey_guard.h"
 #include "qp_state.h"
+#include "tag_matching.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -405,6 +406,31 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     bind_remote_peer(qp, req);
     qp_request_arrived(ctx, qp);
 
+    // A send to a QP on a TM SRQ is staged whole: the tag list decides
+    // where it goes once it is there (tag_matching.h).
+    if ((op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && !xsrq && qp.srq) {
+        Srq* tsrq = ctx.srqs.get(qp.srq);
+        if (tsrq && tsrq->tm) {
+            switch (tm_begin(eng, req, ctx, qp, *tsrq, d, pins)) {
+            case TmBegin::Staged:
+                break;
+            case TmBegin::Rnr:
+                d.resp.syndrome = Syndrome::RnrNak;
+                d.resp.rnr_timer = qp.attr.min_rnr_timer;
+                return;
+            case TmBegin::TooLong:
+                return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+            case TmBegin::Error:
+                return;  // the QP just failed: the request is lost
+            }
+            set_recv_cqe(d, req, 0, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
+            d.resp.syndrome = Syndrome::Ack;
+            d.length = req.length;
+            qp.epsn = psn_next(qp.epsn);
+            return;
+        }
+    }
+
     // A receive WQE first for what consumes one: no data moves before an RNR.
     RecvQueue rq;
     const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -543,7 +569,7 @@ void responder_memory_fault(Delivery& d) {
     d.resp.syndrome = Syndrome::NakAccess;
     d.nspans = 0;
     if (!d.ctx || !d.qp) return;
-    if (d.recv_cqe) {
+    if (d.recv_cqe && !d.tm) {  // a staged message took no receive yet
         d.recv_cqe = false;
         d.cqe.status = IBV_WC_LOC_PROT_ERR;
         d.cqe.byte_len = 0;
@@ -555,6 +581,7 @@ void responder_memory_fault(Delivery& d) {
 
 void responder_finish(Delivery& d, bool payload_ok) {
     if (!d.recv_cqe || !d.ctx || !d.qp) return;
+    if (d.tm) return tm_finish(d, payload_ok);
     d.recv_cqe = false;
     if (!payload_ok && d.cqe.status == IBV_WC_SUCCESS) {
         d.cqe.status = IBV_WC_REM_ABORT_ERR;

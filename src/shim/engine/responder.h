@@ -46,6 +46,10 @@ struct Delivery {
     uint32_t recv_cq = 0;  // the QP's, or the XRC SRQ's the request named
     abi::Cqe cqe{};
     bool solicited = false;
+    // A message to a TM SRQ: it lands in the QP's staging buffer and
+    // responder_finish hands it to tag_matching.h.
+    bool tm = false;
+    Engine* eng = nullptr;
 
     // Ready for another request: every field but the scatter list, whose
     // first `nspans` entries alone mean anything (clearing all of it per
@@ -64,6 +68,8 @@ struct Delivery {
         recv_cq = 0;
         cqe = abi::Cqe{};
         solicited = false;
+        tm = false;
+        eng = nullptr;
     }
 };
 

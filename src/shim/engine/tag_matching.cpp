@@ -1,0 +1,393 @@
+#include "tag_matching.h"
+
+#include <endian.h>
+#include <infiniband/tm_types.h>
+#include <infiniband/verbs.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "async_events.h"
+#include "cq_writer.h"
+#include "engine.h"
+#include "qp_state.h"
+#include "work_queue.h"
+#include "vrdma_common/log.h"
+
+namespace vrdma::shim {
+namespace {
+
+// The tag-matching header (struct ibv_tmh) and rendezvous header (struct
+// ibv_rvh), big-endian on the wire, read out of the staged message.
+struct Tmh {
+    uint8_t op = 0;
+    uint32_t app_ctx = 0;
+    uint64_t tag = 0;
+};
+struct Rvh {
+    uint64_t va = 0;
+    uint32_t rkey = 0;
+    uint32_t len = 0;
+};
+constexpr uint64_t kRvhBytes = 16;
+
+template <typename T>
+T load_be(const uint8_t* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(v));
+    if constexpr (sizeof(T) == 8) return be64toh(v);
+    else return be32toh(v);
+}
+
+Tmh read_tmh(const uint8_t* m) { return Tmh{m[0], load_be<uint32_t>(m + 4), load_be<uint64_t>(m + 8)}; }
+Rvh read_rvh(const uint8_t* m) {
+    const uint8_t* r = m + abi::kTmHeaderBytes;
+    return Rvh{load_be<uint64_t>(r), load_be<uint32_t>(r + 8), load_be<uint32_t>(r + 12)};
+}
+
+// Anonymous memory, never the guest's: staging cannot fault.
+std::shared_ptr<Mapping> make_staging() {
+    void* p = ::mmap(nullptr, kTmMaxMessageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    auto m = std::make_shared<Mapping>();
+    m->base = static_cast<uint8_t*>(p);
+    m->len = kTmMaxMessageBytes;
+    m->ring_safe = true;
+    return m;
+}
+
+// Whether ordinary buffers are posted: 1 yes, 0 no, -1 the guest's
+// producer index is invalid (the QP is put in error).
+int ordinary_buffers(Context& ctx, Qp& qp, Srq& srq) {
+    uint32_t n;
+    if (!wq_pending(srq.wq, n)) {
+        qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+        return -1;
+    }
+    return n ? 1 : 0;
+}
+
+bool any_tag_may_match(const TagList& l) {
+    if (!l.synced()) return false;
+    return std::any_of(l.entries.begin(), l.entries.end(), [](const TagEntry& e) { return e.used; });
+}
+
+// Of the tagged buffers that match `tag`, the one posted first.
+TagEntry* match(TagList& l, uint64_t tag) {
+    TagEntry* best = nullptr;
+    for (TagEntry& e : l.entries)
+        if (e.used && (tag & e.mask) == (e.tag & e.mask) && (!best || e.seq < best->seq)) best = &e;
+    return best;
+}
+
+// The message's completion, from the one the responder prepared (its QP,
+// source, immediate data).
+void complete(Delivery& d, uint64_t wr_id, uint32_t status, uint32_t opcode, uint32_t byte_len, uint32_t tm_flags,
+              uint64_t tag = 0, uint32_t priv = 0) {
+    abi::Cqe c = d.cqe;
+    c.wr_id = wr_id;
+    c.status = status;
+    c.opcode = opcode;
+    c.byte_len = status == IBV_WC_SUCCESS ? byte_len : 0;
+    c.wc_flags = status == IBV_WC_SUCCESS ? (c.wc_flags | tm_flags) : 0;
+    c.tm_tag = tag;
+    c.tm_priv = priv;
+    c.tm_reserved = 0;
+    cq_push(*d.ctx, d.recv_cq, c, d.solicited);
+}
+
+// Nothing to receive into: the sender is told to come back (its PSN is
+// expected again).
+void rnr(Delivery& d) {
+    d.resp.syndrome = Syndrome::RnrNak;
+    d.resp.rnr_timer = d.qp->attr.min_rnr_timer;
+    d.qp->epsn = d.resp.psn;
+}
+
+// The whole message into the next ordinary buffer, completed with `opcode`.
+void deliver_ordinary(Delivery& d, Srq& srq, const uint8_t* msg, uint64_t len, uint32_t opcode, bool unexpected) {
+    Context& ctx = *d.ctx;
+    Qp& qp = *d.qp;
+    const int bufs = ordinary_buffers(ctx, qp, srq);
+    if (bufs < 0) {
+        d.resp.syndrome = Syndrome::Drop;  // the QP just failed: the message is lost
+        return;
+    }
+    if (bufs == 0) return rnr(d);
+    RecvWork rw;
+    Span spans[abi::kMaxSge];
+    uint32_t n = 0;
+    uint64_t cap = 0;
+    uint32_t st = read_recv_wqe(srq.wq, srq.wq.cons, srq.max_sge, rw);
+    if (st == IBV_WC_SUCCESS) st = resolve_sges(ctx, srq.pd, rw.sge, rw.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap);
+    wq_consume(srq.wq);
+    srq_wqe_consumed(ctx, srq, 0);
+    if (st == IBV_WC_SUCCESS && cap < len) st = IBV_WC_LOC_LEN_ERR;
+    const Span src{const_cast<uint8_t*>(msg), len};
+    if (st == IBV_WC_SUCCESS && len && copy_sg(spans, n, 0, &src, 1, len) != CopyFault::None) st = IBV_WC_LOC_PROT_ERR;
+    if (st == IBV_WC_SUCCESS && unexpected) ++srq.tm->unexpected;
+    complete(d, rw.wr_id, st, opcode, uint32_t(len), 0);
+    if (st == IBV_WC_SUCCESS) return;
+    // As any receive that fails (responder.cpp): the sender is NAKed and
+    // both QPs go to error.
+    d.resp.syndrome = st == IBV_WC_LOC_LEN_ERR ? Syndrome::NakInvReq : Syndrome::NakOp;
+    qp_set_error(ctx, qp, st == IBV_WC_LOC_LEN_ERR ? IBV_EVENT_QP_REQ_ERR : IBV_EVENT_QP_FATAL);
+}
+
+// A tagged buffer's memory (the TM SRQ's PD, local write).
+uint32_t resolve_tagged(Context& ctx, const Srq& srq, const TagEntry& e, Span* spans, uint32_t& n, uint64_t& cap) {
+    return resolve_sges(ctx, srq.pd, e.sge, e.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap);
+}
+
+void eager(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const uint8_t* msg, uint64_t len) {
+    Span spans[abi::kMaxTmSge];
+    uint32_t n = 0;
+    uint64_t cap = 0;
+    const uint64_t data = len - abi::kTmHeaderBytes;
+    uint32_t st = resolve_tagged(*d.ctx, srq, e, spans, n, cap);
+    if (st == IBV_WC_SUCCESS && cap < data) st = IBV_WC_LOC_LEN_ERR;
+    const Span src{const_cast<uint8_t*>(msg), len};
+    if (st == IBV_WC_SUCCESS && data &&
+        copy_sg(spans, n, 0, &src, 1, abi::kTmHeaderBytes, data) != CopyFault::None)
+        st = IBV_WC_LOC_PROT_ERR;
+    complete(d, e.recv_wr_id, st, IBV_WC_TM_RECV, uint32_t(data), IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID, h.tag,
+             h.app_ctx);
+}
+
+// The rendezvous FIN (the request's TMH and RVH, opcode FIN) to the
+// sender's QP `sq`, into its next receive buffer, from QP `qpn` of a guest
+// at `lid`. Without a receive posted it is lost (logged: a device would
+// retry it after an RNR NAK).
+void send_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint16_t lid) {
+    uint8_t fin[abi::kTmHeaderBytes + kRvhBytes];
+    std::memcpy(fin, headers, sizeof(fin));
+    fin[0] = IBV_TMH_FIN;
+    Srq* psrq = sq.srq ? sctx.srqs.get(sq.srq) : nullptr;
+    if (psrq && psrq->feeds_device) return;
+    WorkQueue& wq = psrq ? psrq->wq : sq.rq;
+    uint32_t pending;
+    if (!wq_pending(wq, pending)) return qp_set_error(sctx, sq, IBV_EVENT_QP_FATAL);
+    if (pending == 0) {
+        LOG_WARN("context %llu: QP %u: rendezvous FIN from QP %u lost: no receive posted",
+                 (unsigned long long)sctx.id(), sq.qpn, qpn);
+        return;
+    }
+    RecvWork rw;
+    Span spans[abi::kMaxSge];
+    uint32_t n = 0;
+    uint64_t cap = 0;
+    const uint32_t max_sge = psrq ? psrq->max_sge : sq.max_recv_sge;
+    uint32_t st = read_recv_wqe(wq, wq.cons, max_sge, rw);
+    if (st == IBV_WC_SUCCESS) st = resolve_sges(sctx, sq.pd, rw.sge, rw.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap);
+    wq_consume(wq);
+    if (psrq) srq_wqe_consumed(sctx, *psrq, 0);
+    if (st == IBV_WC_SUCCESS && cap < sizeof(fin)) st = IBV_WC_LOC_LEN_ERR;
+    const Span src{fin, sizeof(fin)};
+    if (st == IBV_WC_SUCCESS && copy_sg(spans, n, 0, &src, 1, sizeof(fin)) != CopyFault::None)
+        st = IBV_WC_LOC_PROT_ERR;
+    abi::Cqe c{};
+    c.wr_id = rw.wr_id;
+    c.status = st;
+    c.opcode = IBV_WC_RECV;
+    c.byte_len = st == IBV_WC_SUCCESS ? uint32_t(sizeof(fin)) : 0;
+    c.qp_num = sq.qpn;
+    c.src_qp = qpn;
+    c.slid = lid;
+    const uint32_t cq = psrq && psrq->cq ? psrq->cq : sq.recv_cq;
+    cq_push(sctx, cq, c);
+}
+
+// A matched rendezvous request: the match is reported now; the read, the
+// FIN and the data completion run in the QP's next pass (tm_run_rendezvous),
+// when the sender has seen its send complete. A sender this worker does not
+// serve, or data larger than the buffer, is left to software: the headers
+// go into the buffer with IBV_WC_TM_RNDV_INCOMPLETE, as the verbs allow.
+void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const uint8_t* msg, uint64_t len) {
+    Context& ctx = *d.ctx;
+    Span spans[abi::kMaxTmSge];
+    uint32_t n = 0;
+    uint64_t cap = 0;
+    const uint32_t st = resolve_tagged(ctx, srq, e, spans, n, cap);
+    if (st != IBV_WC_SUCCESS) return complete(d, e.recv_wr_id, st, IBV_WC_TM_RECV, 0, 0);
+    const Rvh r = read_rvh(msg);
+    const bool direct = d.eng->serves(d.cqe.slid) && d.eng->find_qp(d.cqe.slid, d.cqe.src_qp);
+    if (!direct || r.len > cap) {
+        const uint64_t put = std::min<uint64_t>(len, cap);
+        const Span src{const_cast<uint8_t*>(msg), len};
+        uint32_t s = IBV_WC_TM_RNDV_INCOMPLETE;
+        if (put && copy_sg(spans, n, 0, &src, 1, put) != CopyFault::None) s = IBV_WC_LOC_PROT_ERR;
+        abi::Cqe c = d.cqe;
+        c.wr_id = e.recv_wr_id;
+        c.status = s;
+        c.opcode = IBV_WC_TM_RECV;
+        c.byte_len = uint32_t(put);
+        c.wc_flags = IBV_WC_TM_MATCH;
+        c.tm_tag = h.tag;
+        c.tm_priv = h.app_ctx;
+        c.tm_reserved = 0;
+        cq_push(ctx, d.recv_cq, c, d.solicited);
+        return;
+    }
+    complete(d, e.recv_wr_id, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, IBV_WC_TM_MATCH, h.tag, h.app_ctx);
+    Qp& qp = *d.qp;
+    if (qp.tm_rendezvous.capacity() == 0) qp.tm_rendezvous.reserve(8);
+    PendingRendezvous& p = qp.tm_rendezvous.emplace_back();
+    p.cqe = d.cqe;
+    p.cq = d.recv_cq;
+    p.srq = qp.srq;
+    p.recv_wr_id = e.recv_wr_id;
+    p.num_sge = e.num_sge;
+    std::copy(e.sge, e.sge + e.num_sge, p.sge);
+    std::memcpy(p.headers, msg, sizeof(p.headers));
+    ctx.mark_work(qp);
+}
+
+}  // namespace
+
+TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq, Delivery& d, Pins* pins) {
+    if (req.length > kTmMaxMessageBytes) return TmBegin::TooLong;
+    const int bufs = ordinary_buffers(ctx, qp, srq);
+    if (bufs < 0) return TmBegin::Error;
+    if (bufs == 0 && !any_tag_may_match(*srq.tm)) return TmBegin::Rnr;
+    if (!qp.tm_staging) qp.tm_staging = make_staging();
+    if (!qp.tm_staging) return TmBegin::Rnr;  // no memory now: the sender comes back
+    d.spans[0] = Span{qp.tm_staging->base, req.length};
+    d.nspans = req.length ? 1 : 0;
+    if (pins) pins->add(qp.tm_staging);
+    d.tm = true;
+    d.eng = &eng;
+    d.recv_cq = srq.cq;
+    return TmBegin::Staged;
+}
+
+void tm_finish(Delivery& d, bool payload_ok) {
+    d.recv_cqe = false;
+    Context& ctx = *d.ctx;
+    Qp& qp = *d.qp;
+    if (!payload_ok) {  // it never arrived whole: nothing was taken, the QP fails
+        d.resp.syndrome = Syndrome::Drop;
+        return qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
+    }
+    if (d.cqe.status != IBV_WC_SUCCESS) return;  // flushed meanwhile: nothing was taken
+    Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr;
+    if (!srq || !srq->tm || !qp.tm_staging) return;  // an SRQ with QPs is never destroyed
+    const uint8_t* msg = qp.tm_staging->base;
+    const uint64_t len = d.length;
+    const bool has_tmh = len >= abi::kTmHeaderBytes;
+    const Tmh h = has_tmh ? read_tmh(msg) : Tmh{};
+    const bool eager_msg = has_tmh && h.op == IBV_TMH_EAGER;
+    const bool rndv_msg = has_tmh && h.op == IBV_TMH_RNDV && len >= abi::kTmHeaderBytes + kRvhBytes;
+    if (!eager_msg && !rndv_msg) {
+        // NO_TAG, a FIN, or no header at all: software's, as it came.
+        const uint32_t op = has_tmh && h.op == IBV_TMH_NO_TAG ? IBV_WC_TM_NO_TAG : IBV_WC_RECV;
+        return deliver_ordinary(d, *srq, msg, len, op, false);
+    }
+    TagEntry* e = srq->tm->synced() ? match(*srq->tm, h.tag) : nullptr;
+    if (!e) return deliver_ordinary(d, *srq, msg, len, IBV_WC_TM_RECV, true);
+    const TagEntry entry = *e;
+    e->used = false;  // consumed: a later DEL of it fails with IBV_WC_TM_ERR
+    if (eager_msg)
+        eager(d, *srq, entry, h, msg, len);
+    else
+        rendezvous(d, *srq, entry, h, msg, len);
+}
+
+void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp) {
+    for (const PendingRendezvous& p : qp.tm_rendezvous) {
+        abi::Cqe c = p.cqe;
+        c.wr_id = p.recv_wr_id;
+        c.opcode = IBV_WC_TM_RECV;
+        c.wc_flags = 0;
+        c.byte_len = 0;
+        c.tm_tag = 0;
+        c.tm_priv = c.tm_reserved = 0;
+        const Rvh r = read_rvh(p.headers);
+        Srq* srq = ctx.srqs.get(p.srq);
+        Span spans[abi::kMaxTmSge];
+        uint32_t n = 0;
+        uint64_t cap = 0;
+        uint32_t st = srq ? resolve_sges(ctx, srq->pd, p.sge, p.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap)
+                          : uint32_t(IBV_WC_LOC_QP_OP_ERR);
+        // The sender's QP, as the READ from this QP would reach it: it may
+        // have gone meanwhile.
+        Engine::QpRef peer = eng.find_qp(c.slid, c.src_qp);
+        if (st == IBV_WC_SUCCESS && (!peer || peer.qp->type != IBV_QPT_RC)) st = IBV_WC_REM_ABORT_ERR;
+        if (st == IBV_WC_SUCCESS && r.len) {
+            Qp& sq = *peer.qp;
+            uint8_t* src = (sq.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)
+                               ? resolve_rkey(*peer.ctx, sq, sq.pd, r.rkey, r.va, r.len, IBV_ACCESS_REMOTE_READ)
+                               : nullptr;
+            const Span s{src, r.len};
+            const CopyFault f = src ? copy_sg(spans, n, 0, &s, 1, r.len) : CopyFault::Src;
+            if (f == CopyFault::Dst) st = IBV_WC_LOC_PROT_ERR;
+            if (f == CopyFault::Src) st = IBV_WC_REM_ACCESS_ERR;
+        }
+        if (st == IBV_WC_SUCCESS) {
+            send_fin(*peer.ctx, *peer.qp, p.headers, qp.qpn, uint16_t(ctx.guest().lid));
+            c.wc_flags = IBV_WC_TM_DATA_VALID;
+            c.byte_len = r.len;
+        }
+        c.status = st;
+        cq_push(ctx, p.cq, c);
+    }
+    qp.tm_rendezvous.clear();
+}
+
+int tm_list_op(Context& ctx, Srq& srq, const abi::CmdTmOpReq& op, uint32_t& handle) {
+    TagList& l = *srq.tm;
+    if (op.flags & ~uint32_t(IBV_OPS_SIGNALED | IBV_OPS_TM_SYNC)) return EINVAL;
+    uint32_t status = IBV_WC_SUCCESS;
+    uint32_t wc_opcode = 0;
+    switch (op.opcode) {
+    case IBV_WR_TAG_ADD: {
+        if (op.num_sge > abi::kMaxTmSge) return EINVAL;
+        Span spans[abi::kMaxTmSge];
+        uint32_t n = 0;
+        uint64_t cap = 0;
+        if (resolve_sges(ctx, srq.pd, op.sge, op.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap) != IBV_WC_SUCCESS)
+            return EINVAL;
+        auto free_slot = std::find_if(l.entries.begin(), l.entries.end(), [](const TagEntry& e) { return !e.used; });
+        if (free_slot == l.entries.end()) return ENOMEM;  // max_num_tags are posted
+        TagEntry& e = *free_slot;
+        e.used = true;
+        e.seq = l.next_seq++;
+        e.tag = op.tag;
+        e.mask = op.mask;
+        e.recv_wr_id = op.recv_wr_id;
+        e.num_sge = op.num_sge;
+        std::copy(op.sge, op.sge + op.num_sge, e.sge);
+        handle = uint32_t(free_slot - l.entries.begin()) + 1;
+        wc_opcode = IBV_WC_TM_ADD;
+        break;
+    }
+    case IBV_WR_TAG_DEL: {
+        if (op.handle == 0 || op.handle > l.entries.size()) return EINVAL;
+        TagEntry& e = l.entries[op.handle - 1];
+        if (e.used)
+            e.used = false;
+        else
+            status = IBV_WC_TM_ERR;  // a message took it meanwhile
+        wc_opcode = IBV_WC_TM_DEL;
+        break;
+    }
+    case IBV_WR_TAG_SYNC:
+        wc_opcode = IBV_WC_TM_SYNC;
+        break;
+    default:
+        return EINVAL;
+    }
+    if (op.flags & IBV_OPS_TM_SYNC) l.reported = op.unexpected_cnt;
+    if ((op.flags & IBV_OPS_SIGNALED) || status != IBV_WC_SUCCESS) {
+        abi::Cqe c{};
+        c.wr_id = op.wr_id;
+        c.status = status;
+        c.opcode = wc_opcode;
+        if (!l.synced()) c.wc_flags = IBV_WC_TM_SYNC_REQ;
+        cq_push(ctx, srq.cq, c);
+    }
+    return 0;
+}
+
+}  // namespace vrdma::shim

@@ -1,0 +1,70 @@
+// Tag matching in software (IBV_SRQT_TM; docs/protocol.md "Tag matching").
+//
+// A TM SRQ holds two kinds of receive buffers: the ordinary ones the
+// application posts with ibv_post_srq_recv (for what software handles:
+// unexpected and untagged messages) and tagged buffers it adds with
+// ibv_post_srq_ops (TagList). Each message sent to an RC QP on a TM SRQ
+// begins with a tag-matching header (TMH). The responder cannot see that
+// header before the payload moves (a transport may stream it from a
+// socket), so the whole message lands in the QP's staging buffer
+// (tm_begin), and once it is there tm_finish reads the TMH and decides:
+//   EAGER, tag matched  the payload after the TMH goes to the tagged buffer:
+//                       IBV_WC_TM_RECV with MATCH and DATA_VALID, the tag
+//                       and app_ctx in the completion;
+//   RNDV, tag matched   the shim reads the sender's buffer named by the
+//                       rendezvous header into the tagged buffer and sends
+//                       the sender a FIN message; two completions (MATCH,
+//                       then DATA_VALID). A sender the shim cannot read
+//                       directly (another worker or shim) completes the
+//                       buffer with IBV_WC_TM_RNDV_INCOMPLETE and the
+//                       headers in it, for software to finish, as the
+//                       verbs allow;
+//   no match            the whole message goes to an ordinary buffer as
+//                       unexpected (IBV_WC_TM_RECV, no flags), counted;
+//   NO_TAG              the whole message goes to an ordinary buffer
+//                       (IBV_WC_TM_NO_TAG).
+// Nothing is consumed before tm_finish: a message that finds no buffer of
+// the kind it needs is answered with an RNR NAK then, and its PSN is
+// expected again.
+#pragma once
+
+#include <cstdint>
+
+#include "request.h"
+#include "responder.h"
+#include "resources.h"
+
+namespace vrdma::shim {
+
+class Context;
+class Engine;
+
+// The largest message a TM SRQ takes (its staging buffer): larger sends
+// are refused with a remote invalid request. Rendezvous moves large data.
+constexpr uint64_t kTmMaxMessageBytes = 1u << 20;
+// Tagged buffers per TM SRQ (DeviceAttr::max_tm_tags) and outstanding list
+// operations (each is a command that completes before the next).
+constexpr uint32_t kTmMaxTags = 1024;
+constexpr uint32_t kTmMaxOps = 64;
+
+enum class TmBegin { Staged, Rnr, TooLong, Error };
+
+// Stages an RC SEND (with or without immediate) to `qp`, which is on TM
+// SRQ `srq`: d.spans name the staging buffer (pinned in `pins` when given).
+// Rnr: neither an ordinary buffer nor a tag that could match is there.
+TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq, Delivery& d, Pins* pins);
+
+// responder_finish for a staged message (d.tm): matches and delivers it,
+// writes its completions, or turns d.resp into an RNR NAK.
+void tm_finish(Delivery& d, bool payload_ok);
+
+// The rendezvous reads matched at `qp` (Qp::tm_rendezvous), in its pass:
+// the data from the sender's memory into the tagged buffer, the FIN to the
+// sender, and the DATA_VALID completion.
+void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp);
+
+// One tag list operation (the TmOp command): 0 or a positive errno. ADD
+// returns the entry's handle in `handle`.
+int tm_list_op(Context& ctx, Srq& srq, const abi::CmdTmOpReq& op, uint32_t& handle);
+
+}  // namespace vrdma::shim
