@@ -408,3 +408,14 @@ TEST_CASE("tag matching: a message with no buffer of its kind waits for one", "[
     CHECK(has_pattern(rx.data, 64, 9));
     CHECK(complete(p.client.send_cq) == IBV_WC_SUCCESS);
 }
+
+TEST_CASE("tag matching: a send larger than a TM SRQ takes is a remote invalid request", "[tm]") {
+    Device dev, peer(Device::kPeer);
+    TmPair p(dev, peer);
+    Buffer rx(dev.pd, 4096, kAll), tx(peer.pd, (64 << 10) + 4096, kAll);
+    post_ordinary(p.srq, rx, 0, 4096, 1);
+    put_tmh(tx.data, IBV_TMH_EAGER, 1, 0);
+    send_from(p.client, tx, 0, (64 << 10) + 1);
+    CHECK(complete(p.client.send_cq) == IBV_WC_REM_INV_REQ_ERR);
+    CHECK(cq_stays_empty(ibv_cq_ex_to_cq(p.cq), 50));  // nothing was taken
+}

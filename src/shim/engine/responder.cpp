@@ -420,6 +420,8 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
                 return;
             case TmBegin::TooLong:
                 return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+            case TmBegin::NoMemory:  // logged by the quota
+                return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
             case TmBegin::Error:
                 return;  // the QP just failed: the request is lost
             }

@@ -46,12 +46,18 @@ Rvh read_rvh(const uint8_t* m) {
     return Rvh{load_be<uint64_t>(r), load_be<uint32_t>(r + 8), load_be<uint32_t>(r + 12)};
 }
 
-// Anonymous memory, never the guest's: staging cannot fault.
-std::shared_ptr<Mapping> make_staging() {
+// Anonymous memory, never the guest's: staging cannot fault. It is
+// charged to the guest as memory the shim maps for it (its MapBytes and
+// Mappings quotas), so that QPs on TM SRQs cannot grow the shim past them.
+std::shared_ptr<Mapping> make_staging(Context& ctx) {
+    auto m = std::make_shared<Mapping>();
+    m->charges.bind(ctx.charges.usage());
+    if (!m->charges.take(Res::Mappings, 1, "a TM SRQ's staging") ||
+        !m->charges.take(Res::MapBytes, kTmMaxMessageBytes, "a TM SRQ's staging"))
+        return nullptr;
     void* p = ::mmap(nullptr, kTmMaxMessageBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0);
     if (p == MAP_FAILED) return nullptr;
-    auto m = std::make_shared<Mapping>();
     m->base = static_cast<uint8_t*>(p);
     m->len = kTmMaxMessageBytes;
     m->ring_safe = true;
@@ -251,8 +257,8 @@ TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq
     const int bufs = ordinary_buffers(ctx, qp, srq);
     if (bufs < 0) return TmBegin::Error;
     if (bufs == 0 && !any_tag_may_match(*srq.tm)) return TmBegin::Rnr;
-    if (!qp.tm_staging) qp.tm_staging = make_staging();
-    if (!qp.tm_staging) return TmBegin::Rnr;  // no memory now: the sender comes back
+    if (!qp.tm_staging) qp.tm_staging = make_staging(ctx);
+    if (!qp.tm_staging) return TmBegin::NoMemory;
     d.spans[0] = Span{qp.tm_staging->base, req.length};
     d.nspans = req.length ? 1 : 0;
     if (pins) pins->add(qp.tm_staging);

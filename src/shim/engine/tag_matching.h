@@ -39,19 +39,22 @@ namespace vrdma::shim {
 class Context;
 class Engine;
 
-// The largest message a TM SRQ takes (its staging buffer): larger sends
-// are refused with a remote invalid request. Rendezvous moves large data.
-constexpr uint64_t kTmMaxMessageBytes = 1u << 20;
+// The largest message a TM SRQ takes (its staging buffer, one per QP that
+// receives from one, charged to the guest): larger sends are refused with a
+// remote invalid request. Eager messages are small; rendezvous moves large
+// data.
+constexpr uint64_t kTmMaxMessageBytes = 64u << 10;
 // Tagged buffers per TM SRQ (DeviceAttr::max_tm_tags) and outstanding list
 // operations (each is a command that completes before the next).
 constexpr uint32_t kTmMaxTags = 1024;
 constexpr uint32_t kTmMaxOps = 64;
 
-enum class TmBegin { Staged, Rnr, TooLong, Error };
+enum class TmBegin { Staged, Rnr, TooLong, NoMemory, Error };
 
 // Stages an RC SEND (with or without immediate) to `qp`, which is on TM
 // SRQ `srq`: d.spans name the staging buffer (pinned in `pins` when given).
 // Rnr: neither an ordinary buffer nor a tag that could match is there.
+// NoMemory: the QP's staging buffer would pass the guest's quotas.
 TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq, Delivery& d, Pins* pins);
 
 // responder_finish for a staged message (d.tm): matches and delivers it,
