@@ -61,16 +61,23 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     // however quickly the resize followed them, and however much of the
     // turn's budget is gone (rdma-core's test_resize_cq, which failed under
     // ASan until the budget was lifted here).
+    // What is still in flight then (across the fabric a send completes
+    // when its answer or its write to the socket comes back) counts as
+    // completions to come: a CQ resized below them would overrun.
     const uint64_t t = eng.now();
+    uint64_t in_flight = 0;
     eng.outside_budget([&] {
         ctx.qps.for_each([&](uint32_t, Qp& qp) {
-            if (qp.send_cq == r.cq_handle) requester_process(eng, ctx, qp, t);
+            if (qp.send_cq != r.cq_handle) return;
+            requester_process(eng, ctx, qp, t);
+            in_flight += ring_count(qp.sq_next, qp.sq.cons, qp.sq.entries);
         });
     });
     uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
     if (!ring_valid_consumer(cons, cq->prod, cq->entries)) return EINVAL;
     uint32_t outstanding = ring_count(cq->prod, cons, cq->entries);
-    if (outstanding > r.cqe) return EINVAL;  // as rxe: never below what waits to be polled
+    // As rxe: never below what waits to be polled (or will be).
+    if (outstanding + in_flight > r.cqe) return EINVAL;
     HostRange ring;
     if (int err = map_ring(ctx, r.ring_gva, abi::cq_ring_bytes(r.entries), ring)) return err;
     {
