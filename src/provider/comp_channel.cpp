@@ -108,9 +108,10 @@ Context* claim_context_of_cmd_fd(int cmd_fd, ibv_device** device, int* async_fd)
     const pid_t self = ::getpid();
     Registry& r = registry();
     std::lock_guard lock(r.mu);
+    int why = ENOENT;
     for (auto& [ib, ctx] : r.contexts) {
         const long same = ::syscall(SYS_kcmp, self, self, KCMP_FILE, cmd_fd, ib->cmd_fd);
-        if (same < 0) return nullptr;  // errno: kcmp's (ENOSYS, EPERM under a seccomp filter)
+        if (same < 0) why = errno;  // ENOSYS, EPERM under a seccomp filter, EBADF
         if (same != 0) continue;
         const int dup = ib->async_fd >= 0 ? ::fcntl(ib->async_fd, F_DUPFD_CLOEXEC, 0) : -1;
         if (ib->async_fd >= 0 && dup < 0) return nullptr;
@@ -119,7 +120,7 @@ Context* claim_context_of_cmd_fd(int cmd_fd, ibv_device** device, int* async_fd)
         *async_fd = dup;
         return ctx;
     }
-    errno = ENOENT;
+    errno = why;
     return nullptr;
 }
 

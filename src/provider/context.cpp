@@ -186,7 +186,7 @@ Context::~Context() {
 }
 
 verbs_context* alloc_context(ibv_device* device, int cmd_fd, void* private_data) {
-    if (const ImportRequest* req = as_import_request(private_data))
+    if (ImportRequest* req = as_import_request(private_data))
         return alloc_imported_context(device, cmd_fd, *req);
     auto* vdev = reinterpret_cast<verbs_device*>(device);
     std::string sock_path;
@@ -237,13 +237,19 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void* private_data)
     return finish_context(vctx, ctx);
 }
 
-verbs_context* alloc_imported_context(ibv_device* device, int cmd_fd, const ImportRequest& req) {
+verbs_context* alloc_imported_context(ibv_device* device, int cmd_fd, ImportRequest& req) {
     auto* shell = static_cast<ContextShell*>(_verbs_init_and_alloc_context(
         device, cmd_fd, sizeof(ContextShell),
         reinterpret_cast<verbs_context*>(offsetof(ContextShell, vctx)), 0 /* RDMA_DRIVER_UNKNOWN */));
     if (!shell) return nullptr;
+    req.taken = true;
     shell->impl = req.ctx;
     shell->vctx.context.async_fd = req.async_fd;  // a duplicate: the event queue is shared, as the kernel's
+    // ibv_import_device's fd is the command fd (closed by ibv_close_device),
+    // in place of the one verbs_open_device opened; set before the context
+    // is registered, where claim_context_of_cmd_fd reads it.
+    if (cmd_fd >= 0) ::close(cmd_fd);
+    shell->vctx.context.cmd_fd = req.cmd_fd;
     return finish_context(&shell->vctx, req.ctx);
 }
 

@@ -30,8 +30,8 @@
 
 namespace vrdma::prov {
 
-const ImportRequest* as_import_request(const void* private_data) {
-    const auto* req = static_cast<const ImportRequest*>(private_data);
+ImportRequest* as_import_request(void* private_data) {
+    auto* req = static_cast<ImportRequest*>(private_data);
     return req && req->magic == ImportRequest::kMagic ? req : nullptr;
 }
 
@@ -98,6 +98,7 @@ ibv_mr* import_mr(ibv_pd* pd, uint32_t handle) {
     mr->vmr = from.vmr;
     mr->vmr.ibv_mr.context = pd->context;
     mr->vmr.ibv_mr.pd = pd;
+    mr->vmr.ibv_mr.addr = nullptr;  // as ibv_import_mr(3) says: not applicable
     mr->handle = from.handle;
     mr->segments = from.segments;
     retain_segments(ctx, mr->segments);
@@ -131,6 +132,7 @@ using namespace vrdma::prov;
 // process, which import_context refuses with a message).
 extern "C" [[gnu::visibility("default")]] ibv_context* ibv_import_device(int cmd_fd) {
     ImportRequest req;
+    req.cmd_fd = cmd_fd;
     ibv_device* device = nullptr;
     req.ctx = claim_context_of_cmd_fd(cmd_fd, &device, &req.async_fd);
     if (!req.ctx) {
@@ -145,16 +147,11 @@ extern "C" [[gnu::visibility("default")]] ibv_context* ibv_import_device(int cmd
         return fn(cmd_fd);
     }
     ibv_context* ibctx = verbs_open_device(device, &req);
-    if (!ibctx) {
+    if (!ibctx && !req.taken) {  // a context that was made gave all back when it was closed
         const int e = errno;
         if (req.async_fd >= 0) ::close(req.async_fd);
         if (req.ctx->users.fetch_sub(1) == 1) delete req.ctx;
         errno = e;
-        return nullptr;
     }
-    // ibv_import_device takes `cmd_fd`: it becomes the new context's command
-    // fd (closed by ibv_close_device), in place of the one just opened.
-    ::close(ibctx->cmd_fd);
-    ibctx->cmd_fd = cmd_fd;
     return ibctx;
 }

@@ -35,8 +35,8 @@ verbs_context* import_context(ibv_device*, int);
 // alloc_context for an import: `private_data` of verbs_open_device when
 // import.cpp opens the device for ibv_import_device (null otherwise).
 struct ImportRequest;
-verbs_context* alloc_imported_context(ibv_device* device, int cmd_fd, const ImportRequest& req);
-const ImportRequest* as_import_request(const void* private_data);
+verbs_context* alloc_imported_context(ibv_device* device, int cmd_fd, ImportRequest& req);
+ImportRequest* as_import_request(void* private_data);
 
 // verbs_parent_domain.cpp
 ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);

@@ -90,6 +90,7 @@ TEST_CASE("import: a context imported from the command fd uses the PD and MR of 
     CHECK(imr->rkey == mine.mr->rkey);
     CHECK(imr->length == mine.mr->length);
     CHECK(imr->handle == mine.mr->handle);
+    CHECK(imr->addr == nullptr);  // ibv_import_mr(3): not applicable
 
     {
         // A QP of the imported context, in the imported PD, sends out of the

@@ -267,6 +267,31 @@ TEST_CASE("tag matching: eager messages match by tag and mask in posting order, 
     REQUIRE(del);
     CHECK(del->wr_id == 22);
     CHECK(del->status == IBV_WC_SUCCESS);
+
+    // A handle names its entry only: once a message took it, a DEL of it
+    // fails even when a newer entry holds its place, and the newer one stays.
+    const uint32_t hd = add_tag(p.srq, 0x400, ~0ull, rx, 4096, 1024, 14, 0, 0);
+    REQUIRE(hd);
+    put_tmh(tx.data, IBV_TMH_EAGER, 0x400, 0);
+    send_from(p.client, tx, 0, kTmh + 8);
+    REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+    auto took = poll_tm(p.cq);
+    REQUIRE(took);
+    CHECK(took->wr_id == 14);
+    const uint32_t he = add_tag(p.srq, 0x500, ~0ull, rx, 4096, 1024, 15, 0, 0);
+    REQUIRE(he);
+    REQUIRE(list_op(p.srq, IBV_WR_TAG_DEL, 23, hd, 0, IBV_OPS_SIGNALED) == 0);
+    del = poll_tm(p.cq);
+    REQUIRE(del);
+    CHECK(del->wr_id == 23);
+    CHECK(del->status == IBV_WC_TM_ERR);
+    put_tmh(tx.data, IBV_TMH_EAGER, 0x500, 0);
+    send_from(p.client, tx, 0, kTmh + 8);
+    REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+    took = poll_tm(p.cq);
+    REQUIRE(took);
+    CHECK(took->wr_id == 15);
+    CHECK(took->wc_flags == (IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID));
 }
 
 TEST_CASE("tag matching: unexpected and untagged messages go whole to ordinary buffers; tags wait for the sync",
@@ -377,6 +402,35 @@ TEST_CASE("tag matching: a rendezvous reads the sender's buffer into the tagged 
     CHECK(dv->wc_flags == IBV_WC_TM_DATA_VALID);
     CHECK(dv->byte_len == 8192);
     CHECK(has_pattern(rx.data, 8192, 33));
+
+    // A large one moves a slice per step, other work in between.
+    {
+        Buffer big_src(dev.pd, 4 << 20, kAll), big_dst(dev.pd, 4 << 20, kAll);
+        pattern(big_src.data, 4 << 20, 44);
+        REQUIRE(add_tag(p.srq, 0x43, ~0ull, big_dst, 0, 4 << 20, 83));
+        REQUIRE(poll_tm(p.cq));
+        REQUIRE(post_recv(p.client.qp, 91, {sge(hdr, 2048, 64)}) == 0);
+        put_tmh(hdr.data, IBV_TMH_RNDV, 0x43, 0);
+        ibv_rvh r{};
+        r.va = htobe64(big_src.addr());
+        r.rkey = htobe32(big_src.mr->rkey);
+        r.len = htobe32(4 << 20);
+        std::memcpy(hdr.data + kTmh, &r, sizeof(r));
+        send_from(p.client, hdr, 0, 32);
+        REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+        auto bm = poll_tm(p.cq);
+        REQUIRE(bm);
+        CHECK(bm->wc_flags == IBV_WC_TM_MATCH);
+        auto bd = poll_tm(p.cq, 10000);
+        REQUIRE(bd);
+        CHECK(bd->status == IBV_WC_SUCCESS);
+        CHECK(bd->wc_flags == IBV_WC_TM_DATA_VALID);
+        CHECK(bd->byte_len == uint32_t(4 << 20));
+        CHECK(has_pattern(big_dst.data, 4 << 20, 44));
+        auto bf = poll_one(p.client.recv_cq);
+        REQUIRE(bf);
+        CHECK(bf->wr_id == 91);
+    }
 
     // A tagged buffer too small for the data: software finishes it, with
     // the headers in the buffer.

@@ -106,6 +106,7 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     if (r.srq_handle) {
         srq = ctx.srqs.get(r.srq_handle);
         if (!srq || srq->xrcd) return EINVAL;  // an XRC SRQ takes messages of XRC_RECV QPs only
+        if (srq->tm && r.qp_type != IBV_QPT_RC) return EINVAL;  // tag matching is for RC
         if (r.rq_gva || r.rq_entries) return EINVAL;
     }
     if (r.max_send_sge > q.max_sge || r.max_inline_data > q.max_inline || r.sq_sig_all > 1) return EINVAL;

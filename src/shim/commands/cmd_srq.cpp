@@ -36,7 +36,10 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     uint64_t min_stride = sizeof(abi::RecvWqe) + uint64_t(r.max_sge) * sizeof(abi::Sge);
     if (!wq_geometry_ok(r.entries, q.max_srq_wr, r.stride, min_stride)) return EINVAL;
     PendingCharges charge(ctx);
-    if (!charge.take(Res::Srq, 1, "CreateSrq") || !charge.take(Res::Wr, r.entries, "CreateSrq")) return ENOMEM;
+    // A TM SRQ's tagged buffers are outstanding work as its WQEs are.
+    if (!charge.take(Res::Srq, 1, "CreateSrq") ||
+        !charge.take(Res::Wr, uint64_t(r.entries) + r.max_num_tags, "CreateSrq"))
+        return ENOMEM;
     HostRange ring;
     if (int err = map_ring(ctx, r.ring_gva, abi::wq_ring_bytes(r.entries, r.stride), ring)) return err;
     auto srq = std::make_unique<Srq>();
@@ -108,7 +111,7 @@ int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     store_resp(resp, abi::CmdDestroyResp{0, srq->async_events});
     auto gone = ctx.srqs.erase(r.handle);
     ctx.charges.give(Res::Srq, 1);
-    ctx.charges.give(Res::Wr, gone->wq.entries);
+    ctx.charges.give(Res::Wr, gone->wq.entries + (gone->tm ? gone->tm->entries.size() : 0));
     if (Pd* pd = ctx.pds.get(gone->pd)) --pd->users;
     if (gone->xrcd) {
         ctx.xrc_srqs.erase(gone->srqn);

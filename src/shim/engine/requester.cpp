@@ -607,13 +607,15 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
     // transfer) gives up the transfer: the peer's receive it took fails.
     if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_SQE) abandon_transfer(eng, qp);
     if (qp.state == IBV_QPS_ERR) {
+        if (!qp.tm_rendezvous.empty()) tm_flush_rendezvous(ctx, qp);
         bool a = flush_sq(ctx, qp);
         bool b = flush_rq(ctx, qp);
         return a || b;
     }
-    if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
-    // Rendezvous reads a TM SRQ runs through this QP (tag_matching.h).
+    // Rendezvous reads a TM SRQ runs through this QP (tag_matching.h): its
+    // receive side still works in SQE.
     if (!qp.tm_rendezvous.empty()) tm_run_rendezvous(eng, ctx, qp);
+    if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
     hca_service(eng, ctx, qp);  // a device QP takes the guest's receives as they are posted
     // SQD: no new WQE starts; those started (in flight, or waiting for an
     // RNR or retry timer) finish, and then the send queue is drained.

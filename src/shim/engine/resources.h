@@ -124,6 +124,7 @@ struct Xrcd {
 // tag_matching.h).
 struct TagEntry {
     bool used = false;
+    uint32_t generation = 0;  // bumped when the entry is freed: a stale handle names nothing
     uint64_t seq = 0;  // order of posting: of the entries that match, the earliest wins
     uint64_t tag = 0;
     uint64_t mask = 0;
@@ -147,6 +148,8 @@ struct TagList {
 // send complete, as on a device.
 struct PendingRendezvous {
     abi::Cqe cqe{};         // the message's completion as prepared (QP, source)
+    uint64_t sender_incarnation = 0;  // the sending QP this QP is bound to
+    uint64_t done = 0;      // bytes read so far (a slice per step: engine.h "Work per turn")
     uint32_t cq = 0;        // the TM SRQ's CQ
     uint32_t srq = 0;       // the TM SRQ (its PD holds the tagged buffer's keys)
     uint64_t recv_wr_id = 0;
@@ -251,7 +254,9 @@ struct Qp {
     // On a TM SRQ: the message being received, held here until the tag
     // list decides where it goes (tag_matching.h). Made at the first one.
     std::shared_ptr<Mapping> tm_staging;
-    std::vector<PendingRendezvous> tm_rendezvous;  // matched, read not done yet
+    bool tm_staging_busy = false;  // a message is in it (another waits: RNR)
+    std::vector<PendingRendezvous> tm_rendezvous;  // matched, read not done yet, oldest first
+    uint32_t tm_fins_lost = 0;  // rendezvous FINs to this QP that found no receive (logged once)
     bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
     uint32_t atomic_replay_psn = 0;
     uint64_t atomic_replay_orig = 0;

@@ -407,30 +407,31 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     qp_request_arrived(ctx, qp);
 
     // A send to a QP on a TM SRQ is staged whole: the tag list decides
-    // where it goes once it is there (tag_matching.h).
-    if ((op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && !xsrq && qp.srq) {
-        Srq* tsrq = ctx.srqs.get(qp.srq);
-        if (tsrq && tsrq->tm) {
-            switch (tm_begin(eng, req, ctx, qp, *tsrq, d, pins)) {
-            case TmBegin::Staged:
-                break;
-            case TmBegin::Rnr:
-                d.resp.syndrome = Syndrome::RnrNak;
-                d.resp.rnr_timer = qp.attr.min_rnr_timer;
-                return;
-            case TmBegin::TooLong:
-                return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-            case TmBegin::NoMemory:  // logged by the quota
-                return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
-            case TmBegin::Error:
-                return;  // the QP just failed: the request is lost
-            }
-            set_recv_cqe(d, req, 0, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
-            d.resp.syndrome = Syndrome::Ack;
-            d.length = req.length;
-            qp.epsn = psn_next(qp.epsn);
+    // where it goes once it is there (tag_matching.h). Whatever else takes
+    // one of its ordinary buffers completes into its CQ too.
+    Srq* tsrq = !xsrq && qp.srq ? ctx.srqs.get(qp.srq) : nullptr;
+    if (tsrq && !tsrq->tm) tsrq = nullptr;
+    if (tsrq) d.recv_cq = tsrq->cq;
+    if ((op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && tsrq) {
+        switch (tm_begin(eng, req, ctx, qp, *tsrq, d, pins)) {
+        case TmBegin::Staged:
+            break;
+        case TmBegin::Rnr:
+            d.resp.syndrome = Syndrome::RnrNak;
+            d.resp.rnr_timer = qp.attr.min_rnr_timer;
             return;
+        case TmBegin::TooLong:
+            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        case TmBegin::NoMemory:  // logged by the quota
+            return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+        case TmBegin::Error:
+            return;  // the QP just failed: the request is lost
         }
+        set_recv_cqe(d, req, 0, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
+        d.resp.syndrome = Syndrome::Ack;
+        d.length = req.length;
+        qp.epsn = psn_next(qp.epsn);
+        return;
     }
 
     // A receive WQE first for what consumes one: no data moves before an RNR.
@@ -571,7 +572,10 @@ void responder_memory_fault(Delivery& d) {
     d.resp.syndrome = Syndrome::NakAccess;
     d.nspans = 0;
     if (!d.ctx || !d.qp) return;
-    if (d.recv_cqe && !d.tm) {  // a staged message took no receive yet
+    if (d.tm) {  // a staged message took no receive yet
+        d.recv_cqe = false;
+        d.qp->tm_staging_busy = false;
+    } else if (d.recv_cqe) {
         d.recv_cqe = false;
         d.cqe.status = IBV_WC_LOC_PROT_ERR;
         d.cqe.byte_len = 0;

@@ -50,6 +50,7 @@ struct Delivery {
     // responder_finish hands it to tag_matching.h.
     bool tm = false;
     Engine* eng = nullptr;
+    uint64_t incarnation = 0;  // the QP's when it was staged (a reset QP is another)
 
     // Ready for another request: every field but the scatter list, whose
     // first `nspans` entries alone mean anything (clearing all of it per
@@ -70,6 +71,7 @@ struct Delivery {
         solicited = false;
         tm = false;
         eng = nullptr;
+        incarnation = 0;
     }
 };
 

@@ -75,6 +75,16 @@ int ordinary_buffers(Context& ctx, Qp& qp, Srq& srq) {
     return n ? 1 : 0;
 }
 
+// A tagged buffer's handle: its slot (from 1) and the slot's generation, so
+// that the handle of an entry a message took names nothing once the slot
+// holds another.
+constexpr uint32_t kHandleIndexBits = 12;  // kTmMaxTags < 4096
+constexpr uint32_t kHandleIndexMask = (1u << kHandleIndexBits) - 1;
+static_assert(kTmMaxTags < kHandleIndexMask);
+constexpr uint32_t make_handle(uint32_t index, uint32_t generation) {
+    return (generation << kHandleIndexBits) | (index + 1);
+}
+
 bool any_tag_may_match(const TagList& l) {
     if (!l.synced()) return false;
     return std::any_of(l.entries.begin(), l.entries.end(), [](const TagEntry& e) { return e.used; });
@@ -176,8 +186,9 @@ void send_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint1
     uint32_t pending;
     if (!wq_pending(wq, pending)) return qp_set_error(sctx, sq, IBV_EVENT_QP_FATAL);
     if (pending == 0) {
-        LOG_WARN("context %llu: QP %u: rendezvous FIN from QP %u lost: no receive posted",
-                 (unsigned long long)sctx.id(), sq.qpn, qpn);
+        if (sq.tm_fins_lost++ == 0)  // once a QP: a guest cannot flood the log
+            LOG_WARN("context %llu: QP %u: rendezvous FIN from QP %u lost: no receive posted",
+                     (unsigned long long)sctx.id(), sq.qpn, qpn);
         return;
     }
     RecvWork rw;
@@ -241,6 +252,7 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     if (qp.tm_rendezvous.capacity() == 0) qp.tm_rendezvous.reserve(8);
     PendingRendezvous& p = qp.tm_rendezvous.emplace_back();
     p.cqe = d.cqe;
+    p.sender_incarnation = qp.peer_incarnation;
     p.cq = d.recv_cq;
     p.srq = qp.srq;
     p.recv_wr_id = e.recv_wr_id;
@@ -250,6 +262,62 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     ctx.mark_work(qp);
 }
 
+// The data completion of a matched rendezvous, status and length to fill.
+abi::Cqe rendezvous_cqe(const PendingRendezvous& p) {
+    abi::Cqe c = p.cqe;
+    c.wr_id = p.recv_wr_id;
+    c.opcode = IBV_WC_TM_RECV;
+    c.wc_flags = 0;
+    c.byte_len = 0;
+    c.tm_tag = 0;
+    c.tm_priv = c.tm_reserved = 0;
+    return c;
+}
+
+// Reads the next slices of a matched rendezvous while the turn lasts (a
+// slice at a time, charged as any copy: engine.h "Work per turn"). True
+// once it is done: the FIN sent and the data completion written.
+bool step_rendezvous(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) {
+    abi::Cqe c = rendezvous_cqe(p);
+    const Rvh r = read_rvh(p.headers);
+    Srq* srq = ctx.srqs.get(p.srq);
+    Span spans[abi::kMaxTmSge];
+    uint32_t n = 0;
+    uint64_t cap = 0;
+    uint32_t st = srq ? resolve_sges(ctx, srq->pd, p.sge, p.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap)
+                      : uint32_t(IBV_WC_LOC_QP_OP_ERR);
+    if (st == IBV_WC_SUCCESS && cap < r.len) st = IBV_WC_LOC_LEN_ERR;  // its MR changed meanwhile
+    // The sending QP as the READ from this QP would reach it: the same one,
+    // still connected. Gone or failed, its answer never comes.
+    Engine::QpRef peer = eng.find_qp(c.slid, c.src_qp);
+    const bool sender_there = peer && peer.qp->type == IBV_QPT_RC && peer.qp->incarnation == p.sender_incarnation &&
+                              qp_takes_requests(peer.qp->state);
+    if (st == IBV_WC_SUCCESS && !sender_there) st = IBV_WC_REM_ABORT_ERR;
+    while (st == IBV_WC_SUCCESS && p.done < r.len) {
+        if (eng.turn_spent()) return false;
+        Qp& sq = *peer.qp;
+        const uint64_t slice = std::min<uint64_t>(Engine::kCopySlice, r.len - p.done);
+        uint8_t* src = (sq.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)
+                           ? resolve_rkey(*peer.ctx, sq, sq.pd, r.rkey, r.va + p.done, slice, IBV_ACCESS_REMOTE_READ)
+                           : nullptr;
+        const Span s{src, slice};
+        const uint64_t t0 = eng.now();
+        const CopyFault f = src ? copy_sg(spans, n, p.done, &s, 1, slice) : CopyFault::Src;
+        eng.charge_copy(slice, eng.now() - t0);
+        if (f == CopyFault::Dst) st = IBV_WC_LOC_PROT_ERR;
+        if (f == CopyFault::Src) st = IBV_WC_REM_ACCESS_ERR;
+        p.done += slice;
+    }
+    if (st == IBV_WC_SUCCESS) {
+        send_fin(*peer.ctx, *peer.qp, p.headers, qp.qpn, uint16_t(ctx.guest().lid));
+        c.wc_flags = IBV_WC_TM_DATA_VALID;
+        c.byte_len = r.len;
+    }
+    c.status = st;
+    cq_push(ctx, p.cq, c);
+    return true;
+}
+
 }  // namespace
 
 TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq, Delivery& d, Pins* pins) {
@@ -257,13 +325,21 @@ TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq
     const int bufs = ordinary_buffers(ctx, qp, srq);
     if (bufs < 0) return TmBegin::Error;
     if (bufs == 0 && !any_tag_may_match(*srq.tm)) return TmBegin::Rnr;
-    if (!qp.tm_staging) qp.tm_staging = make_staging(ctx);
-    if (!qp.tm_staging) return TmBegin::NoMemory;
+    // A message still streaming into the staging buffer (from another link
+    // of the fabric) keeps it: this one gets a new one, and the old one
+    // lives while that transfer's pins do.
+    if (!qp.tm_staging || qp.tm_staging_busy) {
+        std::shared_ptr<Mapping> m = make_staging(ctx);
+        if (!m) return TmBegin::NoMemory;
+        qp.tm_staging = std::move(m);
+    }
+    qp.tm_staging_busy = true;
     d.spans[0] = Span{qp.tm_staging->base, req.length};
     d.nspans = req.length ? 1 : 0;
     if (pins) pins->add(qp.tm_staging);
     d.tm = true;
     d.eng = &eng;
+    d.incarnation = qp.peer_incarnation;
     d.recv_cq = srq.cq;
     return TmBegin::Staged;
 }
@@ -272,14 +348,20 @@ void tm_finish(Delivery& d, bool payload_ok) {
     d.recv_cqe = false;
     Context& ctx = *d.ctx;
     Qp& qp = *d.qp;
+    const uint8_t* msg = d.spans[0].p;  // this message's staging buffer
+    if (qp.tm_staging && msg == qp.tm_staging->base) qp.tm_staging_busy = false;
     if (!payload_ok) {  // it never arrived whole: nothing was taken, the QP fails
         d.resp.syndrome = Syndrome::Drop;
         return qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
     }
-    if (d.cqe.status != IBV_WC_SUCCESS) return;  // flushed meanwhile: nothing was taken
+    // Flushed, failed, reset or bound to another peer meanwhile: the
+    // message is lost and nothing is taken.
+    if (d.cqe.status != IBV_WC_SUCCESS || !qp_takes_requests(qp.state) || qp.peer_incarnation != d.incarnation) {
+        d.resp.syndrome = Syndrome::Drop;
+        return;
+    }
     Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr;
-    if (!srq || !srq->tm || !qp.tm_staging) return;  // an SRQ with QPs is never destroyed
-    const uint8_t* msg = qp.tm_staging->base;
+    if (!srq || !srq->tm) return;  // an SRQ with QPs is never destroyed
     const uint64_t len = d.length;
     const bool has_tmh = len >= abi::kTmHeaderBytes;
     const Tmh h = has_tmh ? read_tmh(msg) : Tmh{};
@@ -293,7 +375,8 @@ void tm_finish(Delivery& d, bool payload_ok) {
     TagEntry* e = srq->tm->synced() ? match(*srq->tm, h.tag) : nullptr;
     if (!e) return deliver_ordinary(d, *srq, msg, len, IBV_WC_TM_RECV, true);
     const TagEntry entry = *e;
-    e->used = false;  // consumed: a later DEL of it fails with IBV_WC_TM_ERR
+    e->used = false;  // consumed: a later DEL of its handle fails with IBV_WC_TM_ERR
+    ++e->generation;
     if (eager_msg)
         eager(d, *srq, entry, h, msg, len);
     else
@@ -301,41 +384,16 @@ void tm_finish(Delivery& d, bool payload_ok) {
 }
 
 void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp) {
+    size_t done = 0;
+    while (done < qp.tm_rendezvous.size() && step_rendezvous(eng, ctx, qp, qp.tm_rendezvous[done])) ++done;
+    qp.tm_rendezvous.erase(qp.tm_rendezvous.begin(), qp.tm_rendezvous.begin() + ptrdiff_t(done));
+    if (!qp.tm_rendezvous.empty()) ctx.mark_skipped(qp);  // the turn is spent: the rest on the next pass
+}
+
+void tm_flush_rendezvous(Context& ctx, Qp& qp) {
     for (const PendingRendezvous& p : qp.tm_rendezvous) {
-        abi::Cqe c = p.cqe;
-        c.wr_id = p.recv_wr_id;
-        c.opcode = IBV_WC_TM_RECV;
-        c.wc_flags = 0;
-        c.byte_len = 0;
-        c.tm_tag = 0;
-        c.tm_priv = c.tm_reserved = 0;
-        const Rvh r = read_rvh(p.headers);
-        Srq* srq = ctx.srqs.get(p.srq);
-        Span spans[abi::kMaxTmSge];
-        uint32_t n = 0;
-        uint64_t cap = 0;
-        uint32_t st = srq ? resolve_sges(ctx, srq->pd, p.sge, p.num_sge, IBV_ACCESS_LOCAL_WRITE, spans, n, cap)
-                          : uint32_t(IBV_WC_LOC_QP_OP_ERR);
-        // The sender's QP, as the READ from this QP would reach it: it may
-        // have gone meanwhile.
-        Engine::QpRef peer = eng.find_qp(c.slid, c.src_qp);
-        if (st == IBV_WC_SUCCESS && (!peer || peer.qp->type != IBV_QPT_RC)) st = IBV_WC_REM_ABORT_ERR;
-        if (st == IBV_WC_SUCCESS && r.len) {
-            Qp& sq = *peer.qp;
-            uint8_t* src = (sq.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)
-                               ? resolve_rkey(*peer.ctx, sq, sq.pd, r.rkey, r.va, r.len, IBV_ACCESS_REMOTE_READ)
-                               : nullptr;
-            const Span s{src, r.len};
-            const CopyFault f = src ? copy_sg(spans, n, 0, &s, 1, r.len) : CopyFault::Src;
-            if (f == CopyFault::Dst) st = IBV_WC_LOC_PROT_ERR;
-            if (f == CopyFault::Src) st = IBV_WC_REM_ACCESS_ERR;
-        }
-        if (st == IBV_WC_SUCCESS) {
-            send_fin(*peer.ctx, *peer.qp, p.headers, qp.qpn, uint16_t(ctx.guest().lid));
-            c.wc_flags = IBV_WC_TM_DATA_VALID;
-            c.byte_len = r.len;
-        }
-        c.status = st;
+        abi::Cqe c = rendezvous_cqe(p);
+        c.status = IBV_WC_WR_FLUSH_ERR;
         cq_push(ctx, p.cq, c);
     }
     qp.tm_rendezvous.clear();
@@ -364,17 +422,20 @@ int tm_list_op(Context& ctx, Srq& srq, const abi::CmdTmOpReq& op, uint32_t& hand
         e.recv_wr_id = op.recv_wr_id;
         e.num_sge = op.num_sge;
         std::copy(op.sge, op.sge + op.num_sge, e.sge);
-        handle = uint32_t(free_slot - l.entries.begin()) + 1;
+        handle = make_handle(uint32_t(free_slot - l.entries.begin()), e.generation);
         wc_opcode = IBV_WC_TM_ADD;
         break;
     }
     case IBV_WR_TAG_DEL: {
-        if (op.handle == 0 || op.handle > l.entries.size()) return EINVAL;
-        TagEntry& e = l.entries[op.handle - 1];
-        if (e.used)
+        const uint32_t index = (op.handle & kHandleIndexMask) - 1;
+        if ((op.handle & kHandleIndexMask) == 0 || index >= l.entries.size()) return EINVAL;
+        TagEntry& e = l.entries[index];
+        if (e.used && op.handle == make_handle(index, e.generation)) {
             e.used = false;
-        else
-            status = IBV_WC_TM_ERR;  // a message took it meanwhile
+            ++e.generation;
+        } else {
+            status = IBV_WC_TM_ERR;  // a message took it meanwhile (its slot may hold a newer entry)
+        }
         wc_opcode = IBV_WC_TM_DEL;
         break;
     }

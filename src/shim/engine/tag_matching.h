@@ -65,6 +65,8 @@ void tm_finish(Delivery& d, bool payload_ok);
 // the data from the sender's memory into the tagged buffer, the FIN to the
 // sender, and the DATA_VALID completion.
 void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp);
+// The QP failed: each matched rendezvous completes flushed.
+void tm_flush_rendezvous(Context& ctx, Qp& qp);
 
 // One tag list operation (the TmOp command): 0 or a positive errno. ADD
 // returns the entry's handle in `handle`.
