@@ -54,14 +54,8 @@ ibv_pd* import_pd(ibv_context* ibctx, uint32_t handle) {
             return nullptr;
         }
     }
-    auto* pd = new (std::nothrow) Pd{};
-    if (!pd) {
-        errno = ENOMEM;
-        return nullptr;
-    }
-    pd->ibv.context = ibctx;
-    pd->ibv.handle = handle;
-    return &pd->ibv;
+    Pd* pd = new_pd(ibctx, handle);
+    return pd ? &pd->ibv : nullptr;
 }
 
 // Frees what the import made; the PD stays (ibv_dealloc_pd frees it,

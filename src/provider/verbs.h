@@ -43,6 +43,10 @@ ibv_pd* alloc_parent_domain(ibv_context*, ibv_parent_domain_init_attr*);
 bool is_parent_domain(ibv_context*, ibv_pd*);
 
 // verbs_pd_mr_ah.cpp
+// A Pd struct for the shim's PD `handle` (a parent domain: over
+// `protection`); null with errno ENOMEM.
+struct Pd;
+Pd* new_pd(ibv_context* ibctx, uint32_t handle, Pd* protection = nullptr);
 ibv_pd* alloc_pd(ibv_context*);
 int dealloc_pd(ibv_pd*);
 ibv_mr* reg_mr(ibv_pd*, void*, size_t, uint64_t, int);

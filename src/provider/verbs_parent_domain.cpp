@@ -30,14 +30,8 @@ ibv_pd* alloc_parent_domain(ibv_context* ibctx, ibv_parent_domain_init_attr* att
         errno = EINVAL;
         return nullptr;
     }
-    auto* pd = new (std::nothrow) Pd{};
-    if (!pd) {
-        errno = ENOMEM;
-        return nullptr;
-    }
-    pd->ibv.context = ibctx;
-    pd->ibv.handle = attr->pd->handle;
-    pd->protection = protection;
+    Pd* pd = new_pd(ibctx, attr->pd->handle, protection);
+    if (!pd) return nullptr;
     protection->parent_domains.fetch_add(1);
     return &pd->ibv;
 }

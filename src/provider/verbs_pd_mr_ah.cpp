@@ -14,6 +14,18 @@
 
 namespace vrdma::prov {
 
+Pd* new_pd(ibv_context* ibctx, uint32_t handle, Pd* protection) {
+    auto* pd = new (std::nothrow) Pd{};
+    if (!pd) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    pd->ibv.context = ibctx;
+    pd->ibv.handle = handle;
+    pd->protection = protection;
+    return pd;
+}
+
 ibv_pd* alloc_pd(ibv_context* ibctx) {
     Context& ctx = ctx_of(ibctx);
     abi::CmdAllocPdResp resp{};
@@ -21,15 +33,13 @@ ibv_pd* alloc_pd(ibv_context* ibctx) {
         errno = rc;
         return nullptr;
     }
-    auto* pd = new (std::nothrow) Pd{};
+    Pd* pd = new_pd(ibctx, resp.pd_handle);
     if (!pd) {
         abi::CmdHandleReq req{resp.pd_handle};
         command(ctx, abi::CmdOp::DeallocPd, &req, sizeof(req), nullptr, 0);
         errno = ENOMEM;
         return nullptr;
     }
-    pd->ibv.context = ibctx;
-    pd->ibv.handle = resp.pd_handle;
     std::lock_guard lock(ctx.mem_mu);
     ctx.pd_handles.insert(resp.pd_handle);  // what ibv_import_pd may name
     return &pd->ibv;

@@ -23,6 +23,21 @@ ibv_cq_ex* make_cq_ex(ibv_context* ctx, uint32_t cqe, uint64_t wc_flags = IBV_WC
     return ibv_create_cq_ex(ctx, &a);
 }
 
+// RC QPs a (on `dev`) and b (on `peer`), connected, each completing
+// into its extended CQ.
+struct ExPair {
+    ExPair(Device& dev, Device& peer, ibv_cq_ex* acq, ibv_cq_ex* bcq) : a(dev, on(acq)), b(peer, on(bcq)) {
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+    }
+    static QpOptions on(ibv_cq_ex* cq) {
+        QpOptions o;
+        o.send_cq = o.recv_cq = ibv_cq_ex_to_cq(cq);
+        return o;
+    }
+    Qp a, b;
+};
+
 // What a generic program reads from an extended CQ.
 struct ExWc {
     uint64_t wr_id;
@@ -78,13 +93,10 @@ TEST_CASE("extended CQ: start/next/end poll reads every field of send and receiv
     ibv_cq_ex* rcq = make_cq_ex(peer.ctx, 64);
     REQUIRE(scq);
     REQUIRE(rcq);
-    QpOptions oa, ob;
-    oa.send_cq = oa.recv_cq = ibv_cq_ex_to_cq(scq);
-    ob.send_cq = ob.recv_cq = ibv_cq_ex_to_cq(rcq);
     {
-        Qp a(dev, oa), b(peer, ob);
-        connect_rc(a.qp, peer.lid, b.qpn());
-        connect_rc(b.qp, dev.lid, a.qpn());
+        ExPair pair(dev, peer, scq, rcq);
+        Qp& a = pair.a;
+        Qp& b = pair.b;
         int all = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
         Buffer src(dev.pd, 4096, all), dst(peer.pd, 4096, all);
         for (size_t i = 0; i < src.size; ++i) src.data[i] = uint8_t(i * 13 + 1);
@@ -307,12 +319,9 @@ TEST_CASE("extended CQ: completions stamped on the device clock and the wall clo
     REQUIRE(scq);
     REQUIRE(rcq);
     {
-        QpOptions oa, ob;
-        oa.send_cq = oa.recv_cq = ibv_cq_ex_to_cq(scq);
-        ob.send_cq = ob.recv_cq = ibv_cq_ex_to_cq(rcq);
-        Qp a(dev, oa), b(peer, ob);
-        connect_rc(a.qp, peer.lid, b.qpn());
-        connect_rc(b.qp, dev.lid, a.qpn());
+        ExPair pair(dev, peer, scq, rcq);
+        Qp& a = pair.a;
+        Qp& b = pair.b;
         Buffer src(dev.pd, 4096, IBV_ACCESS_LOCAL_WRITE), dst(peer.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
         REQUIRE(post_recv(b.qp, 1, {sge(dst, 0, 64)}) == 0);
 

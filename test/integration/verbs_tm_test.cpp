@@ -140,6 +140,24 @@ void send_from(Qp& q, const Buffer& b, size_t off, uint32_t len, uint64_t wr_id 
     REQUIRE(post_send(q.qp, wr, {sge(b, off, len)}) == 0);
 }
 
+// An EAGER message with `tag` and `len` bytes after its header; its send
+// must complete.
+void send_eager(TmPair& p, Buffer& tx, uint64_t tag, uint32_t len, uint32_t app_ctx = 0) {
+    put_tmh(tx.data, IBV_TMH_EAGER, tag, app_ctx);
+    send_from(p.client, tx, 0, kTmh + len);
+    REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+}
+
+// A signaled DEL of `handle`: the status of its completion.
+ibv_wc_status del_tag(TmPair& p, uint32_t handle, uint64_t wr_id, int flags = IBV_OPS_SIGNALED) {
+    REQUIRE(list_op(p.srq, IBV_WR_TAG_DEL, wr_id, handle, 0, flags) == 0);
+    auto w = poll_tm(p.cq);
+    REQUIRE(w);
+    CHECK(w->opcode == IBV_WC_TM_DEL);
+    CHECK(w->wr_id == wr_id);
+    return w->status;
+}
+
 void post_ordinary(ibv_srq* srq, const Buffer& b, size_t off, uint32_t len, uint64_t wr_id) {
     ibv_sge s = sge(b, off, len);
     ibv_recv_wr wr{};
@@ -253,41 +271,24 @@ TEST_CASE("tag matching: eager messages match by tag and mask in posting order, 
         CHECK(w->priv == 0xabcd);
         CHECK(has_pattern(rx.data + (expect_wr == 11 ? 0 : 1024), 500, uint8_t(expect_wr)));
     }
-    // A consumed entry cannot be deleted; a posted one can.
-    REQUIRE(list_op(p.srq, IBV_WR_TAG_DEL, 21, ha, 0, 0) == 0);
-    auto del = poll_tm(p.cq);  // an error completes even unsignaled
-    REQUIRE(del);
-    CHECK(del->opcode == IBV_WC_TM_DEL);
-    CHECK(del->wr_id == 21);
-    CHECK(del->status == IBV_WC_TM_ERR);
+    // A consumed entry cannot be deleted (an error completes even
+    // unsignaled); a posted one can.
+    CHECK(del_tag(p, ha, 21, 0) == IBV_WC_TM_ERR);
     const uint32_t hc = add_tag(p.srq, 0x300, ~0ull, rx, 2048, 1024, 13, 0, 0);
     REQUIRE(hc);
-    REQUIRE(list_op(p.srq, IBV_WR_TAG_DEL, 22, hc, 0, IBV_OPS_SIGNALED) == 0);
-    del = poll_tm(p.cq);
-    REQUIRE(del);
-    CHECK(del->wr_id == 22);
-    CHECK(del->status == IBV_WC_SUCCESS);
+    CHECK(del_tag(p, hc, 22) == IBV_WC_SUCCESS);
 
     // A handle names its entry only: once a message took it, a DEL of it
     // fails even when a newer entry holds its place, and the newer one stays.
     const uint32_t hd = add_tag(p.srq, 0x400, ~0ull, rx, 4096, 1024, 14, 0, 0);
     REQUIRE(hd);
-    put_tmh(tx.data, IBV_TMH_EAGER, 0x400, 0);
-    send_from(p.client, tx, 0, kTmh + 8);
-    REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+    send_eager(p, tx, 0x400, 8);
     auto took = poll_tm(p.cq);
     REQUIRE(took);
     CHECK(took->wr_id == 14);
-    const uint32_t he = add_tag(p.srq, 0x500, ~0ull, rx, 4096, 1024, 15, 0, 0);
-    REQUIRE(he);
-    REQUIRE(list_op(p.srq, IBV_WR_TAG_DEL, 23, hd, 0, IBV_OPS_SIGNALED) == 0);
-    del = poll_tm(p.cq);
-    REQUIRE(del);
-    CHECK(del->wr_id == 23);
-    CHECK(del->status == IBV_WC_TM_ERR);
-    put_tmh(tx.data, IBV_TMH_EAGER, 0x500, 0);
-    send_from(p.client, tx, 0, kTmh + 8);
-    REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+    REQUIRE(add_tag(p.srq, 0x500, ~0ull, rx, 4096, 1024, 15, 0, 0));
+    CHECK(del_tag(p, hd, 23) == IBV_WC_TM_ERR);
+    send_eager(p, tx, 0x500, 8);
     took = poll_tm(p.cq);
     REQUIRE(took);
     CHECK(took->wr_id == 15);
@@ -366,17 +367,18 @@ TEST_CASE("tag matching: a rendezvous reads the sender's buffer into the tagged 
     REQUIRE(poll_tm(p.cq));
     REQUIRE(post_recv(p.client.qp, 90, {sge(hdr, 2048, 64)}) == 0);  // for the FIN
 
-    auto rndv = [&](uint32_t len) {
-        put_tmh(hdr.data, IBV_TMH_RNDV, 0x42, 0x77);
+    // A rendezvous request for `len` bytes of `src`, with tag `tag`.
+    auto rndv = [&](const Buffer& src, uint32_t len, uint64_t tag = 0x42) {
+        put_tmh(hdr.data, IBV_TMH_RNDV, tag, 0x77);
         ibv_rvh r{};
-        r.va = htobe64(data.addr());
-        r.rkey = htobe32(data.mr->rkey);
+        r.va = htobe64(src.addr());
+        r.rkey = htobe32(src.mr->rkey);
         r.len = htobe32(len);
         std::memcpy(hdr.data + kTmh, &r, sizeof(r));
         pattern(hdr.data + kTmh + sizeof(r), 32, 5);  // software's meta-data
         send_from(p.client, hdr, 0, 64);
     };
-    rndv(8192);
+    rndv(data, 8192);
     // The sender's send completes first, then the match, the FIN, the data.
     REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
     auto m = poll_tm(p.cq);
@@ -410,13 +412,7 @@ TEST_CASE("tag matching: a rendezvous reads the sender's buffer into the tagged 
         REQUIRE(add_tag(p.srq, 0x43, ~0ull, big_dst, 0, 4 << 20, 83));
         REQUIRE(poll_tm(p.cq));
         REQUIRE(post_recv(p.client.qp, 91, {sge(hdr, 2048, 64)}) == 0);
-        put_tmh(hdr.data, IBV_TMH_RNDV, 0x43, 0);
-        ibv_rvh r{};
-        r.va = htobe64(big_src.addr());
-        r.rkey = htobe32(big_src.mr->rkey);
-        r.len = htobe32(4 << 20);
-        std::memcpy(hdr.data + kTmh, &r, sizeof(r));
-        send_from(p.client, hdr, 0, 32);
+        rndv(big_src, 4 << 20, 0x43);
         REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
         auto bm = poll_tm(p.cq);
         REQUIRE(bm);
@@ -436,7 +432,7 @@ TEST_CASE("tag matching: a rendezvous reads the sender's buffer into the tagged 
     // the headers in the buffer.
     REQUIRE(add_tag(p.srq, 0x42, ~0ull, rx, 8192, 1024, 82));
     REQUIRE(poll_tm(p.cq));
-    rndv(8192);
+    rndv(data, 8192);
     REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
     auto inc = poll_tm(p.cq);
     REQUIRE(inc);
