@@ -72,10 +72,9 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     if (!h) return ENOMEM;
     charge.keep();
     ++pd->users;
-    if (cq && !xrcd) ++cq->users;  // a TM SRQ's
+    if (cq) ++cq->users;  // an XRC or TM SRQ's own CQ
     if (xrcd) {
         ++xrcd->users;
-        ++cq->users;
         ctx.xrc_srqs[srqn] = h;
     }
     store_resp(resp, abi::CmdCreateSrqResp{h, srqn});
@@ -113,12 +112,11 @@ int cmd_destroy_srq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     ctx.charges.give(Res::Srq, 1);
     ctx.charges.give(Res::Wr, gone->wq.entries + (gone->tm ? gone->tm->entries.size() : 0));
     if (Pd* pd = ctx.pds.get(gone->pd)) --pd->users;
+    if (gone->cq)
+        if (Cq* cq = ctx.cqs.get(gone->cq)) --cq->users;
     if (gone->xrcd) {
         ctx.xrc_srqs.erase(gone->srqn);
         if (Xrcd* x = ctx.xrcds.get(gone->xrcd)) --x->users;
-        if (Cq* cq = ctx.cqs.get(gone->cq)) --cq->users;
-    } else if (gone->tm) {
-        if (Cq* cq = ctx.cqs.get(gone->cq)) --cq->users;
     }
     return 0;
 }
