@@ -12,9 +12,7 @@ names two devices ("vrdma0,vrdma1": guests on two hosts):
   - a player's address vector names the other device's LID and GID (RC,
     UC, XRC and UD: the three places the suite builds one).
 Tests that open a context themselves (the API tests) stay on the device
-given with --dev. One test is skipped with the reason
-docs/rdma-core-tests.md gives: test_tm_rndv, whose rendezvous across shims
-the shim leaves to software (IBV_WC_TM_RNDV_INCOMPLETE).
+given with --dev.
 
 Each edit must find exactly what it replaces, so a suite of another version
 fails here rather than running unpatched.
@@ -112,11 +110,4 @@ patch('utils.py', [
     gr = GlobalRoute(dgid=_gid, sgid_index=gid_index)
     ah_attr = AHAttr(port_num=port, is_global=1, gr=gr,
                      dlid=_lid)'''),
-])
-
-patch('test_tag_matching.py', [
-    ('''    def test_tm_rndv(self):
-''', '''    @unittest.skip('vrdma: a rendezvous across shims is left to software (IBV_WC_TM_RNDV_INCOMPLETE)')
-    def test_tm_rndv(self):
-'''),
 ])

@@ -22,13 +22,12 @@ across=false
 [ "$VRDMA_TOPOLOGY" = two-hosts ] && across=true
 # 10.0.0.1: guest a's address for rdma_cm, which test_rdmacm.py reads as
 # the address of vrdma0's network interface (below).
+min_passed="${RDMA_CORE_MIN_PASSED:-149}"
 if $across; then
-    min_passed="${RDMA_CORE_MIN_PASSED:-148}"
     start_shim a:ip=10.0.0.1 b:ip=10.0.0.2
     GUEST_ARGS="--guest a --guest b"
     export VRDMA_SUITE_DEVICES=vrdma0,vrdma1
 else
-    min_passed="${RDMA_CORE_MIN_PASSED:-149}"
     start_shim a:ip=10.0.0.1
     GUEST_ARGS="--guest a"
 fi

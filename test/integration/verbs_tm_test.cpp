@@ -442,6 +442,110 @@ TEST_CASE("tag matching: a rendezvous reads the sender's buffer into the tagged 
     CHECK(std::memcmp(rx.data + 8192, hdr.data, 64) == 0);
 }
 
+TEST_CASE("tag matching: a rendezvous from another guest is read through the QP's transport", "[tm]") {
+    // The sender in another guest: on the same worker it is read directly;
+    // on another worker (--workers 2) or shim (two-hosts) through the
+    // shim's rendezvous reads and FIN. The same results either way.
+    Device dev, peer(Device::kPeer);
+    TmPair p(dev, peer, 32);
+    constexpr uint32_t kBig = (1 << 20) + 5;  // pieces of 64 KiB and a short last one
+    Buffer rx(dev.pd, 2 << 20, kAll), src(peer.pd, 2 << 20, kAll), hdr(peer.pd, 8192, kAll);
+    Buffer no_read(peer.pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+    pattern(src.data, 2 << 20, 61);
+
+    auto rndv = [&](uint64_t va, uint32_t rkey, uint32_t len, uint64_t tag, size_t at) {
+        put_tmh(hdr.data + at, IBV_TMH_RNDV, tag, uint32_t(tag) + 0x100);
+        ibv_rvh r{};
+        r.va = htobe64(va);
+        r.rkey = htobe32(rkey);
+        r.len = htobe32(len);
+        std::memcpy(hdr.data + at + kTmh, &r, sizeof(r));
+        send_from(p.client, hdr, at, 64);
+        REQUIRE(complete(p.client.send_cq) == IBV_WC_SUCCESS);
+    };
+    auto matched = [&](uint64_t wr_id, uint64_t tag) {
+        auto m = poll_tm(p.cq);
+        REQUIRE(m);
+        CHECK(m->status == IBV_WC_SUCCESS);
+        CHECK(m->wr_id == wr_id);
+        CHECK(m->wc_flags == IBV_WC_TM_MATCH);
+        CHECK(m->tag == tag);
+        CHECK(m->priv == uint32_t(tag) + 0x100);
+    };
+    auto data = [&](uint64_t wr_id) {
+        auto d = poll_tm(p.cq, 20000);
+        REQUIRE(d);
+        CHECK(d->wr_id == wr_id);
+        return *d;
+    };
+    auto fin = [&](uint64_t wr_id, size_t at) {
+        auto f = poll_one(p.client.recv_cq, 5000);
+        REQUIRE(f);
+        CHECK(f->status == IBV_WC_SUCCESS);
+        CHECK(f->wr_id == wr_id);
+        CHECK(f->byte_len == 32);
+        CHECK(hdr.data[4096 + 64 * (wr_id - 90)] == IBV_TMH_FIN);
+        CHECK(std::memcmp(hdr.data + 4096 + 64 * (wr_id - 90) + 1, hdr.data + at + 1, 31) == 0);
+    };
+    for (uint64_t i = 0; i < 4; ++i) REQUIRE(post_recv(p.client.qp, 90 + i, {sge(hdr, 4096 + 64 * i, 64)}) == 0);
+
+    // One piece, then two back to back (the second queued behind the
+    // first's pieces), then no data at all.
+    REQUIRE(add_tag(p.srq, 0x51, ~0ull, rx, 0, 8192, 1));
+    REQUIRE(add_tag(p.srq, 0x52, ~0ull, rx, 8192, kBig, 2));
+    REQUIRE(add_tag(p.srq, 0x53, ~0ull, rx, 8192 + kBig, 4096, 3));
+    REQUIRE(add_tag(p.srq, 0x54, ~0ull, rx, 16384 + kBig, 64, 4));
+    for (int i = 0; i < 4; ++i) REQUIRE(poll_tm(p.cq));
+    rndv(src.addr() + 100, src.mr->rkey, 8192, 0x51, 0);
+    matched(1, 0x51);
+    auto d1 = data(1);
+    CHECK(d1.status == IBV_WC_SUCCESS);
+    CHECK(d1.wc_flags == IBV_WC_TM_DATA_VALID);
+    CHECK(d1.byte_len == 8192);
+    CHECK(std::memcmp(rx.data, src.data + 100, 8192) == 0);
+    fin(90, 0);
+
+    rndv(src.addr(), src.mr->rkey, kBig, 0x52, 64);
+    rndv(src.addr() + 3, src.mr->rkey, 4096, 0x53, 128);
+    matched(2, 0x52);
+    matched(3, 0x53);
+    auto d2 = data(2);
+    CHECK(d2.status == IBV_WC_SUCCESS);
+    CHECK(d2.byte_len == kBig);
+    auto d3 = data(3);
+    CHECK(d3.status == IBV_WC_SUCCESS);
+    CHECK(d3.byte_len == 4096);
+    CHECK(std::memcmp(rx.data + 8192, src.data, kBig) == 0);
+    CHECK(std::memcmp(rx.data + 8192 + kBig, src.data + 3, 4096) == 0);
+    fin(91, 64);
+    fin(92, 128);
+
+    rndv(src.addr(), src.mr->rkey, 0, 0x54, 192);
+    matched(4, 0x54);
+    auto d4 = data(4);
+    CHECK(d4.status == IBV_WC_SUCCESS);
+    CHECK(d4.byte_len == 0);
+    fin(93, 192);
+
+    // The sender's buffer is not readable remotely: the rendezvous fails
+    // with a remote access error, no FIN goes, and both QPs go on.
+    REQUIRE(add_tag(p.srq, 0x55, ~0ull, rx, 0, 4096, 5));
+    REQUIRE(poll_tm(p.cq));
+    REQUIRE(post_recv(p.client.qp, 94, {sge(hdr, 4096 + 64 * 4, 64)}) == 0);
+    rndv(no_read.addr(), no_read.mr->rkey, 4096, 0x55, 256);
+    matched(5, 0x55);
+    auto d5 = data(5);
+    CHECK(d5.status == IBV_WC_REM_ACCESS_ERR);
+    CHECK(!poll_one(p.client.recv_cq, 100));
+    REQUIRE(add_tag(p.srq, 0x56, ~0ull, rx, 0, 4096, 6));
+    REQUIRE(poll_tm(p.cq));
+    rndv(src.addr(), src.mr->rkey, 4096, 0x56, 320);
+    matched(6, 0x56);
+    CHECK(data(6).status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(rx.data, src.data, 4096) == 0);
+    fin(94, 320);
+}
+
 TEST_CASE("tag matching: a message with no buffer of its kind waits for one", "[tm]") {
     Device dev, peer(Device::kPeer);
     TmPair p(dev, peer);

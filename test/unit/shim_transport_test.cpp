@@ -326,6 +326,17 @@ TEST_CASE("local errors: bad lkey, too many SGEs, bad opcode", "[shim][transport
         REQUIRE(sc.size() == 2);
         CHECK(sc[0].status == IBV_WC_LOC_QP_OP_ERR);
         CHECK(sc[1].status == IBV_WC_WR_FLUSH_ERR);
+        // The shim's own rendezvous requests are not a guest's to send.
+        for (uint32_t op : {kTmRndvRead, kTmRndvFin}) {
+            RcPair v(workers);
+            v.b.post_recv(v.qb.rq, 5, {v.sb(0, 64)});
+            v.a.post_send(v.qa.sq, send_wqe(1, op), {v.sa(0, 32)});
+            v.run();
+            sc = v.a.poll(v.cq_a);
+            REQUIRE(sc.size() == 1);
+            CHECK(sc[0].status == IBV_WC_LOC_QP_OP_ERR);
+            CHECK(v.b.poll(v.cq_b).empty());
+        }
     }
     SECTION("receive buffer too small") {
         RcPair t(workers);

@@ -14,8 +14,22 @@ namespace vrdma::shim {
 
 struct SendWork;
 
-// The ibv_wr_opcode values a Request may carry.
-constexpr bool is_request_opcode(uint32_t op) {
+// vrdma's own requests, outside enum ibv_wr_opcode: what an RC QP on a TM
+// SRQ sends by itself for a rendezvous it matched from a sender on another
+// worker or shim (tag_matching.h), as a device's QP would. Neither takes a
+// PSN of the QP's sequence: `psn` names the rendezvous' piece, and the
+// answer (Response::tm) goes to the rendezvous, not to the requester.
+//   kTmRndvRead  reads `length` bytes at remote_addr with rkey, as an RDMA
+//                READ of the receiving QP would (at most Engine::kSliceBytes
+//                a request);
+//   kTmRndvFin   the FIN into the sending QP's next receive: the
+//                rendezvous' TMH and RVH travel in sgid and dgid.
+constexpr uint32_t kTmRndvRead = 0x100;
+constexpr uint32_t kTmRndvFin = 0x101;
+constexpr bool is_tm_request(uint32_t op) { return op == kTmRndvRead || op == kTmRndvFin; }
+
+// The ibv_wr_opcode values a guest's WQE may send as a Request.
+constexpr bool is_verbs_request_opcode(uint32_t op) {
     switch (op) {
     case IBV_WR_SEND:
     case IBV_WR_SEND_WITH_IMM:
@@ -32,11 +46,17 @@ constexpr bool is_request_opcode(uint32_t op) {
     }
 }
 
+// The opcodes a Request may carry: those, and vrdma's own (never a guest's).
+constexpr bool is_request_opcode(uint32_t op) { return is_verbs_request_opcode(op) || is_tm_request(op); }
+
 // The requests whose payload goes from the requester to the responder.
 constexpr bool request_carries_payload(uint32_t op) {
     return op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV || op == IBV_WR_RDMA_WRITE ||
            op == IBV_WR_RDMA_WRITE_WITH_IMM;
 }
+
+// The requests whose answer brings the responder's data back.
+constexpr bool request_reads(uint32_t op) { return op == IBV_WR_RDMA_READ || op == kTmRndvRead; }
 
 // Every field is plain data: a frame from a peer shim is decoded into one
 // of these and validated by the responder exactly like a local request.
@@ -120,6 +140,9 @@ struct Response {
     // The responding QP's incarnation (0 with Drop): a requester on another
     // shim binds its connection to it on the first answer.
     uint64_t incarnation = 0;
+    // The answer to a kTmRndvRead or kTmRndvFin (request.h): for the
+    // rendezvous of the QP it goes to (tag_matching.h), not its requester.
+    bool tm = false;
 };
 
 }  // namespace vrdma::shim

@@ -277,7 +277,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
         return Step::Stop;
     };
     if (st != IBV_WC_SUCCESS) return local_error(st);
-    if (!is_request_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
+    if (!is_verbs_request_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
     if (qp.device_bound && !device_opcode(op)) return local_error(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = transport_of(eng, qp);
     Pins* pins = fresh_pins(eng, t);
@@ -809,5 +809,9 @@ uint32_t requester_read_target(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, 
     if (s.hdr.opcode != IBV_WR_RDMA_READ || s.is_inline) return IBV_WC_LOC_QP_OP_ERR;
     return resolve_sges(ctx, qp.pd, s.sge, s.num_sge, IBV_ACCESS_LOCAL_WRITE, out, spans, len, pins);
 }
+
+Transport* requester_route(Engine& eng, Qp& qp) { return transport_of(eng, qp); }
+
+void requester_stamp(const Context& ctx, const Qp& qp, Request& req) { stamp_source(ctx, qp, req); }
 
 }  // namespace vrdma::shim

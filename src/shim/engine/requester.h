@@ -21,6 +21,7 @@
 namespace vrdma::shim {
 
 class Engine;
+class Transport;
 struct Pins;
 
 // One pass over the QP's send queue (and receive queue when flushing).
@@ -68,6 +69,12 @@ uint32_t requester_read_target(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, 
 void requester_start(Qp& qp);
 void requester_reset(Qp& qp);
 void requester_begin_drain(Qp& qp);
+
+// For requests the shim makes for an RC QP by itself (tag_matching.h): the
+// transport its traffic takes now (null: none), and a request's source
+// (LID, QPN, P_Key, incarnations).
+Transport* requester_route(Engine& eng, Qp& qp);
+void requester_stamp(const Context& ctx, const Qp& qp, Request& req);
 
 // Maps an ibv_wr_opcode to the ibv_wc_opcode of its completion.
 uint32_t wc_opcode_for(uint32_t wr_opcode);

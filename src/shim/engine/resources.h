@@ -145,11 +145,22 @@ struct TagList {
 
 // A rendezvous request matched at a QP on a TM SRQ whose read and FIN
 // run in that QP's next pass (tag_matching.h), after the sender saw its
-// send complete, as on a device.
+// send complete, as on a device. A sender on this worker is read directly;
+// one on another worker or shim through the QP's transport, in pieces
+// (kTmRndvRead), then told with a kTmRndvFin (request.h).
 struct PendingRendezvous {
     abi::Cqe cqe{};         // the message's completion as prepared (QP, source)
     uint64_t sender_incarnation = 0;  // the sending QP this QP is bound to
-    uint64_t done = 0;      // bytes read so far (a slice per step: engine.h "Work per turn")
+    uint64_t done = 0;      // bytes read so far (direct) or asked for (remote)
+    bool remote = false;    // the sender is on another worker or shim
+    // Remote: the pieces are requests first_psn, first_psn + 1, ... (the
+    // QP's tm_next_psn when it matched), answered in order.
+    uint32_t first_psn = 0;
+    uint32_t pieces = 0;    // how many (0 for no data: the FIN alone)
+    uint32_t asked = 0;     // requests sent so far
+    uint32_t answered = 0;  // answers taken so far
+    bool fin_due = false;   // every piece arrived: the FIN is next
+    uint64_t since_ns = 0;  // the oldest unanswered request left, or the last answer came
     uint32_t cq = 0;        // the TM SRQ's CQ
     uint32_t srq = 0;       // the TM SRQ (its PD holds the tagged buffer's keys)
     uint64_t recv_wr_id = 0;
@@ -257,6 +268,7 @@ struct Qp {
     bool tm_staging_busy = false;  // a message is in it (another waits: RNR)
     std::vector<PendingRendezvous> tm_rendezvous;  // matched, read not done yet, oldest first
     uint32_t tm_fins_lost = 0;  // rendezvous FINs to this QP that found no receive (logged once)
+    uint32_t tm_next_psn = 0;   // of the next remote rendezvous' pieces (PendingRendezvous)
     bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
     uint32_t atomic_replay_psn = 0;
     uint64_t atomic_replay_orig = 0;

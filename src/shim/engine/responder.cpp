@@ -334,9 +334,46 @@ void nak(Delivery& d, Context& ctx, Qp& qp, Syndrome syndrome, int event) {
     qp_set_error(ctx, qp, event);
 }
 
+// A rendezvous read or FIN of the QP `qp` is connected to, for a rendezvous
+// this QP sent (request.h, tag_matching.h). Neither is in the PSN sequence
+// nor touches it. A read is checked as an RDMA READ is; one refused fails
+// that rendezvous only, as it would if both QPs were on one worker.
+void respond_tm(Engine& eng, const Request& req, Delivery& d, Context& ctx, Qp& qp, Pins* pins) {
+    if (qp.xrc != XrcRole::None || req.length > Engine::kSliceBytes) {
+        d.resp.syndrome = Syndrome::NakInvReq;
+        return;
+    }
+    if (req.opcode == kTmRndvFin) {
+        uint8_t headers[32];
+        std::memcpy(headers, req.sgid, 16);
+        std::memcpy(headers + 16, req.dgid, 16);
+        tm_deliver_fin(ctx, qp, headers, req.sqpn, req.slid);
+        d.resp.syndrome = Syndrome::Ack;
+        return;
+    }
+    if (req.length > 0) {
+        const std::shared_ptr<Mapping>* keep = nullptr;
+        uint8_t* p = (qp.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)
+                         ? resolve_rkey(ctx, qp, qp.pd, req.rkey, req.remote_addr, req.length,
+                                        IBV_ACCESS_REMOTE_READ, &keep)
+                         : nullptr;
+        if (!p) {
+            note_access_error(eng, ctx, qp, req);
+            d.resp.syndrome = Syndrome::NakAccess;
+            return;
+        }
+        if (pins && keep) pins->add(*keep);
+        d.spans[0] = Span{p, req.length};
+        d.nspans = 1;
+    }
+    d.resp.syndrome = Syndrome::Ack;
+    d.length = req.length;
+}
+
 void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     d.resp.psn = req.psn;
+    d.resp.tm = is_tm_request(req.opcode);
     Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
     // An XRC_SEND QP has no receive side: nothing is for it.
     if (!dst || dst.qp->type != IBV_QPT_RC || dst.qp->xrc == XrcRole::Send || !qp_takes_requests(dst.qp->state))
@@ -356,6 +393,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.qpn = qp.qpn;
     d.recv_cq = qp.recv_cq;
     d.resp.incarnation = qp.incarnation;
+    if (d.resp.tm) return respond_tm(eng, req, d, ctx, qp, pins);
 
     const uint32_t op = req.opcode;
     const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV;

@@ -11,7 +11,10 @@
 #include "async_events.h"
 #include "cq_writer.h"
 #include "engine.h"
+#include "psn.h"
 #include "qp_state.h"
+#include "requester.h"
+#include "transport.h"
 #include "work_queue.h"
 #include "vrdma_common/log.h"
 
@@ -176,7 +179,7 @@ void eager(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const uint8_t
 // sender's QP `sq`, into its next receive buffer, from QP `qpn` of a guest
 // at `lid`. Without a receive posted it is lost (logged: a device would
 // retry it after an RNR NAK).
-void send_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint16_t lid) {
+void deliver_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint16_t lid) {
     uint8_t fin[abi::kTmHeaderBytes + kRvhBytes];
     std::memcpy(fin, headers, sizeof(fin));
     fin[0] = IBV_TMH_FIN;
@@ -217,10 +220,10 @@ void send_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint1
 }
 
 // A matched rendezvous request: the match is reported now; the read, the
-// FIN and the data completion run in the QP's next pass (tm_run_rendezvous),
-// when the sender has seen its send complete. A sender this worker does not
-// serve, or data larger than the buffer, is left to software: the headers
-// go into the buffer with IBV_WC_TM_RNDV_INCOMPLETE, as the verbs allow.
+// FIN and the data completion run in the QP's next passes
+// (tm_run_rendezvous), once the sender has seen its send complete. Data
+// larger than the buffer is left to software: the headers go into the
+// buffer with IBV_WC_TM_RNDV_INCOMPLETE, as the verbs allow.
 void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const uint8_t* msg, uint64_t len) {
     Context& ctx = *d.ctx;
     Span spans[abi::kMaxTmSge];
@@ -229,8 +232,7 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     const uint32_t st = resolve_tagged(ctx, srq, e, spans, n, cap);
     if (st != IBV_WC_SUCCESS) return complete(d, e.recv_wr_id, st, IBV_WC_TM_RECV, 0, 0);
     const Rvh r = read_rvh(msg);
-    const bool direct = d.eng->serves(d.cqe.slid) && d.eng->find_qp(d.cqe.slid, d.cqe.src_qp);
-    if (!direct || r.len > cap) {
+    if (r.len > cap) {
         const uint64_t put = std::min<uint64_t>(len, cap);
         const Span src{const_cast<uint8_t*>(msg), len};
         uint32_t s = IBV_WC_TM_RNDV_INCOMPLETE;
@@ -259,6 +261,15 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     p.num_sge = e.num_sge;
     std::copy(e.sge, e.sge + e.num_sge, p.sge);
     std::memcpy(p.headers, msg, sizeof(p.headers));
+    // A sender this worker does not serve is read through the QP's
+    // transport, a piece per request; its pieces and FIN take the QP's next
+    // rendezvous PSNs.
+    p.remote = !d.eng->serves(d.cqe.slid);
+    if (p.remote) {
+        p.pieces = uint32_t((r.len + Engine::kSliceBytes - 1) / Engine::kSliceBytes);
+        p.first_psn = qp.tm_next_psn;
+        qp.tm_next_psn = (qp.tm_next_psn + p.pieces + 1) & kPsnMask;
+    }
     ctx.mark_work(qp);
 }
 
@@ -309,13 +320,185 @@ bool step_rendezvous(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) {
         p.done += slice;
     }
     if (st == IBV_WC_SUCCESS) {
-        send_fin(*peer.ctx, *peer.qp, p.headers, qp.qpn, uint16_t(ctx.guest().lid));
+        deliver_fin(*peer.ctx, *peer.qp, p.headers, qp.qpn, uint16_t(ctx.guest().lid));
         c.wc_flags = IBV_WC_TM_DATA_VALID;
         c.byte_len = r.len;
     }
     c.status = st;
     cq_push(ctx, p.cq, c);
     return true;
+}
+
+// ---------------------------------------------------------------------------
+// A sender on another worker or shim: the read goes as kTmRndvRead requests
+// of at most Engine::kSliceBytes (request.h), a few in flight, answered in
+// order; once every piece is in, the data completion is written and the FIN
+// goes as a kTmRndvFin. The QP's peer is one QP, so one reliable, ordered
+// stream carries every piece.
+// ---------------------------------------------------------------------------
+
+constexpr uint32_t kPiecesInFlight = 4;  // per QP
+
+uint32_t pieces_in_flight(const Qp& qp) {
+    uint32_t n = 0;
+    for (const PendingRendezvous& p : qp.tm_rendezvous) n += p.asked - p.answered;
+    return n;
+}
+
+void note_deadline(Context& ctx, uint64_t when) {
+    if (when && (!ctx.next_deadline_ns || when < ctx.next_deadline_ns)) ctx.next_deadline_ns = when;
+}
+
+// Piece `k`'s part of the tagged buffer, as spans (`pins`: their mappings).
+uint32_t piece_target(Context& ctx, const PendingRendezvous& p, uint32_t k, Span* out, uint32_t& n, uint64_t& len,
+                      Pins* pins) {
+    Srq* srq = ctx.srqs.get(p.srq);
+    if (!srq) return IBV_WC_LOC_QP_OP_ERR;
+    Span all[abi::kMaxTmSge];
+    uint32_t na = 0;
+    uint64_t cap = 0;
+    uint32_t st = resolve_sges(ctx, srq->pd, p.sge, p.num_sge, IBV_ACCESS_LOCAL_WRITE, all, na, cap, pins);
+    const uint64_t total = read_rvh(p.headers).len;
+    if (st == IBV_WC_SUCCESS && cap < total) st = IBV_WC_LOC_LEN_ERR;  // its MR changed meanwhile
+    if (st != IBV_WC_SUCCESS) return st;
+    const uint64_t off = uint64_t(k) * Engine::kSliceBytes;
+    len = std::min<uint64_t>(Engine::kSliceBytes, total - off);
+    n = 0;
+    uint64_t skip = off, want = len;
+    for (uint32_t i = 0; i < na && want; ++i) {
+        if (skip >= all[i].len) {
+            skip -= all[i].len;
+            continue;
+        }
+        const uint64_t take = std::min(all[i].len - skip, want);
+        out[n++] = Span{all[i].p + skip, take};
+        want -= take;
+        skip = 0;
+    }
+    return IBV_WC_SUCCESS;
+}
+
+// The data is in: the DATA_VALID completion, and the FIN is next.
+void data_arrived(Context& ctx, Qp& qp, PendingRendezvous& p) {
+    abi::Cqe c = rendezvous_cqe(p);
+    c.wc_flags = IBV_WC_TM_DATA_VALID;
+    c.byte_len = read_rvh(p.headers).len;
+    cq_push(ctx, p.cq, c);
+    p.fin_due = true;
+    ctx.mark_work(qp);
+}
+
+// The rendezvous failed: its data completion says how.
+void rendezvous_failed(Context& ctx, PendingRendezvous& p, uint32_t status) {
+    abi::Cqe c = rendezvous_cqe(p);
+    c.status = status;
+    cq_push(ctx, p.cq, c);
+}
+
+uint32_t status_of(const Response& r) {
+    switch (r.syndrome) {
+    case Syndrome::NakAccess:
+        return IBV_WC_REM_ACCESS_ERR;
+    case Syndrome::NakInvReq:
+        return IBV_WC_REM_INV_REQ_ERR;
+    case Syndrome::LocalFault:
+        return IBV_WC_LOC_PROT_ERR;
+    case Syndrome::Drop:  // the sending QP is gone, reset, or another one
+        return IBV_WC_REM_ABORT_ERR;
+    default:
+        return IBV_WC_REM_OP_ERR;
+    }
+}
+
+// Answer `k` of `p` (`local_error`: its data could not be written here).
+// True once `p` is finished (failed).
+bool take_answer(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p, const Response& r, uint32_t local_error) {
+    const uint32_t st = local_error ? local_error : r.syndrome == Syndrome::Ack ? uint32_t(IBV_WC_SUCCESS) : status_of(r);
+    if (st != IBV_WC_SUCCESS) {
+        rendezvous_failed(ctx, p, st);
+        return true;
+    }
+    ++p.answered;
+    p.since_ns = eng.now();  // progress: the timer of what is still in flight starts again
+    if (p.answered == p.pieces) data_arrived(ctx, qp, p);
+    else ctx.mark_work(qp);  // room for another piece
+    return false;
+}
+
+// The rendezvous of `qp` whose next answer is PSN `psn`, and that piece.
+PendingRendezvous* awaiting(Qp& qp, uint32_t psn, uint32_t& k) {
+    for (PendingRendezvous& p : qp.tm_rendezvous) {
+        if (!p.remote || p.answered == p.asked) continue;
+        if (((psn - p.first_psn) & kPsnMask) != p.answered) return nullptr;  // answers come in order
+        k = p.answered;
+        return &p;
+    }
+    return nullptr;
+}
+
+enum class RemoteStep { Finished, Waiting, Stop };
+
+// Sends what `p` may send now: pieces while the window allows, or the FIN.
+RemoteStep step_remote(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) {
+    Transport* t = requester_route(eng, qp);
+    const uint64_t now = eng.now();
+    if (p.asked > p.answered) {
+        // No answer for the QP's timeout, from a transport that is not
+        // still delivering: the sender's shim is gone.
+        const uint64_t due = p.since_ns + ack_timeout_ns(qp.attr.timeout);
+        if (now >= due && !(t && t->delivering_since(p.since_ns))) {
+            rendezvous_failed(ctx, p, IBV_WC_REM_ABORT_ERR);
+            return RemoteStep::Finished;
+        }
+        note_deadline(ctx, now >= due ? now + ack_timeout_ns(qp.attr.timeout) : due);
+    }
+    if (!t) {  // no way to the sender any more
+        if (!p.fin_due) rendezvous_failed(ctx, p, IBV_WC_REM_ABORT_ERR);
+        return RemoteStep::Finished;
+    }
+    if (p.pieces == 0 && !p.fin_due) data_arrived(ctx, qp, p);
+    const Rvh r = read_rvh(p.headers);
+    Request req;
+    req.qp_type = IBV_QPT_RC;
+    requester_stamp(ctx, qp, req);
+    req.dlid = qp.attr.ah.dlid;
+    req.dqpn = qp.attr.dest_qp_num;
+    req.sl = qp.attr.ah.sl;
+    Response resp;
+    if (p.fin_due) {
+        req.opcode = kTmRndvFin;
+        req.psn = (p.first_psn + p.pieces) & kPsnMask;
+        std::memcpy(req.sgid, p.headers, 16);
+        std::memcpy(req.dgid, p.headers + 16, 16);
+        // Sent once: the stream is reliable, and an answer changes nothing.
+        return t->send(eng, ctx, qp, req, nullptr, 0, nullptr, resp) == SendResult::Busy ? RemoteStep::Stop
+                                                                                           : RemoteStep::Finished;
+    }
+    req.opcode = kTmRndvRead;
+    req.rkey = r.rkey;
+    while (p.asked < p.pieces && pieces_in_flight(qp) < kPiecesInFlight) {
+        if (eng.turn_spent()) return RemoteStep::Stop;
+        Span spans[abi::kMaxTmSge];
+        uint32_t n = 0;
+        uint64_t len = 0;
+        Pins* pins = t->keeps_memory() ? &eng.scratch_pins() : nullptr;
+        if (pins) pins->clear();
+        const uint32_t st = piece_target(ctx, p, p.asked, spans, n, len, pins);
+        if (st != IBV_WC_SUCCESS) {
+            rendezvous_failed(ctx, p, st);
+            return RemoteStep::Finished;
+        }
+        req.psn = (p.first_psn + p.asked) & kPsnMask;
+        req.remote_addr = r.va + uint64_t(p.asked) * Engine::kSliceBytes;
+        req.length = len;
+        const SendResult sent = t->send(eng, ctx, qp, req, spans, n, pins, resp);
+        if (sent == SendResult::Busy) return RemoteStep::Stop;  // the transport wakes the QP when it has room
+        eng.charge_turn(Engine::kWqeCost);
+        if (p.asked++ == p.answered) p.since_ns = now;
+        if (sent == SendResult::Done && take_answer(eng, ctx, qp, p, resp, 0)) return RemoteStep::Finished;
+    }
+    if (p.asked > p.answered) note_deadline(ctx, p.since_ns + ack_timeout_ns(qp.attr.timeout));
+    return RemoteStep::Waiting;
 }
 
 }  // namespace
@@ -384,10 +567,47 @@ void tm_finish(Delivery& d, bool payload_ok) {
 }
 
 void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp) {
-    size_t done = 0;
-    while (done < qp.tm_rendezvous.size() && step_rendezvous(eng, ctx, qp, qp.tm_rendezvous[done])) ++done;
-    qp.tm_rendezvous.erase(qp.tm_rendezvous.begin(), qp.tm_rendezvous.begin() + ptrdiff_t(done));
-    if (!qp.tm_rendezvous.empty()) ctx.mark_skipped(qp);  // the turn is spent: the rest on the next pass
+    // In order: a direct read runs while the turn lasts; a remote one sends
+    // what it may and the next one goes on (its pieces wait behind it).
+    std::vector<PendingRendezvous>& v = qp.tm_rendezvous;
+    size_t kept = 0;
+    bool stopped = false;
+    for (size_t i = 0; i < v.size(); ++i) {
+        bool finished = false;
+        if (!stopped) {
+            if (!v[i].remote) {
+                finished = step_rendezvous(eng, ctx, qp, v[i]);
+                stopped = !finished;
+            } else {
+                const RemoteStep s = step_remote(eng, ctx, qp, v[i]);
+                finished = s == RemoteStep::Finished;
+                stopped = s == RemoteStep::Stop || (s == RemoteStep::Waiting && v[i].asked < v[i].pieces);
+            }
+        }
+        if (finished) continue;
+        if (kept != i) v[kept] = v[i];
+        ++kept;
+    }
+    v.resize(kept);
+    if (stopped && eng.turn_spent()) ctx.mark_skipped(qp);  // the turn is spent: the rest on the next pass
+}
+
+void tm_answered(Engine& eng, Context& ctx, Qp& qp, const Response& resp, uint32_t local_error) {
+    uint32_t k = 0;
+    PendingRendezvous* p = awaiting(qp, resp.psn, k);
+    if (!p || !take_answer(eng, ctx, qp, *p, resp, local_error)) return;
+    qp.tm_rendezvous.erase(qp.tm_rendezvous.begin() + (p - qp.tm_rendezvous.data()));
+}
+
+uint32_t tm_read_target(Context& ctx, Qp& qp, uint32_t psn, Span* out, uint32_t& spans, uint64_t& len, Pins* pins) {
+    uint32_t k = 0;
+    PendingRendezvous* p = awaiting(qp, psn, k);
+    if (!p || k >= p->pieces) return IBV_WC_LOC_QP_OP_ERR;
+    return piece_target(ctx, *p, k, out, spans, len, pins);
+}
+
+void tm_deliver_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint16_t lid) {
+    deliver_fin(sctx, sq, headers, qpn, lid);
 }
 
 void tm_flush_rendezvous(Context& ctx, Qp& qp) {

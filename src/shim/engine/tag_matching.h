@@ -14,11 +14,14 @@
 //   RNDV, tag matched   the shim reads the sender's buffer named by the
 //                       rendezvous header into the tagged buffer and sends
 //                       the sender a FIN message; two completions (MATCH,
-//                       then DATA_VALID). A sender the shim cannot read
-//                       directly (another worker or shim) completes the
-//                       buffer with IBV_WC_TM_RNDV_INCOMPLETE and the
-//                       headers in it, for software to finish, as the
-//                       verbs allow;
+//                       then DATA_VALID). A sender on this worker is read
+//                       directly; one on another worker or shim through
+//                       the QP's transport, with the shim's own requests
+//                       (request.h: kTmRndvRead, kTmRndvFin), as a device
+//                       reads with RDMA READs. Data larger than the tagged
+//                       buffer completes it with IBV_WC_TM_RNDV_INCOMPLETE
+//                       and the headers in it, for software to finish, as
+//                       the verbs allow;
 //   no match            the whole message goes to an ordinary buffer as
 //                       unexpected (IBV_WC_TM_RECV, no flags), counted;
 //   NO_TAG              the whole message goes to an ordinary buffer
@@ -67,6 +70,20 @@ void tm_finish(Delivery& d, bool payload_ok);
 void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp);
 // The QP failed: each matched rendezvous completes flushed.
 void tm_flush_rendezvous(Context& ctx, Qp& qp);
+
+// The answer (resp.tm) to one of `qp`'s rendezvous requests; `local_error`:
+// its data could not be written here (an asynchronous transport's
+// status). Answers out of order, or for a rendezvous that ended, are
+// ignored.
+void tm_answered(Engine& eng, Context& ctx, Qp& qp, const Response& resp, uint32_t local_error);
+// Where the data of `qp`'s rendezvous read `psn` goes, for a transport
+// that reads it in later (the fabric): IBV_WC_SUCCESS, a local error, or
+// IBV_WC_LOC_QP_OP_ERR when no such read waits.
+uint32_t tm_read_target(Context& ctx, Qp& qp, uint32_t psn, Span* out, uint32_t& spans, uint64_t& len, Pins* pins);
+
+// A rendezvous FIN (kTmRndvFin) to QP `sq` from QP `qpn` at `lid`:
+// `headers` (32 bytes) are the rendezvous' TMH and RVH.
+void tm_deliver_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, uint16_t lid);
 
 // One tag list operation (the TmOp command): 0 or a positive errno. ADD
 // returns the entry's handle in `handle`.

@@ -8,7 +8,7 @@ namespace vrdma::shim {
 
 bool move_payload(const Request& req, Delivery& d, const Span* local, uint32_t nlocal, uint64_t at,
                   uint64_t bytes) {
-    const bool read = req.opcode == IBV_WR_RDMA_READ;
+    const bool read = request_reads(req.opcode);
     CopyFault f = read ? copy_sg(local, nlocal, at, d.spans, d.nspans, at, bytes)
                        : copy_sg(d.spans, d.nspans, d.skip + at, local, nlocal, at, bytes);
     if (f == CopyFault::None) return true;

@@ -11,7 +11,7 @@ void SlicedCopyDeleter::operator()(SlicedCopy* s) const { delete s; }
 
 bool sliceable(const Request& req) {
     return req.length > Engine::kSliceBytes && req.qp_type != IBV_QPT_UD &&
-           (request_carries_payload(req.opcode) || req.opcode == IBV_WR_RDMA_READ);
+           (request_carries_payload(req.opcode) || request_reads(req.opcode));
 }
 
 bool same_request(const Request& a, const Request& b) {

@@ -12,6 +12,7 @@
 #include "payload_move.h"
 #include "requester.h"
 #include "sliced_transfer.h"
+#include "tag_matching.h"
 
 namespace vrdma::shim {
 
@@ -67,7 +68,7 @@ void WorkerLink::fill_request(WorkerMsg& m, const Request& req, const Span* loca
     m.req = req;
     m.req.wqe = nullptr;  // the sender's scratch: not valid in another thread
     m.offset = 0;
-    m.bytes = req.opcode == IBV_WR_RDMA_READ || request_carries_payload(req.opcode) ? req.length : 0;
+    m.bytes = request_reads(req.opcode) || request_carries_payload(req.opcode) ? req.length : 0;
     m.first = m.last = true;
     m.pins.clear();
     if (req.inline_payload) {
@@ -91,7 +92,10 @@ void WorkerLink::fill_request(WorkerMsg& m, const Request& req, const Span* loca
 SendResult WorkerLink::send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
                             uint32_t nlocal, Pins* pins, Response&) {
     SlicedCopy* s = qp.sliced.get();
-    if (s && s->active && (s->owner != this || !same_request(s->req, req))) abandon_transfer(eng, qp);
+    // A rendezvous request (tag_matching.h) goes whole between the slices
+    // of the requester's transfer, which it leaves alone.
+    if (s && s->active && !is_tm_request(req.opcode) && (s->owner != this || !same_request(s->req, req)))
+        abandon_transfer(eng, qp);
     // What waits for room goes first: a request must not pass an Abort.
     flush();
     if (!waiting_.empty()) {
@@ -190,6 +194,7 @@ void WorkerLink::answer(const Request& req, const Response& resp, Pins& pins) {
     WorkerMsg& m = answer_slot();
     m.kind = req.qp_type == IBV_QPT_RC ? WorkerMsg::Kind::Response : WorkerMsg::Kind::Sent;
     m.resp = resp;
+    m.resp.tm = is_tm_request(req.opcode);  // a drop decided here too
     m.lid = req.slid;
     m.qpn = req.sqpn;
     m.peer_lid = req.dlid;
@@ -264,7 +269,11 @@ void WorkerLink::on_answer(WorkerMsg& m) {
         break;
     case WorkerMsg::Kind::Response: {
         Engine::QpRef q = eng_.find_qp(m.lid, m.qpn);
-        if (q && q.qp->type == IBV_QPT_RC && q.qp->attr.ah.dlid == m.peer_lid && q.qp->attr.dest_qp_num == m.peer_qpn)
+        if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != m.peer_lid || q.qp->attr.dest_qp_num != m.peer_qpn)
+            break;
+        if (m.resp.tm)
+            tm_answered(eng_, *q.ctx, *q.qp, m.resp, 0);
+        else
             requester_on_response(eng_, *q.ctx, *q.qp, m.resp);
         break;
     }

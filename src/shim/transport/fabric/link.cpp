@@ -17,6 +17,7 @@
 #include "psn.h"
 #include "qp_state.h"
 #include "requester.h"
+#include "tag_matching.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim::fabric {
@@ -735,6 +736,7 @@ void Link::finish_request(InMsg& m) {
     }
     const Request& req = m.req;
     Delivery& d = m.d;
+    d.resp.tm = is_tm_request(req.opcode);  // a drop decided here too
     if (m.aborted || m.faulted) {
         // A page was lost under the payload: as with the same fault on one
         // shim (local_transport.cpp), the side whose memory it was fails.
@@ -760,7 +762,7 @@ void Link::finish_request(InMsg& m) {
     // it as the loss it stands for), so that over a live connection silence
     // only ever means a slow network, never a refused request.
     const bool ack = d.resp.syndrome == Syndrome::Ack;
-    const bool read = ack && req.opcode == IBV_WR_RDMA_READ;
+    const bool read = ack && request_reads(req.opcode);
     const bool plain = ack && request_carries_payload(req.opcode);
     queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, plain, read ? &d : nullptr, &m.pins);
 }
@@ -777,13 +779,16 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     if (resp.syndrome != Syndrome::Ack) return;
     Engine::QpRef q = eng_->find_qp(hdr_.dst_lid, hdr_.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
-        q.qp->attr.dest_qp_num != hdr_.src_qpn || resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons ||
+        q.qp->attr.dest_qp_num != hdr_.src_qpn ||
         (q.qp->peer_incarnation && resp.incarnation != q.qp->peer_incarnation))
         return;  // stale, or from another QP with that QPN: nobody waits for this data
-    // The ACK of a READ must bring exactly the bytes asked for; data for
+    if (!resp.tm && (resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons)) return;  // stale
+    // The ACK of a READ (the requester's, or a rendezvous read:
+    // tag_matching.h) must bring exactly the bytes asked for; data for
     // anything else is a bad response.
     uint64_t len = 0;
-    uint32_t st = requester_read_target(*eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
+    uint32_t st = resp.tm ? tm_read_target(*q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins)
+                          : requester_read_target(*eng_, *q.ctx, *q.qp, resp.psn, m.spans, m.nspans, len, &m.pins);
     if (st == IBV_WC_LOC_QP_OP_ERR && !length) return;  // not a READ: a plain ACK
     if (st == IBV_WC_SUCCESS && len != length) st = IBV_WC_BAD_RESP_ERR;
     if (st == IBV_WC_LOC_QP_OP_ERR) st = IBV_WC_BAD_RESP_ERR;
@@ -801,7 +806,9 @@ void Link::finish_response(InMsg& m) {
     // not be written here.
     if (!m.local_error && m.aborted) m.local_error = IBV_WC_REM_ACCESS_ERR;
     if (!m.local_error && m.faulted) m.local_error = IBV_WC_LOC_PROT_ERR;
-    if (m.local_error)
+    if (m.resp.tm)
+        tm_answered(*eng_, *q.ctx, *q.qp, m.resp, m.local_error);
+    else if (m.local_error)
         requester_local_error(*eng_, *q.ctx, *q.qp, m.resp.psn, m.local_error);
     else
         requester_on_response(*eng_, *q.ctx, *q.qp, m.resp);

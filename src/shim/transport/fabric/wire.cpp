@@ -45,6 +45,7 @@ WireRequest encode(const Request& r) {
 bool decode(const WireRequest& w, Request& r) {
     if (w.qp_type != IBV_QPT_RC && w.qp_type != IBV_QPT_UD && w.qp_type != IBV_QPT_UC) return false;
     if (!is_request_opcode(w.opcode)) return false;
+    if (is_tm_request(w.opcode) && w.qp_type != IBV_QPT_RC) return false;
     if (w.psn > kPsnMask || w.sqpn > kPsnMask || w.dqpn > kPsnMask) return false;
     if (w.sl > 15 || w.solicited > 1 || w.has_imm > 1 || w.grh > 1) return false;
     if (w.length > kMaxMsgSize) return false;
@@ -85,6 +86,7 @@ WireResponse encode(const Response& r, uint64_t length) {
     WireResponse w{};
     w.syndrome = uint8_t(r.syndrome);
     w.rnr_timer = r.rnr_timer;
+    w.flags = r.tm ? kRespTm : 0;
     w.psn = r.psn;
     w.atomic_orig = r.atomic_orig;
     w.length = length;
@@ -94,6 +96,8 @@ WireResponse encode(const Response& r, uint64_t length) {
 
 bool decode(const WireResponse& w, Response& r, uint64_t& length) {
     if (w.syndrome > kSyndromeMax || w.rnr_timer > 31 || w.psn > kPsnMask || w.length > kMaxMsgSize) return false;
+    if (w.flags & ~kRespTm) return false;
+    r.tm = (w.flags & kRespTm) != 0;
     r.syndrome = Syndrome(w.syndrome);
     r.rnr_timer = w.rnr_timer;
     r.psn = w.psn;

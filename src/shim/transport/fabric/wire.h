@@ -30,8 +30,9 @@ constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // modes by generation; 7: workers (a connection joins one worker of each
 // shim: the dialer names the one it wants); 8: rdma_cm messages (SegType::Cm);
 // 9: multicast (a UD request to a multicast LID, for the receiving worker's
-// members of the group)
-constexpr uint32_t kProtocolVersion = 9;
+// members of the group); 10: tag-matching rendezvous requests (request.h:
+// kTmRndvRead, kTmRndvFin) and kRespTm in responses
+constexpr uint32_t kProtocolVersion = 10;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
 // Random per shim start: tells a restarted peer apart, and a connection of
@@ -133,10 +134,13 @@ struct WireRequest {
 };
 static_assert(sizeof(WireRequest) == 128);
 
+// WireResponse::flags
+enum RespFlags : uint16_t { kRespTm = 1 };  // Response::tm
+
 struct WireResponse {
     uint8_t syndrome;
     uint8_t rnr_timer;
-    uint16_t reserved;
+    uint16_t flags;  // RespFlags
     uint32_t psn;
     uint64_t atomic_orig;
     uint64_t length;       // READ: bytes of data that follow as payload
