@@ -7,11 +7,7 @@
 namespace vrdma::shim {
 
 int cmd_query_device(Engine& eng, Context& ctx, const uint8_t*, uint8_t* resp) {
-    abi::DeviceAttr a = make_device_attr(ctx.guest(), ctx.quotas());
-    // Through an RDMA device, UD QPs receive on it: no multicast (cmd_mcast.cpp).
-    // Nor tag matching (cmd_srq.cpp).
-    if (eng.hca()) a.max_mcast_grp = a.max_mcast_qp_attach = a.max_total_mcast_qp_attach = a.max_tm_tags = 0;
-    store_resp(resp, a);
+    store_resp(resp, eng.device_attr(ctx));
     return 0;
 }
 

@@ -21,7 +21,7 @@ int mcast_command(Engine& eng, Context& ctx, const uint8_t* req, bool attach) {
     if (!qp) return ENOENT;
     // As the kernel (ib_attach_mcast) on an IB port: a multicast MLID too.
     if (qp->type != IBV_QPT_UD || !is_multicast_gid(r.gid) || !is_multicast_lid(r.lid)) return EINVAL;
-    if (attach && (eng.hca() || qp->device_bound)) return EOPNOTSUPP;
+    if (attach && eng.device_attr(ctx).max_mcast_grp == 0) return EOPNOTSUPP;  // a transport holds UD receives
     MulticastGroups& groups = eng.shared().multicast();
     const uint16_t lid = ctx.guest().lid;
     return attach ? groups.attach(lid, qp->qpn, r.gid) : groups.detach(lid, qp->qpn, r.gid);

@@ -4,7 +4,7 @@
 #include <cerrno>
 
 #include "commands.h"
-#include "hca_device.h"
+#include "transport.h"
 #include "memory_windows.h"
 
 namespace vrdma::shim {
@@ -43,11 +43,8 @@ int cmd_alloc_pd(Engine& eng, Context& ctx, const uint8_t*, uint8_t* resp) {
     PendingCharges charge(ctx);
     if (!charge.take(Res::Pd, 1, "AllocPd")) return ENOMEM;
     auto pd = std::make_unique<Pd>();
-    if (eng.hca()) {
-        int err = 0;
-        pd->dev = eng.hca()->alloc_pd(err);  // the guest's memory and QPs on the device are in it
-        if (!pd->dev) return err;
-    }
+    for (Transport* t : eng.object_keepers())
+        if (int err = t->pd_made(eng, *pd)) return err;
     uint32_t h = ctx.pds.insert(std::move(pd));
     if (!h) return ENOMEM;
     charge.keep();
@@ -98,21 +95,19 @@ int cmd_reg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     mr->addr = r.iova;
     mr->length = r.length;
     mr->charged_bytes = charged_bytes;
-    // With a device, the memory is registered there too, at the addresses
-    // work requests name it by, and the device's key is the MR's
-    // (hca_device.h). Memory the device refuses (an iova whose offset in
-    // its page differs from the memory's, as a zero-based MR's may) still
-    // serves this host and TCP.
-    if (pd->dev && r.length && !mr->on_demand) {
-        int derr = 0;
-        auto d = eng.hca()->reg_mr(pd->dev, mr->mem.host, r.length, r.iova, mr->access, derr);
-        if (d) mr->dev.reset(d.release());
+    // A transport that keeps MRs of its own (a device: hca_device.h)
+    // registers the memory too, at the addresses work requests name it by,
+    // and its key is the MR's.
+    uint32_t made_key = 0;
+    for (Transport* t : eng.object_keepers()) {
+        const Transport::MrShape shape{mr->mem.host, r.length, r.iova, mr->access};
+        if (int err = t->mr_made(eng, *pd, *mr, shape, false, mr->dev, made_key)) return err;
     }
     Mr* m = mr.get();
     uint32_t h = ctx.mrs.insert(std::move(mr));
     if (!h) return ENOMEM;
-    if (m->dev) {
-        m->key = device_mr_key(*m->dev);
+    if (made_key) {
+        m->key = made_key;
         if (!ctx.keys.insert(m->key, h, KeyKind::Mr)) {  // taken by a window's key: refuse rather than alias
             ctx.mrs.erase(h);
             return ENOMEM;
@@ -168,21 +163,24 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         if (int err = ctx.segments.map_range(r.addr, r.length, mem, ctx.charges.usage())) return err;
     }
     const uint32_t access = (r.flags & IBV_REREG_MR_CHANGE_ACCESS) ? r.access & ~kMakingAccess : mr->access;
-    if (mr->dev) {
+    // A transport's own MR is made again as the MR will be; its key
+    // becomes the MR's.
+    for (Transport* t : eng.object_keepers()) {
         const bool moved = r.flags & IBV_REREG_MR_CHANGE_TRANSLATION;
         const Pd* pd = new_pd ? new_pd : ctx.pds.get(mr->pd);
-        if (!pd || !pd->dev) return EINVAL;
-        int derr = 0;
-        auto d = eng.hca()->reg_mr(pd->dev, moved ? mem.host : mr->mem.host, moved ? r.length : mr->length,
-                                   moved ? r.addr : mr->addr, access, derr);
-        if (!d) return derr;  // reg_mr sets an errno on failure
-        const uint32_t key = device_mr_key(*d);
+        if (!pd) return EINVAL;
+        const Transport::MrShape shape{moved ? mem.host : mr->mem.host, moved ? r.length : mr->length,
+                                       moved ? r.addr : mr->addr, access};
+        std::unique_ptr<DeviceMr, DeviceMrDeleter> made;
+        uint32_t key = 0;
+        if (int err = t->mr_made(eng, *pd, *mr, shape, true, made, key)) return err;
+        if (!made) continue;
         if (key != mr->key) {
             if (!ctx.keys.insert(key, r.mr_handle, KeyKind::Mr)) return ENOMEM;
             ctx.keys.release(mr->key);
             mr->key = key;
         }
-        mr->dev.reset(d.release());  // the old device MR is deregistered here
+        mr->dev = std::move(made);  // the old one goes here
     }
     if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
         ctx.charges.give(Res::MrBytes, mr->charged_bytes);
@@ -203,7 +201,8 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
 }
 
 // A window starts unbound, its rkey already its own (memory_windows.h).
-// With a device, the device's window and its rkey (hca_device.h).
+// A transport that keeps windows of its own (a device: hca_device.h) gives
+// it its window and rkey.
 int cmd_alloc_mw(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdAllocMwReq>(req);
     Pd* pd = ctx.pds.get(r.pd_handle);
@@ -217,14 +216,15 @@ int cmd_alloc_mw(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     Mw* w = mw.get();
     uint32_t h = ctx.mws.insert(std::move(mw));
     if (!h) return ENOMEM;
-    if (eng.hca() && pd->dev && eng.hca()->takes_windows(r.type)) {
-        int err = 0;
-        std::unique_ptr<DeviceMw> d = eng.hca()->alloc_mw(pd->dev, r.type, err);
+    for (Transport* t : eng.object_keepers()) {
+        std::unique_ptr<DeviceMw, DeviceMwDeleter> made;
+        uint32_t key = 0;
+        t->mw_made(eng, *pd, r.type, made, key);
         // A key whose index is live already (a key of the shim's own) is
         // not taken twice: the window is then the shim's only.
-        if (d && ctx.keys.insert(d->mw->rkey, h, KeyKind::Mw)) {
-            w->key = d->mw->rkey;
-            w->dev.reset(d.release());
+        if (made && !w->key && ctx.keys.insert(key, h, KeyKind::Mw)) {
+            w->key = key;
+            w->dev = std::move(made);
         }
     }
     if (!w->key) w->key = ctx.keys.alloc(h, KeyKind::Mw);

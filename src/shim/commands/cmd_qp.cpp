@@ -7,8 +7,7 @@
 #include "async_events.h"
 #include "sliced_transfer.h"
 #include "commands.h"
-#include "hca_bind.h"
-#include "hca_device.h"
+#include "transport.h"
 #include "qp_state.h"
 #include "requester.h"
 #include "vrdma/ring.h"
@@ -127,12 +126,13 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     if (int err = setup_wq(ctx, r.sq_gva, r.sq_entries, r.sq_stride, qp->sq)) return err;
     if (!srq && !xrc_send)
         if (int err = setup_wq(ctx, r.rq_gva, r.rq_entries, r.rq_stride, qp->rq)) return err;
-    // With a device, the device QP's number is the QP's (hca_bind.h). XRC
-    // runs on this host and the TCP fabric only.
+    // A transport's own QP (a device's: hca_bind.h) gives the QP its
+    // number. XRC runs on this host and the TCP fabric only.
+    uint32_t qpn = 0;
     if (!xrc_send)
-        qp->dev = hca_create_qp(eng, *pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge,
-                                r.max_recv_sge, r.max_inline_data);
-    uint32_t qpn = qp->dev ? qp->dev->qp->qp_num : eng.alloc_qpn();
+        for (Transport* t : eng.object_keepers())
+            if (!qpn) qpn = t->qp_made(eng, *pd, srq, *qp, r);
+    if (!qpn) qpn = eng.alloc_qpn();
     if (!qpn) return ENOMEM;
     qp->type = xrc_send ? uint32_t(IBV_QPT_RC) : r.qp_type;
     qp->xrc = xrc_send ? XrcRole::Send : XrcRole::None;
@@ -173,9 +173,11 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
 
     const abi::QpAttr before = qp->attr;
     qp_apply_attrs(*qp, r.attr, mask);
-    if (int err = hca_follow(eng, ctx, *qp, next)) {
-        qp->attr = before;  // refused: the QP stays as it was
-        return err;
+    for (Transport* t : eng.object_keepers()) {
+        if (int err = t->qp_moving(eng, ctx, *qp, next)) {
+            qp->attr = before;  // refused: the QP stays as it was
+            return err;
+        }
     }
     if (mask & IBV_QP_AV) qp->route_gen = 0;  // bind the transport of the new destination
     // A large local transfer this QP was moving stops here; its receive, if

@@ -4,7 +4,7 @@
 #include <cerrno>
 
 #include "commands.h"
-#include "hca_bind.h"
+#include "transport.h"
 #include "tag_matching.h"
 #include "work_queue.h"
 
@@ -23,9 +23,9 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
         cq = ctx.cqs.get(r.cq_handle);
         if (!xrcd || !cq) return EINVAL;
     } else if (r.srq_type == IBV_SRQT_TM) {
-        // Tag matching is the shim's (tag_matching.h): not with a device,
-        // whose SRQs the shim does not see.
-        if (eng.hca()) return EOPNOTSUPP;
+        // Tag matching is the shim's (tag_matching.h): not where a
+        // transport holds SRQs the shim does not see.
+        if (eng.device_attr(ctx).max_tm_tags == 0) return EOPNOTSUPP;
         cq = ctx.cqs.get(r.cq_handle);
         if (!cq || r.xrcd_handle || r.max_num_tags == 0 || r.max_num_tags > kTmMaxTags) return EINVAL;
     } else if (r.srq_type != IBV_SRQT_BASIC || r.xrcd_handle || r.cq_handle) {
@@ -58,9 +58,9 @@ int cmd_create_srq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     // 24 bits, and another guest may turn it).
     while (xrcd && (srq->srqn == 0 || ctx.xrc_srqs.count(srq->srqn))) srq->srqn = eng.alloc_srqn();
     srq->user_handle = r.user_handle;
-    // XRC and tag matching run on this host and the TCP fabric only: no
-    // device SRQ.
-    if (!xrcd && r.srq_type == IBV_SRQT_BASIC) srq->dev = hca_create_srq(eng, *pd, r.entries, r.max_sge);
+    // XRC and tag matching run on this host and the TCP fabric only.
+    if (!xrcd && r.srq_type == IBV_SRQT_BASIC)
+        for (Transport* t : eng.object_keepers()) t->srq_made(eng, *pd, *srq);
     if (r.srq_type == IBV_SRQT_TM) {
         srq->tm = std::make_unique<TagList>();
         srq->tm->entries.resize(r.max_num_tags);

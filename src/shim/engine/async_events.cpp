@@ -1,6 +1,6 @@
 #include "async_events.h"
 
-#include "hca_device.h"
+#include "transport.h"
 #include "work_queue.h"
 
 #include <infiniband/verbs.h>
@@ -32,9 +32,8 @@ void post_port_event(Context& ctx, uint32_t event_type) { ctx.post_async_event(e
 void post_device_fatal(Context& ctx) { ctx.post_async_event(IBV_EVENT_DEVICE_FATAL, 0); }
 
 void qp_entered_error(Context& ctx, Qp& qp) {
-    // Its device QP stops too: the receives it holds must not take data
-    // the guest was told were flushed.
-    if (qp.device_bound) qp.dev->to_error();
+    // The transport that carries it stops it too (a device QP).
+    if (qp.transport) qp.transport->qp_failed(qp);
     if (qp.srq) post_qp_event(ctx, qp, IBV_EVENT_QP_LAST_WQE_REACHED);
 }
 

@@ -225,6 +225,12 @@ Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     return ref && ref.ctx->guest().lid == lid ? ref : QpRef{};
 }
 
+abi::DeviceAttr Engine::device_attr(const Context& ctx) const {
+    abi::DeviceAttr a = make_device_attr(ctx.guest(), ctx.quotas());
+    for (const Transport* t : keepers_) t->limit_device(a);
+    return a;
+}
+
 uint64_t Engine::next_deadline_ns() const {
     uint64_t best = 0;
     for (auto& [id, c] : contexts_)

@@ -169,7 +169,15 @@ public:
     void set_hca(HcaDevice* dev, Transport* transport) {
         hca_ = dev;
         hca_transport_ = transport;
+        keepers_.push_back(transport);
     }
+    // The transports that keep objects of their own beside the guests'
+    // (transport.h, "The guest's objects"): the device's, with --hca. The
+    // command handlers go through them.
+    const std::vector<Transport*>& object_keepers() const { return keepers_; }
+    // What a guest's vrdma0 offers here: its limits (device_model.h), less
+    // what a keeper takes away.
+    abi::DeviceAttr device_attr(const Context& ctx) const;
     HcaDevice* hca() const { return hca_; }
     // The fabric's directory of UD QPs on the peers' devices (null: no fabric).
     void set_ud_directory(UdDirectory* d) { ud_directory_ = d; }
@@ -282,6 +290,7 @@ private:
     LocalTransport local_;
     HcaDevice* hca_ = nullptr;
     Transport* hca_transport_ = nullptr;
+    std::vector<Transport*> keepers_;
     UdDirectory* ud_directory_ = nullptr;
     MulticastForwarder* mcast_forwarder_ = nullptr;
     std::shared_ptr<const McastView> mcast_view_;

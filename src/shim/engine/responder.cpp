@@ -9,7 +9,7 @@
 #include "cq_writer.h"
 #include "engine.h"
 #include "fault_guard.h"
-#include "hca_device.h"
+#include "transport.h"
 #include "memory_windows.h"
 #include "psn.h"
 #include "qkey_guard.h"
@@ -176,7 +176,7 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     if (dst.qp->device_bound) {
         // Its receives are on the device (hca_ud.h): a datagram that came
         // another way finds none, and is lost.
-        ++eng.hca()->stats().ud_lost;
+        if (dst.qp->transport) dst.qp->transport->datagram_missed(*dst.qp);
         return;
     }
     if (req.length > kPortMtuBytes) return;

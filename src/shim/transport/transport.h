@@ -10,13 +10,14 @@
 #include <cstdint>
 
 #include "request.h"
+#include "resources.h"
+#include "vrdma/abi.h"
 #include "work_queue.h"
 
 namespace vrdma::shim {
 
 class Engine;
 class Context;
-struct Qp;
 
 enum class SendResult {
     Done,      // the response is in `resp` and the payload has moved (local)
@@ -88,6 +89,62 @@ public:
                          int event = IBV_EVENT_QP_FATAL) {
         (void)lid, (void)qpn, (void)peer_lid, (void)peer_qpn, (void)event;
     }
+
+    // --- The guest's objects ---------------------------------------------
+    // A transport that keeps objects of its own beside the guest's (a
+    // device's PD, MRs, windows, SRQs and QPs: hca_bind.h) makes and
+    // changes them here, as the command handlers make and change the
+    // guest's, into the guest object's slot for them (resources.h), which
+    // goes with the guest object. The command handlers call every
+    // transport the engine keeps objects for (Engine::object_keepers) and
+    // name none. Errors are errnos that fail the command.
+
+    // What the guest's device offers, with this transport in the shim.
+    virtual void limit_device(abi::DeviceAttr& a) const { (void)a; }
+    virtual int pd_made(Engine& eng, Pd& pd) {
+        (void)eng, (void)pd;
+        return 0;
+    }
+    // Its MR for `mr` (new, or `rereg`: instead of the one it has), with
+    // the memory, addresses and access `shape` gives, into `made`, and the
+    // key the MR must take in `key` (0: none made). The command puts `made`
+    // in mr.dev once the key is the MR's.
+    struct MrShape {
+        uint8_t* host = nullptr;
+        uint64_t length = 0;
+        uint64_t iova = 0;
+        uint32_t access = 0;
+    };
+    virtual int mr_made(Engine& eng, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
+                        std::unique_ptr<DeviceMr, DeviceMrDeleter>& made, uint32_t& key) {
+        (void)eng, (void)pd, (void)mr, (void)shape, (void)rereg, (void)made, (void)key;
+        return 0;
+    }
+    // Its window of `type` in `pd` (none: `made` stays empty), its rkey in `key`.
+    virtual void mw_made(Engine& eng, const Pd& pd, uint32_t type, std::unique_ptr<DeviceMw, DeviceMwDeleter>& made,
+                         uint32_t& key) {
+        (void)eng, (void)pd, (void)type, (void)made, (void)key;
+    }
+    // A basic SRQ of `pd` (srq.wq and srq.max_sge set).
+    virtual void srq_made(Engine& eng, const Pd& pd, Srq& srq) { (void)eng, (void)pd, (void)srq; }
+    // A QP of type `r.qp_type` (not XRC) in `pd`, on `srq` if not null:
+    // the QPN it must take (its own QP's), or 0.
+    virtual uint32_t qp_made(Engine& eng, const Pd& pd, const Srq* srq, Qp& qp, const abi::CmdCreateQpReq& r) {
+        (void)eng, (void)pd, (void)srq, (void)qp, (void)r;
+        return 0;
+    }
+    // ModifyQp to `next`, the new attributes in qp.attr, before the guest
+    // QP changes state: the transport may take the QP (qp.transport) or
+    // refuse the change.
+    virtual int qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
+        (void)eng, (void)ctx, (void)qp, (void)next;
+        return 0;
+    }
+    // A QP this transport carries entered the error state.
+    virtual void qp_failed(Qp& qp) { (void)qp; }
+    // A datagram for a UD QP this transport carries, whose receives it
+    // holds, came another way: it is lost (and counted).
+    virtual void datagram_missed(const Qp& qp) { (void)qp; }
 };
 
 // The UD QPs on the devices of the peer shims (the fabric: fabric.h), for

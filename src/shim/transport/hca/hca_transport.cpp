@@ -1,5 +1,7 @@
 #include "hca_transport.h"
 
+#include <cerrno>
+
 #include "engine.h"
 #include "hca_bind.h"
 #include "hca_ud.h"
@@ -60,5 +62,67 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
     dev_.count_send(req.length);
     return SendResult::InFlight;
 }
+
+void HcaTransport::limit_device(abi::DeviceAttr& a) const {
+    // UD QPs receive on the device, where the shim's multicast groups never
+    // see a datagram (cmd_mcast.cpp); and the device's SRQs are out of
+    // reach of the shim's tag matching (cmd_srq.cpp).
+    a.max_mcast_grp = a.max_mcast_qp_attach = a.max_total_mcast_qp_attach = a.max_tm_tags = 0;
+}
+
+// The guest's memory and QPs on the device are in the device PD.
+int HcaTransport::pd_made(Engine&, Pd& pd) {
+    int err = 0;
+    pd.dev = dev_.alloc_pd(err);
+    return pd.dev ? 0 : err;
+}
+
+// Memory the device refuses at registration (an iova whose offset in its
+// page differs from the memory's, as a zero-based MR's may) still serves
+// this host and TCP; an MR that is on the device stays there, or its
+// re-registration fails.
+int HcaTransport::mr_made(Engine&, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
+                          std::unique_ptr<DeviceMr, DeviceMrDeleter>& made, uint32_t& key) {
+    if (rereg ? !mr.dev : (!shape.length || mr.on_demand)) return 0;
+    if (!pd.dev) return rereg ? EINVAL : 0;
+    int err = 0;
+    std::unique_ptr<DeviceMr> d = dev_.reg_mr(pd.dev, shape.host, shape.length, shape.iova, shape.access, err);
+    if (!d) return rereg ? err : 0;
+    key = device_mr_key(*d);
+    made.reset(d.release());
+    return 0;
+}
+
+void HcaTransport::mw_made(Engine&, const Pd& pd, uint32_t type, std::unique_ptr<DeviceMw, DeviceMwDeleter>& made,
+                           uint32_t& key) {
+    if (!pd.dev || !dev_.takes_windows(type)) return;
+    int err = 0;
+    std::unique_ptr<DeviceMw> d = dev_.alloc_mw(pd.dev, type, err);
+    if (!d) return;
+    key = d->mw->rkey;
+    made.reset(d.release());
+}
+
+void HcaTransport::srq_made(Engine& eng, const Pd& pd, Srq& srq) {
+    srq.dev = hca_create_srq(eng, pd, srq.wq.entries, srq.max_sge);
+}
+
+uint32_t HcaTransport::qp_made(Engine& eng, const Pd& pd, const Srq* srq, Qp& qp, const abi::CmdCreateQpReq& r) {
+    qp.dev = hca_create_qp(eng, pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
+                           r.max_inline_data);
+    return qp.dev ? qp.dev->qp->qp_num : 0;
+}
+
+int HcaTransport::qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
+    return hca_follow(eng, ctx, qp, next);
+}
+
+// The receives its device QP holds must not take data the guest was told
+// were flushed.
+void HcaTransport::qp_failed(Qp& qp) {
+    if (qp.device_bound) qp.dev->to_error();
+}
+
+void HcaTransport::datagram_missed(const Qp&) { ++dev_.stats().ud_lost; }
 
 }  // namespace vrdma::shim

@@ -42,6 +42,19 @@ public:
     // RETRY_EXC_ERR: the shim's timers never fire for it.
     bool delivering_since(uint64_t) const override { return true; }
 
+    // The guest's objects get the device's beside them (hca_bind.h).
+    void limit_device(abi::DeviceAttr& a) const override;
+    int pd_made(Engine& eng, Pd& pd) override;
+    int mr_made(Engine& eng, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
+                std::unique_ptr<DeviceMr, DeviceMrDeleter>& made, uint32_t& key) override;
+    void mw_made(Engine& eng, const Pd& pd, uint32_t type, std::unique_ptr<DeviceMw, DeviceMwDeleter>& made,
+                 uint32_t& key) override;
+    void srq_made(Engine& eng, const Pd& pd, Srq& srq) override;
+    uint32_t qp_made(Engine& eng, const Pd& pd, const Srq* srq, Qp& qp, const abi::CmdCreateQpReq& r) override;
+    int qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) override;
+    void qp_failed(Qp& qp) override;
+    void datagram_missed(const Qp& qp) override;
+
 private:
     HcaDevice& dev_;
 };
