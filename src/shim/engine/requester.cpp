@@ -9,9 +9,7 @@
 #include "async_events.h"
 #include "cq_writer.h"
 #include "engine.h"
-#include "hca_bind.h"
-#include "hca_transport.h"
-#include "hca_ud.h"
+#include "transport.h"
 #include "memory_windows.h"
 #include "multicast_delivery.h"
 #include "psn.h"
@@ -215,7 +213,7 @@ void count_issued(const Context& ctx, const Request& req) {
 }
 
 Transport* transport_of(Engine& eng, Qp& qp) {
-    if (qp.device_bound) return qp.transport;  // until RESET (hca_bind.h)
+    if (qp.carried) return qp.transport;  // until RESET (hca_bind.h)
     const RouteTable& routes = eng.routes();
     if (qp.route_gen != routes.generation()) {
         qp.transport = routes.lookup(qp.attr.ah.dlid);
@@ -232,36 +230,30 @@ enum class Step { Next, Stop };
 // a transport that answers later, a local operation therefore waits for
 // the responses before it, like a fence.
 //
-// On a QP bound to the device the shim checks and applies the operation to
-// its own view of the window (requests of this host and over TCP use it),
-// then posts it to the device, which applies it to the device's window
-// (requests through the device use that) and completes it.
+// On a QP a transport carries (the device) the shim checks and applies the
+// operation to its own view of the window, and the transport may apply it
+// to its own too and complete it (hca_transport.h).
 Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (qp.sq_next != qp.sq.cons) return Step::Stop;  // resumed when the last response arrives
     const bool bind = w.hdr.opcode == IBV_WR_BIND_MW;
-    // The device window, when the device takes part (hca_device.h): a bind
-    // through the device needs one; an invalidation goes to the device only
-    // if the device holds the window bound.
     Mw* mw = ctx.mws.get(bind ? w.hdr.mw_handle : ctx.keys.lookup(w.hdr.rkey, KeyKind::Mw));
-    DeviceMw* dmw = qp.device_bound && mw ? mw->dev.get() : nullptr;
-    if (st == IBV_WC_SUCCESS && bind && qp.device_bound && !dmw) st = IBV_WC_MW_BIND_ERR;
+    Transport* carrier = qp.carried ? qp.transport : nullptr;
+    if (st == IBV_WC_SUCCESS && carrier) st = carrier->check_local_op(qp, mw, bind);
     if (st == IBV_WC_SUCCESS) {
         if (w.num_sge || w.is_inline) st = IBV_WC_LOC_QP_OP_ERR;
         else if (bind) st = bind_window(ctx, qp, w.hdr);
         else st = invalidate_local(ctx, qp, w.hdr.rkey);
     }
     if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
-    if (dmw && (bind || dmw->bound)) {
-        dmw->bound = bind && mw->bound;
-        Request req;
-        req.opcode = w.hdr.opcode;
-        req.wqe = &w;
-        Response r;
-        if (eng.hca_transport()->send(eng, ctx, qp, req, nullptr, 0, nullptr, r) != SendResult::InFlight)
-            return fail_head(eng, ctx, qp, bind ? IBV_WC_MW_BIND_ERR : IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    switch (carrier ? carrier->post_local_op(eng, ctx, qp, mw, w, bind) : LocalOp::Shim) {
+    case LocalOp::Posted:
         qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
-        qp.inflight_on_device = true;
+        qp.inflight_carried = true;
         return Step::Next;
+    case LocalOp::Failed:
+        return fail_head(eng, ctx, qp, bind ? IBV_WC_MW_BIND_ERR : IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
+    case LocalOp::Shim:
+        break;
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, 0);
     return Step::Next;
@@ -278,7 +270,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     };
     if (st != IBV_WC_SUCCESS) return local_error(st);
     if (!is_verbs_request_opcode(op) || (w.is_inline && is_rdma_read_or_atomic(op))) return local_error(IBV_WC_LOC_QP_OP_ERR);
-    if (qp.device_bound && !device_opcode(op)) return local_error(IBV_WC_LOC_QP_OP_ERR);
+    if (qp.carried && !qp.transport->carries_opcode(op)) return local_error(IBV_WC_LOC_QP_OP_ERR);
     Transport* t = transport_of(eng, qp);
     Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
@@ -344,21 +336,23 @@ enum class Unacked { Wait, Later, Now };
 Unacked send_unacked(Engine& eng, Context& ctx, Qp& qp, const Request& req, Transport* t, const Span* loc,
                      uint32_t nl, Pins* pins, bool idle, Response& r) {
     const bool goes = t && ctx.guest().port_active;
-    const bool device = t && t == eng.hca_transport();
+    // Through the transport that carries the QP, the WQE completes through
+    // it (requester_carried_done) and takes no PSN.
+    const bool carried = qp.carried && t == qp.transport;
     if (!idle && (!goes || eng.is_here(t))) return Unacked::Wait;
     // What is in flight completes in order on one path: a UD QP on the
     // device switches between the device and TCP only once idle.
-    if (!idle && device != qp.inflight_on_device) return Unacked::Wait;
+    if (!idle && carried != qp.inflight_carried) return Unacked::Wait;
     if (!goes) return Unacked::Now;
     const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
     if (sent == SendResult::Busy) return Unacked::Wait;
     if (sent == SendResult::InFlight) {
         count_issued(ctx, req);
-        if (!device) {
+        if (!carried) {
             if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
             qp.next_psn = psn_next(qp.next_psn);
         }
-        qp.inflight_on_device = device;
+        qp.inflight_carried = carried;
         qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
         return Unacked::Later;
     }
@@ -442,16 +436,17 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const Ah* ah = ctx.ahs.get(h.ah_handle);
     if (!ah || ah->pd != qp.pd) return fail(IBV_WC_LOC_QP_OP_ERR);
     if (is_multicast_lid(ah->attr.dlid)) return start_multicast(eng, ctx, qp, w, *ah, idle);
-    Transport* t = eng.routes().lookup(ah->attr.dlid);
-    // A QP on the device sends through it to every UD QP on a device.
-    const bool on_device = qp.device_bound && hca_ud_destination(eng, ah->attr.dlid, h.remote_qpn);
-    if (on_device) t = eng.hca_transport();
+    // The transport that carries the QP takes the datagrams it can carry
+    // (the device: to every UD QP on a device); the rest go by the route.
+    Transport* t = qp.carried && qp.transport->carries_datagram(eng, ah->attr.dlid, h.remote_qpn)
+                       ? qp.transport
+                       : eng.routes().lookup(ah->attr.dlid);
     Pins* pins = fresh_pins(eng, t);
     Span loc[abi::kMaxSge];
     uint32_t nl = 0;
     uint64_t len = 0;
     if (uint32_t e = resolve_local(ctx, qp, w, loc, nl, len, pins); e != IBV_WC_SUCCESS) return fail(e);
-    if (len > (on_device ? eng.hca()->mtu_bytes() : kPortMtuBytes)) return fail(IBV_WC_LOC_LEN_ERR);
+    if (len > (t ? t->datagram_mtu() : kPortMtuBytes)) return fail(IBV_WC_LOC_LEN_ERR);
 
     Request req;
     fill_ud_request(ctx, qp, w, *ah, len, req);
@@ -504,7 +499,7 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     Response r;
     const Unacked how = send_unacked(eng, ctx, qp, req, t, loc, nl, pins, idle, r);
     if (how != Unacked::Now) return how == Unacked::Wait ? Step::Stop : Step::Next;
-    if (qp.device_bound && r.syndrome == Syndrome::LocalFault) return fail(IBV_WC_LOC_QP_OP_ERR);
+    if (qp.carried && r.syndrome == Syndrome::LocalFault) return fail(IBV_WC_LOC_QP_OP_ERR);
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
     return Step::Next;
 }
@@ -616,7 +611,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
     // receive side still works in SQE.
     if (!qp.tm_rendezvous.empty()) tm_run_rendezvous(eng, ctx, qp);
     if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
-    hca_service(eng, ctx, qp);  // a device QP takes the guest's receives as they are posted
+    for (Transport* k : eng.object_keepers()) k->qp_pass(eng, ctx, qp);  // a device QP takes the receives posted
     // SQD: no new WQE starts; those started (in flight, or waiting for an
     // RNR or retry timer) finish, and then the send queue is drained.
     const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
@@ -740,7 +735,7 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
     ctx.mark_work(qp);  // the next WQEs may go now
 }
 
-void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status) {
+void requester_carried_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status) {
     // Only the head of what was posted: a QP flushed, reset or failed by
     // the shim since has completed it already.
     if (qp.sq_next == qp.sq.cons || idx != qp.sq.cons) return;

@@ -46,7 +46,7 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
 
 // The device completed the WQE at ring index `idx` of a QP bound to it
 // (hca_completions.h) with `status` (enum ibv_wc_status).
-void requester_device_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status);
+void requester_carried_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status);
 // A UD or UC request a transport took for later (SendResult::InFlight over
 // the fabric) is sent: its payload is out of the guest's memory, and its
 // WQE (send queue index `idx`, which must be the head) completes, so the

@@ -250,15 +250,18 @@ struct Qp {
     // send queue slot (requester_sent: they complete in order; a datagram
     // to another peer may leave first). Sized once, at the first such WQE.
     std::vector<uint8_t> sent_flags;
-    // What is in flight went through the device (all of it: a UD QP on the
-    // device waits for idle before it sends another way).
-    bool inflight_on_device = false;
+    // What is in flight went through the transport that carries the QP
+    // (all of it: a UD QP on the device waits for idle before it sends
+    // another way).
+    bool inflight_carried = false;
 
-    // With a device: the device QP whose QPN is `qpn`, and whether it
-    // carries this QP's traffic (hca_bind.h): then the device does what
-    // the requester's timers and the peer's responder do otherwise.
+    // With a device: the device QP whose QPN is `qpn` (hca_bind.h).
     std::unique_ptr<DeviceQp, DeviceQpDeleter> dev;
-    bool device_bound = false;
+    // A transport carries the QP whole, `transport`, until RESET (the
+    // device, once bound: hca_bind.h): it posts the QP's WQEs as they are
+    // and does what the requester's timers and the peer's responder do
+    // otherwise, and the QP's WQEs complete through it.
+    bool carried = false;
 
     // Responder (responder.h).
     uint32_t epsn = 0;               // PSN expected next

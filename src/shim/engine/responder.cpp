@@ -173,7 +173,7 @@ void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
     if (!qkey_admits(eng, req, *dst.ctx, *dst.qp)) return;
     if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
-    if (dst.qp->device_bound) {
+    if (dst.qp->carried) {
         // Its receives are on the device (hca_ud.h): a datagram that came
         // another way finds none, and is lost.
         if (dst.qp->transport) dst.qp->transport->datagram_missed(*dst.qp);

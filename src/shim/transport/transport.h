@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "device_model.h"
 #include "request.h"
 #include "resources.h"
 #include "vrdma/abi.h"
@@ -18,6 +19,16 @@ namespace vrdma::shim {
 
 class Engine;
 class Context;
+
+struct SendWork;
+
+// What a transport that carries a QP did with its BIND_MW or LOCAL_INV
+// (Transport::post_local_op).
+enum class LocalOp {
+    Shim,    // nothing for the transport: the shim's view is all, it completes now
+    Posted,  // posted: it completes through the transport
+    Failed,  // the transport could not take it: the WQE fails
+};
 
 enum class SendResult {
     Done,      // the response is in `resp` and the payload has moved (local)
@@ -145,6 +156,38 @@ public:
     // A datagram for a UD QP this transport carries, whose receives it
     // holds, came another way: it is lost (and counted).
     virtual void datagram_missed(const Qp& qp) { (void)qp; }
+
+    // --- A QP this transport carries whole (Qp::carried) -----------------
+    // Every pass of the requester over a QP, carried or not (a keeper
+    // binds a QP whose route now leads through it, and takes the receives
+    // the guest posted).
+    virtual void qp_pass(Engine& eng, Context& ctx, Qp& qp) { (void)eng, (void)ctx, (void)qp; }
+    // Whether it posts WQEs of ibv_wr_opcode `op` (false: such a WQE fails
+    // with IBV_WC_LOC_QP_OP_ERR).
+    virtual bool carries_opcode(uint32_t op) const {
+        (void)op;
+        return true;
+    }
+    // Whether a datagram of the QP to (dlid, dqpn) goes through it;
+    // otherwise it goes by the route of dlid.
+    virtual bool carries_datagram(Engine& eng, uint16_t dlid, uint32_t dqpn) {
+        (void)eng, (void)dlid, (void)dqpn;
+        return false;
+    }
+    // The largest datagram it carries.
+    virtual uint64_t datagram_mtu() const { return kPortMtuBytes; }
+    // BIND_MW or LOCAL_INV `w` of the QP, on window `mw` (null: none is
+    // named). check_local_op, before the shim applies it to its own view
+    // of the window: IBV_WC_SUCCESS or the status it fails with.
+    // post_local_op, once it has.
+    virtual uint32_t check_local_op(const Qp& qp, const Mw* mw, bool bind) const {
+        (void)qp, (void)mw, (void)bind;
+        return 0;  // IBV_WC_SUCCESS
+    }
+    virtual LocalOp post_local_op(Engine& eng, Context& ctx, Qp& qp, Mw* mw, SendWork& w, bool bind) {
+        (void)eng, (void)ctx, (void)qp, (void)mw, (void)w, (void)bind;
+        return LocalOp::Shim;
+    }
 };
 
 // The UD QPs on the devices of the peer shims (the fabric: fabric.h), for

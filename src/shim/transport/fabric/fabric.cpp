@@ -209,7 +209,7 @@ void Fabric::announce_all_ud(Peer& p) {
     if (!p.has_device_) return;
     eng_.for_each_context([&](Context& ctx) {
         ctx.qps.for_each([&](uint32_t, Qp& qp) {
-            if (qp.type == IBV_QPT_UD && qp.device_bound)
+            if (qp.type == IBV_QPT_UD && qp.carried)
                 p.link_->send_ud_qp(ctx.guest().lid, qp.qpn, ctx.guest().guid);
         });
     });

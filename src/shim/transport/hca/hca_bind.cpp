@@ -51,7 +51,7 @@ int srq_admits_bound(Context& ctx, Qp& qp) {
     }
     bool shim_user = false;
     ctx.qps.for_each([&](uint32_t, Qp& o) {
-        shim_user |= &o != &qp && o.srq == qp.srq && qp_takes_requests(o.state) && !o.device_bound;
+        shim_user |= &o != &qp && o.srq == qp.srq && qp_takes_requests(o.state) && !o.carried;
     });
     if (shim_user) {
         LOG_WARN("guest %s: QP %u: its SRQ serves QPs of this host or of TCP peers; it cannot also feed the device",
@@ -86,7 +86,7 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
         if (d.ud && !(d.headers = dev.make_header_slots(d.pd, uint32_t(d.wr_ids.size()), err))) return err;
         srq->feeds_device = true;
     }
-    qp.device_bound = true;
+    qp.carried = true;
     qp.transport = eng.hca_transport();
     if (qp.type == IBV_QPT_UD) {
         // Peer shims learn who owns the QPN their devices will name as the
@@ -184,18 +184,18 @@ std::shared_ptr<DeviceSrq> hca_create_srq(Engine& eng, const Pd& pd, uint32_t en
 int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
     if (!eng.hca()) return 0;
     if (next == IBV_QPS_RESET) {
-        if (qp.device_bound) {
+        if (qp.carried) {
             qp.dev->to_reset();
             // What the device completed before the reset reaches the guest
             // now, as of the QP's old life (SRQ receives carry no
             // generation: drained here, they cannot reach the next life).
             eng.hca()->poll(eng);
         }
-        qp.device_bound = false;
+        qp.carried = false;
         return 0;
     }
     if (next != IBV_QPS_RTR && next != IBV_QPS_RTS) return 0;
-    if (qp.device_bound) {
+    if (qp.carried) {
         if (qp.type == IBV_QPT_UD && qp.attr.qkey != qp.dev->qkey && eng.hca()->set_qkey(*qp.dev, qp.attr.qkey))
             return EINVAL;
         if (next == IBV_QPS_RTS && qp.state == IBV_QPS_RTR) return eng.hca()->to_rts(*qp.dev, qp.attr) ? EINVAL : 0;
@@ -215,7 +215,7 @@ int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
 
 void hca_service(Engine& eng, Context& ctx, Qp& qp) {
     if (!qp.dev || !qp_takes_requests(qp.state)) return;
-    if (!qp.device_bound) {
+    if (!qp.carried) {
         // The route to the peer appeared (or changed) since the QP was
         // connected: bind it now if the peer has a device.
         if (qp.dev->route_gen == eng.routes().generation()) return;

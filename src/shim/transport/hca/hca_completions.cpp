@@ -92,7 +92,7 @@ void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc)
 // flush only while the QP is in error.
 void srq_receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     Srq* srq = ctx.srqs.get(qp.srq);
-    if (!srq || srq->dev.get() != dc.srq || !qp.device_bound) return;
+    if (!srq || srq->dev.get() != dc.srq || !qp.carried) return;
     if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
     abi::Cqe c = receive_cqe(qp, *dc.wc, dc.srq_wr_id);
     if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && dc.srq->headers) {
@@ -113,12 +113,12 @@ void deliver_device_completion(Engine& eng, const DeviceCompletion& dc) {
     Context& ctx = *ref.ctx;
     if (dc.srq)
         srq_receive_done(eng, ctx, qp, dc);
-    else if (!qp.device_bound || qp.dev->gen != dc.gen)
+    else if (!qp.carried || qp.dev->gen != dc.gen)
         return;  // of an earlier life of the QP
     else if (dc.recv)
         receive_done(eng, ctx, qp, dc);
     else
-        requester_device_done(eng, ctx, qp, dc.idx, dc.wc->status);
+        requester_carried_done(eng, ctx, qp, dc.idx, dc.wc->status);
     ctx.mark_work(qp);  // the next WQEs may go, receives may be forwarded, a flush may run
 }
 
@@ -128,7 +128,7 @@ void deliver_device_event(Engine& eng, HcaDevice& dev, const ibv_async_event& ev
     case IBV_EVENT_QP_REQ_ERR:
     case IBV_EVENT_QP_ACCESS_ERR: {
         Engine::QpRef ref = eng.find_qp_by_qpn(ev.element.qp->qp_num);
-        if (!ref || !ref.qp->device_bound) return;
+        if (!ref || !ref.qp->carried) return;
         LOG_WARN("hca %s: QP %u: %s", dev.name().c_str(), ref.qp->qpn, ibv_event_type_str(ev.event_type));
         qp_set_error(*ref.ctx, *ref.qp, ev.event_type);
         return;
@@ -144,7 +144,7 @@ void deliver_device_event(Engine& eng, HcaDevice& dev, const ibv_async_event& ev
         std::set<const GuestIdentity*> users;
         eng.for_each_context([&](Context& ctx) {
             ctx.qps.for_each([&](uint32_t, Qp& qp) {
-                if (qp.device_bound) users.insert(&ctx.guest());
+                if (qp.carried) users.insert(&ctx.guest());
             });
         });
         eng.for_each_context([&](Context& ctx) {

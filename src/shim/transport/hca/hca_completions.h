@@ -2,7 +2,7 @@
 //
 // Every device work request carries its guest ring index and the device
 // QP's generation (hca_device.cpp). A send completion completes the guest
-// WQE at the head of its send queue (requester_device_done), a receive
+// WQE at the head of its send queue (requester_carried_done), a receive
 // completion the one at the head of its receive queue: the device
 // completes a QP's work in the order it was posted. A completion that is
 // not for the head (its QP was flushed by the shim, reset or destroyed

@@ -135,7 +135,7 @@ struct DeviceSrq {
 // The device QP of a guest QP. `gen` tells its completions from those of
 // an earlier life (a RESET, or a QP destroyed whose completions are still
 // in the shared CQ): it is in every work request id. Whether the QP is
-// bound is the guest QP's `device_bound`.
+// bound is the guest QP's `carried`.
 struct DeviceQp {
     ibv_qp* qp = nullptr;
     HcaDevice* owner = nullptr;

@@ -42,7 +42,7 @@ bool device_targets(Engine& eng, Context& ctx, const Qp& qp, const Request& req,
 
 SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span*, uint32_t, Pins*,
                               Response& resp) {
-    if (!req.wqe || !qp.device_bound) {
+    if (!req.wqe || !qp.carried) {
         resp.syndrome = Syndrome::LocalFault;
         return SendResult::Done;
     }
@@ -52,7 +52,7 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
     // host has its shim's forwarding delay: RC covers it with RNR retries; a
     // UC message or a datagram sent in that window is lost, as they may be.)
     if (eng.serves(req.dlid))
-        if (Engine::QpRef peer = eng.find_qp(req.dlid, req.dqpn); peer && peer.qp->device_bound)
+        if (Engine::QpRef peer = eng.find_qp(req.dlid, req.dqpn); peer && peer.qp->carried)
             hca_service(eng, *peer.ctx, *peer.qp);
     HcaDevice::SendTargets to;
     if (!device_targets(eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.sq_next, to)) {
@@ -120,9 +120,37 @@ int HcaTransport::qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
 // The receives its device QP holds must not take data the guest was told
 // were flushed.
 void HcaTransport::qp_failed(Qp& qp) {
-    if (qp.device_bound) qp.dev->to_error();
+    if (qp.carried) qp.dev->to_error();
 }
 
 void HcaTransport::datagram_missed(const Qp&) { ++dev_.stats().ud_lost; }
+
+void HcaTransport::qp_pass(Engine& eng, Context& ctx, Qp& qp) { hca_service(eng, ctx, qp); }
+
+// A QP on the device sends through it to every UD QP on a device (hca_ud.h).
+bool HcaTransport::carries_datagram(Engine& eng, uint16_t dlid, uint32_t dqpn) {
+    return hca_ud_destination(eng, dlid, dqpn) != nullptr;
+}
+
+// The shim applies a bind or an invalidation to its own view of the window
+// (requests of this host and over TCP use it); the device applies it to
+// its window (requests through the device use that) and completes it. A
+// bind through the device needs a device window; an invalidation goes to
+// the device only if the device holds the window bound.
+uint32_t HcaTransport::check_local_op(const Qp&, const Mw* mw, bool bind) const {
+    return bind && (!mw || !mw->dev) ? uint32_t(IBV_WC_MW_BIND_ERR) : uint32_t(IBV_WC_SUCCESS);
+}
+
+LocalOp HcaTransport::post_local_op(Engine& eng, Context& ctx, Qp& qp, Mw* mw, SendWork& w, bool bind) {
+    DeviceMw* dmw = mw ? mw->dev.get() : nullptr;
+    if (!dmw || !(bind || dmw->bound)) return LocalOp::Shim;
+    dmw->bound = bind && mw->bound;
+    Request req;
+    req.opcode = w.hdr.opcode;
+    req.wqe = &w;
+    Response r;
+    return send(eng, ctx, qp, req, nullptr, 0, nullptr, r) == SendResult::InFlight ? LocalOp::Posted
+                                                                                    : LocalOp::Failed;
+}
 
 }  // namespace vrdma::shim

@@ -55,6 +55,14 @@ public:
     void qp_failed(Qp& qp) override;
     void datagram_missed(const Qp& qp) override;
 
+    // The QPs bound to it.
+    void qp_pass(Engine& eng, Context& ctx, Qp& qp) override;
+    bool carries_opcode(uint32_t op) const override { return device_opcode(op); }
+    bool carries_datagram(Engine& eng, uint16_t dlid, uint32_t dqpn) override;
+    uint64_t datagram_mtu() const override { return dev_.mtu_bytes(); }
+    uint32_t check_local_op(const Qp& qp, const Mw* mw, bool bind) const override;
+    LocalOp post_local_op(Engine& eng, Context& ctx, Qp& qp, Mw* mw, SendWork& w, bool bind) override;
+
 private:
     HcaDevice& dev_;
 };

@@ -54,7 +54,7 @@ const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn) {
     if (!t) return nullptr;
     if (eng.is_here(t)) {
         Engine::QpRef d = eng.find_qp(dlid, dqpn);
-        return d && d.qp->type == IBV_QPT_UD && d.qp->device_bound ? eng.hca()->gid() : nullptr;
+        return d && d.qp->type == IBV_QPT_UD && d.qp->carried ? eng.hca()->gid() : nullptr;
     }
     // A guest of another worker of this shim: its UD QPs of the default
     // partition are on the device, as a peer shim's are.
