@@ -225,6 +225,12 @@ Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
     return ref && ref.ctx->guest().lid == lid ? ref : QpRef{};
 }
 
+const uint8_t* Engine::device_gid() const {
+    for (const Transport* t : keepers_)
+        if (const uint8_t* g = t->own_device_gid()) return g;
+    return nullptr;
+}
+
 abi::DeviceAttr Engine::device_attr(const Context& ctx) const {
     abi::DeviceAttr a = make_device_attr(ctx.guest(), ctx.quotas());
     for (const Transport* t : keepers_) t->limit_device(a);

@@ -175,6 +175,8 @@ public:
     // (transport.h, "The guest's objects"): the device's, with --hca. The
     // command handlers go through them.
     const std::vector<Transport*>& object_keepers() const { return keepers_; }
+    // The GID of the shim's RDMA device (a keeper's), null without one.
+    const uint8_t* device_gid() const;
     // What a guest's vrdma0 offers here: its limits (device_model.h), less
     // what a keeper takes away.
     abi::DeviceAttr device_attr(const Context& ctx) const;

@@ -110,6 +110,9 @@ public:
     // transport the engine keeps objects for (Engine::object_keepers) and
     // name none. Errors are errnos that fail the command.
 
+    // The GID of this shim's own device, for a keeper that is one (a
+    // peer shim learns it in the fabric's Hello: hca_bind.h).
+    virtual const uint8_t* own_device_gid() const { return nullptr; }
     // What the guest's device offers, with this transport in the shim.
     virtual void limit_device(abi::DeviceAttr& a) const { (void)a; }
     virtual int pd_made(Engine& eng, Pd& pd) {

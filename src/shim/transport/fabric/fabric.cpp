@@ -667,7 +667,7 @@ void Fabric::establish(Pending& pd) {
     // A peer's device is used only if this shim has one too.
     static const uint8_t kNoGid[16] = {};
     std::memcpy(p->device_gid_, h.device_gid, sizeof(p->device_gid_));
-    p->has_device_ = eng_.hca() && std::memcmp(h.device_gid, kNoGid, sizeof(kNoGid)) != 0;
+    p->has_device_ = eng_.device_gid() && std::memcmp(h.device_gid, kNoGid, sizeof(kNoGid)) != 0;
     p->remote_workers_ = h.workers;
     p->link_ = std::move(pd.link);
     p->link_->release(eng_, p);

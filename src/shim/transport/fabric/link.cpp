@@ -11,7 +11,6 @@
 
 #include "engine.h"
 #include "fault_guard.h"
-#include "hca_device.h"
 #include "multicast_delivery.h"
 #include "multicast_groups.h"
 #include "psn.h"
@@ -157,7 +156,7 @@ Link::Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const L
     mine_.workers = me.workers;
     mine_.worker = me.worker;
     mine_.target = me.target;
-    if (const HcaDevice* dev = eng.hca()) std::memcpy(mine_.device_gid, dev->gid(), sizeof(mine_.device_gid));
+    if (const uint8_t* gid = eng.device_gid()) std::memcpy(mine_.device_gid, gid, sizeof(mine_.device_gid));
     // Sent once the handshake is done (flush), as the first record.
     send_raw(&mine_, sizeof(mine_));
 }

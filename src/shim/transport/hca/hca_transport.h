@@ -43,6 +43,7 @@ public:
     bool delivering_since(uint64_t) const override { return true; }
 
     // The guest's objects get the device's beside them (hca_bind.h).
+    const uint8_t* own_device_gid() const override { return dev_.gid(); }
     void limit_device(abi::DeviceAttr& a) const override;
     int pd_made(Engine& eng, Pd& pd) override;
     int mr_made(Engine& eng, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
