@@ -224,7 +224,7 @@ std::string Daemon::transports_report() {
     ask_workers([sum](Worker& w, std::string&, std::string&) {
         const fabric::LinkStats t = w.fabric().totals();
         sum->tcp += t.tx_payload + t.rx_payload;
-        if (const HcaDevice* dev = w.engine().hca()) {
+        if (const HcaDevice* dev = w.hca()) {
             const HcaDevice::Stats& s = dev->stats();
             sum->sends += s.sends;
             sum->send_bytes += s.send_bytes;

@@ -71,7 +71,7 @@ WorkerLink& Worker::link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_i
     }
     links_[peer] = std::make_unique<WorkerLink>(engine_, index_, peer, peer_inbox);
     link_ptrs_[peer] = links_[peer].get();
-    if (opts_.hca_local && engine_.hca()) links_[peer]->set_device_gid(engine_.hca()->gid());
+    if (opts_.hca_local && engine_.device_gid()) links_[peer]->set_device_gid(engine_.device_gid());
     return *links_[peer];
 }
 
@@ -95,7 +95,8 @@ bool Worker::start_fabric(const fabric::FabricConfig& cfg, std::string& error) {
 }
 
 bool Worker::set_hca(HcaDevice* dev, Transport* transport, std::string& error) {
-    engine_.set_hca(dev, transport);
+    hca_ = dev;
+    engine_.add_object_keeper(transport);
     if (opts_.hca_local) engine_.local_transport().set_device_gid(dev->gid());
     // After the fabric's: a peer's announcement of a UD QP (hca_ud.h), sent
     // before that QP's first datagram, is read before the device delivers

@@ -75,6 +75,7 @@ public:
     bool start_fabric(const fabric::FabricConfig& cfg, std::string& error);
     fabric::Fabric& fabric() { return fabric_; }
     bool set_hca(HcaDevice* dev, Transport* transport, std::string& error);
+    const HcaDevice* hca() const { return hca_; }  // null without --hca
 
     // Runs the loop in a thread of its own until stop(), pinned to its CPU
     // of --worker-cpus if given (false with `error` if that fails).
@@ -123,6 +124,7 @@ private:
     uint32_t index_;
     const Options& opts_;
     Engine engine_;
+    HcaDevice* hca_ = nullptr;  // this worker's own context of the device
     fabric::Fabric fabric_{engine_};
     // The transports' poll groups (the fabric, the device), in the order
     // every pass polls them; and by the id their epoll tags carry (the

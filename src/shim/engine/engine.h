@@ -28,7 +28,6 @@
 namespace vrdma::shim {
 
 uint64_t monotonic_ns();
-class HcaDevice;
 class MulticastForwarder;
 
 class Engine {
@@ -164,27 +163,19 @@ public:
     // it here?" for responders, bindings and the transports' receive sides.
     bool serves(uint16_t lid) const { return routes_.lookup(lid) == &local_; }
     bool is_here(const Transport* t) const { return t == &local_; }
-    // The host's RDMA device and its transport (hca_device.h), when the
-    // shim has one (--hca); both outlive the engine.
-    void set_hca(HcaDevice* dev, Transport* transport) {
-        hca_ = dev;
-        hca_transport_ = transport;
-        keepers_.push_back(transport);
-    }
     // The transports that keep objects of their own beside the guests'
     // (transport.h, "The guest's objects"): the device's, with --hca. The
-    // command handlers go through them.
+    // command handlers go through them. A keeper outlives the engine.
+    void add_object_keeper(Transport* t) { keepers_.push_back(t); }
     const std::vector<Transport*>& object_keepers() const { return keepers_; }
     // The GID of the shim's RDMA device (a keeper's), null without one.
     const uint8_t* device_gid() const;
     // What a guest's vrdma0 offers here: its limits (device_model.h), less
     // what a keeper takes away.
     abi::DeviceAttr device_attr(const Context& ctx) const;
-    HcaDevice* hca() const { return hca_; }
     // The fabric's directory of UD QPs on the peers' devices (null: no fabric).
     void set_ud_directory(UdDirectory* d) { ud_directory_ = d; }
     UdDirectory* ud_directory() const { return ud_directory_; }
-    Transport* hca_transport() const { return hca_transport_; }
     LocalTransport& local_transport() { return local_; }
     // The one WQE being worked on (too large for the stack of every pass).
     SendWork& scratch() { return scratch_; }
@@ -290,8 +281,6 @@ private:
     uint64_t (*clock_)() = monotonic_ns;
     RouteTable routes_;
     LocalTransport local_;
-    HcaDevice* hca_ = nullptr;
-    Transport* hca_transport_ = nullptr;
     std::vector<Transport*> keepers_;
     UdDirectory* ud_directory_ = nullptr;
     MulticastForwarder* mcast_forwarder_ = nullptr;

@@ -21,14 +21,13 @@ namespace {
 // The peer shim's device GID when `qp` must go through the device; null
 // when it goes as it would without one.
 // (UD: this shim's own GID; a UD QP's datagrams each have their path.)
-const uint8_t* device_path(Engine& eng, const Context& ctx, const Qp& qp) {
-    if (!eng.hca()) return nullptr;
+const uint8_t* device_path(const HcaDevice& dev, Engine& eng, const Context& ctx, const Qp& qp) {
     // Partitions are enforced by the shims' responders, which the device
     // path bypasses: only the default partition goes through the device.
     const auto& keys = ctx.guest().pkeys;
     const uint16_t pkey = qp.attr.pkey_index < keys.size() ? keys[qp.attr.pkey_index] : 0xffff;
     if ((pkey & 0x7fff) != 0x7fff) return nullptr;
-    if (qp.type == IBV_QPT_UD) return eng.hca()->gid();
+    if (qp.type == IBV_QPT_UD) return dev.gid();
     const Transport* t = eng.routes().lookup(qp.attr.ah.dlid);
     return t ? t->device_gid() : nullptr;
 }
@@ -71,8 +70,8 @@ int srq_admits_unbound(Context& ctx, const Qp& qp) {
 }
 
 // Brings the bound QP's device QP to `state` (RTR or RTS) from RESET.
-int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) {
-    HcaDevice& dev = *eng.hca();
+int bind(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) {
+    HcaDevice& dev = hca.device();
     if (int rc = srq_admits_bound(ctx, qp)) return rc;
     if (int rc = dev.to_rtr(*qp.dev, qp.attr, gid)) return rc;
     if (state == IBV_QPS_RTS || state == IBV_QPS_SQD)
@@ -87,7 +86,7 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
         srq->feeds_device = true;
     }
     qp.carried = true;
-    qp.transport = eng.hca_transport();
+    qp.transport = &hca;
     if (qp.type == IBV_QPT_UD) {
         // Peer shims learn who owns the QPN their devices will name as the
         // source of its datagrams, and that its receives are on the device.
@@ -105,7 +104,7 @@ int bind(Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) 
 // The SRQ's new receive WQEs into its device SRQ, as many as it has room
 // for; each guest ring slot is given back as soon as its WQE is on the
 // device (DeviceSrq).
-void forward_srq_recvs(Engine& eng, Context& ctx, Qp& qp) {
+void forward_srq_recvs(HcaDevice& dev, Context& ctx, Qp& qp) {
     Srq* srq = ctx.srqs.get(qp.srq);
     if (!srq || !srq->dev || !srq->feeds_device) return;
     DeviceSrq& d = *srq->dev;
@@ -117,7 +116,7 @@ void forward_srq_recvs(Engine& eng, Context& ctx, Qp& qp) {
     RecvWork w;
     for (; n && !d.free.empty() && !d.broken; --n) {
         if (read_recv_wqe(srq->wq, srq->wq.cons, srq->max_sge, w) != IBV_WC_SUCCESS ||
-            eng.hca()->post_srq_recv(d, w)) {
+            dev.post_srq_recv(d, w)) {
             // The SRQ's fault, not this QP's: the SRQ is in error, as on an
             // HCA, and takes no more receives.
             LOG_WARN("guest %s: SRQ %u: a receive WQE the device cannot take; the SRQ is in error",
@@ -130,9 +129,9 @@ void forward_srq_recvs(Engine& eng, Context& ctx, Qp& qp) {
     }
 }
 
-void forward_recvs(Engine& eng, Context& ctx, Qp& qp) {
+void forward_recvs(HcaDevice& dev, Context& ctx, Qp& qp) {
     if (qp.srq) {
-        forward_srq_recvs(eng, ctx, qp);
+        forward_srq_recvs(dev, ctx, qp);
         return;
     }
     DeviceQp& d = *qp.dev;
@@ -145,7 +144,7 @@ void forward_recvs(Engine& eng, Context& ctx, Qp& qp) {
     RecvWork w;
     while (d.rq_posted != end) {
         if (read_recv_wqe(qp.rq, d.rq_posted, qp.max_recv_sge, w) != IBV_WC_SUCCESS ||
-            eng.hca()->post_recv(d, w, d.rq_posted)) {
+            dev.post_recv(d, w, d.rq_posted)) {
             LOG_WARN("guest %s: QP %u: a receive WQE the device cannot take", ctx.guest().name.c_str(), qp.qpn);
             qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
             return;
@@ -156,10 +155,10 @@ void forward_recvs(Engine& eng, Context& ctx, Qp& qp) {
 
 }  // namespace
 
-std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
+std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
                                                          uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
                                                          uint32_t recv_sge, uint32_t max_inline) {
-    if (!eng.hca() || !pd.dev) return nullptr;
+    if (!pd.dev) return nullptr;
     if (srq && !srq->dev) return nullptr;
     if (srq) recv_wr = srq->wq.entries;  // the CQ's room for its receives
     // A QPN this shim already gave a QP without a device QP is not taken
@@ -167,7 +166,7 @@ std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& 
     for (int attempt = 0; attempt < 4; ++attempt) {
         int err = 0;
         std::unique_ptr<DeviceQp> q =
-            eng.hca()->create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
+            dev.create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
                                  srq ? srq->dev : nullptr, err);
         if (!q) return nullptr;
         if (!eng.qpn_taken(q->qp->qp_num)) return std::unique_ptr<DeviceQp, DeviceQpDeleter>(q.release());
@@ -175,33 +174,33 @@ std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& 
     return nullptr;
 }
 
-std::shared_ptr<DeviceSrq> hca_create_srq(Engine& eng, const Pd& pd, uint32_t entries, uint32_t max_sge) {
-    if (!eng.hca() || !pd.dev) return nullptr;
+std::shared_ptr<DeviceSrq> hca_create_srq(HcaDevice& dev, const Pd& pd, uint32_t entries, uint32_t max_sge) {
+    if (!pd.dev) return nullptr;
     int err = 0;
-    return eng.hca()->create_srq(pd.dev, entries, max_sge, err);
+    return dev.create_srq(pd.dev, entries, max_sge, err);
 }
 
-int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
-    if (!eng.hca()) return 0;
+int hca_follow(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
+    HcaDevice& dev = hca.device();
     if (next == IBV_QPS_RESET) {
         if (qp.carried) {
             qp.dev->to_reset();
             // What the device completed before the reset reaches the guest
             // now, as of the QP's old life (SRQ receives carry no
             // generation: drained here, they cannot reach the next life).
-            eng.hca()->poll(eng);
+            dev.poll(eng);
         }
         qp.carried = false;
         return 0;
     }
     if (next != IBV_QPS_RTR && next != IBV_QPS_RTS) return 0;
     if (qp.carried) {
-        if (qp.type == IBV_QPT_UD && qp.attr.qkey != qp.dev->qkey && eng.hca()->set_qkey(*qp.dev, qp.attr.qkey))
+        if (qp.type == IBV_QPT_UD && qp.attr.qkey != qp.dev->qkey && dev.set_qkey(*qp.dev, qp.attr.qkey))
             return EINVAL;
-        if (next == IBV_QPS_RTS && qp.state == IBV_QPS_RTR) return eng.hca()->to_rts(*qp.dev, qp.attr) ? EINVAL : 0;
+        if (next == IBV_QPS_RTS && qp.state == IBV_QPS_RTR) return dev.to_rts(*qp.dev, qp.attr) ? EINVAL : 0;
         return 0;
     }
-    const uint8_t* gid = device_path(eng, ctx, qp);
+    const uint8_t* gid = device_path(dev, eng, ctx, qp);
     if (!gid) return next == IBV_QPS_RTR ? srq_admits_unbound(ctx, qp) : 0;
     if (!qp.dev) {
         LOG_WARN("guest %s: QP %u to lid %u needs the device and has no device QP (%s)", ctx.guest().name.c_str(),
@@ -209,25 +208,25 @@ int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
                  qp.xrc != XrcRole::None ? "XRC does not run on the device" : "the device refused it");
         return EOPNOTSUPP;
     }
-    const int rc = bind(eng, ctx, qp, next, gid);
+    const int rc = bind(hca, eng, ctx, qp, next, gid);
     return rc == EOPNOTSUPP ? rc : rc ? EINVAL : 0;
 }
 
-void hca_service(Engine& eng, Context& ctx, Qp& qp) {
+void hca_service(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp) {
     if (!qp.dev || !qp_takes_requests(qp.state)) return;
     if (!qp.carried) {
         // The route to the peer appeared (or changed) since the QP was
         // connected: bind it now if the peer has a device.
         if (qp.dev->route_gen == eng.routes().generation()) return;
         qp.dev->route_gen = eng.routes().generation();
-        const uint8_t* gid = device_path(eng, ctx, qp);
+        const uint8_t* gid = device_path(hca.device(), eng, ctx, qp);
         if (!gid) return;
-        if (bind(eng, ctx, qp, qp.state, gid)) {
+        if (bind(hca, eng, ctx, qp, qp.state, gid)) {
             qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
             return;
         }
     }
-    forward_recvs(eng, ctx, qp);
+    forward_recvs(hca.device(), ctx, qp);
 }
 
 }  // namespace vrdma::shim

@@ -24,25 +24,27 @@ namespace vrdma::shim {
 
 class Engine;
 class Context;
+class HcaDevice;
+class HcaTransport;
 
 // The device QP for a new guest QP, on the device SRQ of its SRQ if it
 // has one (null: the shim has no device, the QP cannot have one, or the
 // device refused: the QP then never goes through the device).
-std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
+std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
                                                          uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
                                                          uint32_t recv_sge, uint32_t max_inline);
 
 // The device SRQ for a new guest SRQ (null: no device, or it refused).
-std::shared_ptr<DeviceSrq> hca_create_srq(Engine& eng, const Pd& pd, uint32_t entries, uint32_t max_sge);
+std::shared_ptr<DeviceSrq> hca_create_srq(HcaDevice& dev, const Pd& pd, uint32_t entries, uint32_t max_sge);
 
 // ModifyQp to `next` with the new attributes already in qp.attr, before
 // the guest QP changes state: binds it, or brings its device QP along.
 // 0, or the errno the guest's modify fails with (the QP must go through
 // the device and cannot).
-int hca_follow(Engine& eng, Context& ctx, Qp& qp, uint32_t next);
+int hca_follow(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t next);
 
 // Every pass over a QP (requester_process): binds it if its route appeared
 // since, and forwards the receive WQEs the guest posted to the device QP.
-void hca_service(Engine& eng, Context& ctx, Qp& qp);
+void hca_service(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp);
 
 }  // namespace vrdma::shim

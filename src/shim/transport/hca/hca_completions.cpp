@@ -67,7 +67,7 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
     qp_set_error(ctx, qp, event);
 }
 
-void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
+void receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
     abi::Cqe c;
     if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && qp.dev->headers) {
@@ -76,7 +76,7 @@ void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc)
         RecvWork w;
         read_recv_wqe(qp.rq, qp.rq.cons, qp.max_recv_sge, w);
         c = receive_cqe(qp, *dc.wc, w.wr_id);
-        hca_ud_received(eng, ctx, qp, *dc.wc, qp.dev->headers->at(dc.idx), w.sge, w.num_sge, c);
+        hca_ud_received(dev, eng, ctx, qp, *dc.wc, qp.dev->headers->at(dc.idx), w.sge, w.num_sge, c);
     } else {
         abi::RecvWqe hdr;
         std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
@@ -90,14 +90,14 @@ void receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc)
 // hears of it if the QP is still one bound on that SRQ, in the life that
 // took the WQE (a reset drains the device CQs first: hca_bind.cpp), and a
 // flush only while the QP is in error.
-void srq_receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
+void srq_receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     Srq* srq = ctx.srqs.get(qp.srq);
     if (!srq || srq->dev.get() != dc.srq || !qp.carried) return;
     if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
     abi::Cqe c = receive_cqe(qp, *dc.wc, dc.srq_wr_id);
     if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && dc.srq->headers) {
         const DeviceSrq& d = *dc.srq;
-        hca_ud_received(eng, ctx, qp, *dc.wc, d.headers->at(dc.idx), &d.sges[uint64_t(dc.idx) * d.max_sge],
+        hca_ud_received(dev, eng, ctx, qp, *dc.wc, d.headers->at(dc.idx), &d.sges[uint64_t(dc.idx) * d.max_sge],
                         d.nsge[dc.idx], c);
     }
     push_receive(ctx, qp, c);
@@ -106,17 +106,17 @@ void srq_receive_done(Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion&
 
 }  // namespace
 
-void deliver_device_completion(Engine& eng, const DeviceCompletion& dc) {
+void deliver_device_completion(HcaDevice& dev, Engine& eng, const DeviceCompletion& dc) {
     Engine::QpRef ref = eng.find_qp_by_qpn(dc.qpn);
     if (!ref || !ref.qp->dev) return;
     Qp& qp = *ref.qp;
     Context& ctx = *ref.ctx;
     if (dc.srq)
-        srq_receive_done(eng, ctx, qp, dc);
+        srq_receive_done(dev, eng, ctx, qp, dc);
     else if (!qp.carried || qp.dev->gen != dc.gen)
         return;  // of an earlier life of the QP
     else if (dc.recv)
-        receive_done(eng, ctx, qp, dc);
+        receive_done(dev, eng, ctx, qp, dc);
     else
         requester_carried_done(eng, ctx, qp, dc.idx, dc.wc->status);
     ctx.mark_work(qp);  // the next WQEs may go, receives may be forwarded, a flush may run

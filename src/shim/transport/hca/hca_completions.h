@@ -29,7 +29,7 @@ struct DeviceCompletion {
     const ibv_wc* wc = nullptr;
 };
 
-void deliver_device_completion(Engine& eng, const DeviceCompletion& dc);
+void deliver_device_completion(HcaDevice& dev, Engine& eng, const DeviceCompletion& dc);
 
 // An async event of the device: QP events go to the guest QP (the device
 // QP's QPN is the guest's), port events to every guest of the shim.

@@ -577,7 +577,7 @@ bool HcaDevice::poll(Engine& eng) {
                 if (!dc.srq || !dc.srq->take_back(dc.idx)) continue;
                 dc.srq_wr_id = dc.srq->wr_ids[dc.idx];
             }
-            deliver_device_completion(eng, dc);
+            deliver_device_completion(*this, eng, dc);
         }
         any |= n > 0;
     }

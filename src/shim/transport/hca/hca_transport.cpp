@@ -15,15 +15,15 @@ namespace {
 // The device objects the WQE names besides keys and addresses: a UD
 // datagram's device AH, a bind's device window and MR. False if the device
 // has none (a device refused to make it).
-bool device_targets(Engine& eng, Context& ctx, const Qp& qp, const Request& req, HcaDevice::SendTargets& to) {
+bool device_targets(HcaDevice& dev, Engine& eng, Context& ctx, const Qp& qp, const Request& req, HcaDevice::SendTargets& to) {
     const abi::SendWqe& h = req.wqe->hdr;
     if (qp.type == IBV_QPT_UD) {
         // The requester checked the AH and that the destination is on a
         // device (hca_ud_destination).
         Ah* ah = ctx.ahs.get(h.ah_handle);
         const Pd* pd = ctx.pds.get(qp.pd);
-        const uint8_t* gid = hca_ud_destination(eng, req.dlid, req.dqpn);
-        to.ah = ah && pd && gid ? hca_ud_ah(eng, *pd, *ah, gid) : nullptr;
+        const uint8_t* gid = hca_ud_destination(dev, eng, req.dlid, req.dqpn);
+        to.ah = ah && pd && gid ? hca_ud_ah(dev, *pd, *ah, gid) : nullptr;
         to.qkey = req.qkey;
         return to.ah != nullptr;
     }
@@ -53,9 +53,9 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
     // UC message or a datagram sent in that window is lost, as they may be.)
     if (eng.serves(req.dlid))
         if (Engine::QpRef peer = eng.find_qp(req.dlid, req.dqpn); peer && peer.qp->carried)
-            hca_service(eng, *peer.ctx, *peer.qp);
+            hca_service(*this, eng, *peer.ctx, *peer.qp);
     HcaDevice::SendTargets to;
-    if (!device_targets(eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.sq_next, to)) {
+    if (!device_targets(dev_, eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.sq_next, to)) {
         resp.syndrome = Syndrome::LocalFault;
         return SendResult::Done;
     }
@@ -103,18 +103,18 @@ void HcaTransport::mw_made(Engine&, const Pd& pd, uint32_t type, std::unique_ptr
     made.reset(d.release());
 }
 
-void HcaTransport::srq_made(Engine& eng, const Pd& pd, Srq& srq) {
-    srq.dev = hca_create_srq(eng, pd, srq.wq.entries, srq.max_sge);
+void HcaTransport::srq_made(Engine&, const Pd& pd, Srq& srq) {
+    srq.dev = hca_create_srq(dev_, pd, srq.wq.entries, srq.max_sge);
 }
 
 uint32_t HcaTransport::qp_made(Engine& eng, const Pd& pd, const Srq* srq, Qp& qp, const abi::CmdCreateQpReq& r) {
-    qp.dev = hca_create_qp(eng, pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
+    qp.dev = hca_create_qp(dev_, eng, pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
                            r.max_inline_data);
     return qp.dev ? qp.dev->qp->qp_num : 0;
 }
 
 int HcaTransport::qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
-    return hca_follow(eng, ctx, qp, next);
+    return hca_follow(*this, eng, ctx, qp, next);
 }
 
 // The receives its device QP holds must not take data the guest was told
@@ -125,11 +125,11 @@ void HcaTransport::qp_failed(Qp& qp) {
 
 void HcaTransport::datagram_missed(const Qp&) { ++dev_.stats().ud_lost; }
 
-void HcaTransport::qp_pass(Engine& eng, Context& ctx, Qp& qp) { hca_service(eng, ctx, qp); }
+void HcaTransport::qp_pass(Engine& eng, Context& ctx, Qp& qp) { hca_service(*this, eng, ctx, qp); }
 
 // A QP on the device sends through it to every UD QP on a device (hca_ud.h).
 bool HcaTransport::carries_datagram(Engine& eng, uint16_t dlid, uint32_t dqpn) {
-    return hca_ud_destination(eng, dlid, dqpn) != nullptr;
+    return hca_ud_destination(dev_, eng, dlid, dqpn) != nullptr;
 }
 
 // The shim applies a bind or an invalidation to its own view of the window

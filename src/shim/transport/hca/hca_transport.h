@@ -33,6 +33,7 @@ inline bool device_opcode(uint32_t op) {
 class HcaTransport final : public Transport {
 public:
     explicit HcaTransport(HcaDevice& dev) : dev_(dev) {}
+    HcaDevice& device() { return dev_; }
     const char* name() const override { return "hca"; }
     // `req.wqe` is posted; `local` is not used (the device reads and writes
     // the memory itself).

@@ -15,8 +15,9 @@ namespace {
 
 // The guest that owns UD QP `qpn` of the device with GID `gid`: this
 // shim's (this worker's, or another's), or a peer's as it announced.
-bool datagram_source(Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid, uint64_t& guid) {
-    if (std::memcmp(gid, eng.hca()->gid(), 16) == 0) {
+bool datagram_source(const HcaDevice& dev, Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid,
+                     uint64_t& guid) {
+    if (std::memcmp(gid, dev.gid(), 16) == 0) {
         Engine::QpRef ref = eng.find_qp_by_qpn(qpn);
         if (!ref) return eng.shared().device_ud(qpn, lid, guid);
         if (ref.qp->type != IBV_QPT_UD) return false;
@@ -48,34 +49,33 @@ bool parse_device_header(const uint8_t g[40], DeviceHeader& h) {
     return false;
 }
 
-const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn) {
-    if (!eng.hca()) return nullptr;
+const uint8_t* hca_ud_destination(const HcaDevice& dev, Engine& eng, uint16_t dlid, uint32_t dqpn) {
     const Transport* t = eng.routes().lookup(dlid);
     if (!t) return nullptr;
     if (eng.is_here(t)) {
         Engine::QpRef d = eng.find_qp(dlid, dqpn);
-        return d && d.qp->type == IBV_QPT_UD && d.qp->carried ? eng.hca()->gid() : nullptr;
+        return d && d.qp->type == IBV_QPT_UD && d.qp->carried ? dev.gid() : nullptr;
     }
     // A guest of another worker of this shim: its UD QPs of the default
     // partition are on the device, as a peer shim's are.
-    if (t->within_shim()) return eng.hca()->gid();
+    if (t->within_shim()) return dev.gid();
     // A peer shim with a device has every UD QP of the default partition
     // on it, as this one does (a datagram to one that is not is lost there,
     // as it would be at its responder: another partition).
     return t->device_gid();
 }
 
-ibv_ah* hca_ud_ah(Engine& eng, const Pd& pd, Ah& ah, const uint8_t* gid) {
+ibv_ah* hca_ud_ah(HcaDevice& dev, const Pd& pd, Ah& ah, const uint8_t* gid) {
     if (ah.dev && std::memcmp(ah.dev->gid, gid, 16) == 0) return ah.dev->ah;
     if (!pd.dev) return nullptr;
     int err = 0;
-    std::unique_ptr<DeviceAh> d = eng.hca()->create_ah(pd.dev, gid, ah.attr, err);
+    std::unique_ptr<DeviceAh> d = dev.create_ah(pd.dev, gid, ah.attr, err);
     if (!d) return nullptr;
     ah.dev.reset(d.release());
     return ah.dev->ah;
 }
 
-void hca_ud_received(Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, const uint8_t* header,
+void hca_ud_received(HcaDevice& dev, Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, const uint8_t* header,
                      const abi::Sge* sge, uint32_t nsge, abi::Cqe& c) {
     c.src_qp = wc.src_qp;
     c.slid = 0;
@@ -84,10 +84,10 @@ void hca_ud_received(Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, 
     DeviceHeader h;
     uint64_t src_guid = 0;
     Request g;  // the guest's GRH, as the shim's other paths write it (make_grh)
-    if (!parse_device_header(header, h) || !datagram_source(eng, h.sgid, wc.src_qp, g.slid, src_guid)) {
+    if (!parse_device_header(header, h) || !datagram_source(dev, eng, h.sgid, wc.src_qp, g.slid, src_guid)) {
         // Logged at the 1st, 2nd, 4th, 8th...: anyone on the device's network
         // may send such datagrams (a program on the device directly).
-        const uint64_t n = ++eng.hca()->stats().ud_unknown;
+        const uint64_t n = ++dev.stats().ud_unknown;
         if ((n & (n - 1)) == 0)
             LOG_WARN("guest %s: QP %u: a datagram from device QP %u that no shim announced: no source LID "
                      "(%llu so far)",

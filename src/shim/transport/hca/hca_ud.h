@@ -27,6 +27,7 @@ namespace vrdma::shim {
 
 class Engine;
 class Context;
+class HcaDevice;
 struct Qp;
 struct Ah;
 struct Pd;
@@ -45,17 +46,17 @@ bool parse_device_header(const uint8_t header[40], DeviceHeader& out);
 // The device GID a datagram to (dlid, dqpn) goes to through the device;
 // null when the destination is not a UD QP on a device (the datagram goes
 // as without one).
-const uint8_t* hca_ud_destination(Engine& eng, uint16_t dlid, uint32_t dqpn);
+const uint8_t* hca_ud_destination(const HcaDevice& dev, Engine& eng, uint16_t dlid, uint32_t dqpn);
 
 // The device AH of guest AH `ah` (of PD `pd`) towards `gid`, made now if
 // it has none or one to another GID. Null if the device refused.
-ibv_ah* hca_ud_ah(Engine& eng, const Pd& pd, Ah& ah, const uint8_t* gid);
+ibv_ah* hca_ud_ah(HcaDevice& dev, const Pd& pd, Ah& ah, const uint8_t* gid);
 
 // A UD datagram the device delivered, its network header in `header`
 // (the WQE's header slot: HeaderSlots) and its payload after the first 40
 // bytes of the guest's scatter list `sge`: names its source in the guest's
 // CQE `c` (source QPN and LID) and writes the guest's GRH in those 40 bytes.
-void hca_ud_received(Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, const uint8_t* header,
+void hca_ud_received(HcaDevice& dev, Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, const uint8_t* header,
                      const abi::Sge* sge, uint32_t nsge, abi::Cqe& c);
 
 }  // namespace vrdma::shim
