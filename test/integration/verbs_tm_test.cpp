@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "verbs_fixture.h"
 
@@ -507,12 +508,32 @@ TEST_CASE("tag matching: a rendezvous from another guest is read through the QP'
 
     rndv(src.addr(), src.mr->rkey, kBig, 0x52, 64);
     rndv(src.addr() + 3, src.mr->rkey, 4096, 0x53, 128);
-    matched(2, 0x52);
-    matched(3, 0x53);
-    auto d2 = data(2);
+    // Each match before its data, the first data before the second (its
+    // reads queue behind the first's); the second match may come before or
+    // after the first data.
+    std::vector<TmWc> four;
+    for (int i = 0; i < 4; ++i) {
+        auto w = poll_tm(p.cq, 20000);
+        REQUIRE(w);
+        four.push_back(*w);
+    }
+    auto at = [&](uint64_t wr_id, unsigned flags) {
+        for (size_t i = 0; i < four.size(); ++i)
+            if (four[i].wr_id == wr_id && four[i].wc_flags == flags) return int(i);
+        return -1;
+    };
+    REQUIRE(at(2, IBV_WC_TM_MATCH) >= 0);
+    REQUIRE(at(3, IBV_WC_TM_MATCH) >= 0);
+    REQUIRE(at(2, IBV_WC_TM_DATA_VALID) >= 0);
+    REQUIRE(at(3, IBV_WC_TM_DATA_VALID) >= 0);
+    CHECK(at(2, IBV_WC_TM_MATCH) < at(2, IBV_WC_TM_DATA_VALID));
+    CHECK(at(3, IBV_WC_TM_MATCH) < at(3, IBV_WC_TM_DATA_VALID));
+    CHECK(at(2, IBV_WC_TM_DATA_VALID) < at(3, IBV_WC_TM_DATA_VALID));
+    CHECK(four[size_t(at(3, IBV_WC_TM_MATCH))].tag == 0x53);
+    const TmWc& d2 = four[size_t(at(2, IBV_WC_TM_DATA_VALID))];
     CHECK(d2.status == IBV_WC_SUCCESS);
     CHECK(d2.byte_len == kBig);
-    auto d3 = data(3);
+    const TmWc& d3 = four[size_t(at(3, IBV_WC_TM_DATA_VALID))];
     CHECK(d3.status == IBV_WC_SUCCESS);
     CHECK(d3.byte_len == 4096);
     CHECK(std::memcmp(rx.data + 8192, src.data, kBig) == 0);
