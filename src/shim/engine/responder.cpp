@@ -623,6 +623,35 @@ void responder_memory_fault(Delivery& d) {
     if (d.qp->type == IBV_QPT_RC) qp_set_error(*d.ctx, *d.qp, IBV_EVENT_QP_ACCESS_ERR);
 }
 
+void responder_end(Delivery& d, PayloadEnd how) {
+    const bool live = d.ctx && d.qp;
+    switch (how) {
+    case PayloadEnd::Moved:
+        if (live) responder_finish(d);
+        return;
+    case PayloadEnd::Lost:
+        if (!live) return;
+        if (d.recv_cqe)
+            responder_finish(d, false);
+        else if (d.qp->type == IBV_QPT_RC)
+            qp_set_error(*d.ctx, *d.qp, IBV_EVENT_QP_FATAL);
+        return;
+    case PayloadEnd::RequesterFault:
+        if (live && d.qp->type == IBV_QPT_RC)
+            responder_finish(d, false);
+        else if (live)
+            responder_memory_fault(d);
+        d.resp.syndrome = Syndrome::LocalFault;
+        d.nspans = 0;
+        return;
+    case PayloadEnd::ResponderFault:
+        if (live) responder_memory_fault(d);
+        d.resp.syndrome = Syndrome::NakAccess;
+        d.nspans = 0;
+        return;
+    }
+}
+
 void responder_finish(Delivery& d, bool payload_ok) {
     if (!d.recv_cqe || !d.ctx || !d.qp) return;
     if (d.tm) return tm_finish(d, payload_ok);

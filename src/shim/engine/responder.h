@@ -101,6 +101,27 @@ void responder_finish(Delivery& d, bool payload_ok = true);
 // an RC QP goes to error with IBV_EVENT_QP_ACCESS_ERR.
 void responder_memory_fault(Delivery& d);
 
+// How the payload of a request that began (responder_begin) ended.
+enum class PayloadEnd {
+    Moved,           // all of it: the receive completes
+    Lost,            // it never arrived whole (the requester gave the transfer up, or
+                     // the connection that carried it closed): the receive, if any,
+                     // completes with IBV_WC_REM_ABORT_ERR, and an RC QP goes to error
+                     // even without one (a partial RDMA WRITE: the responder counted
+                     // the request as executed, so a resend would be acknowledged as
+                     // a duplicate with only part of the data written)
+    RequesterFault,  // the requester's memory lost a page under the move: the
+                     // requester gets LocalFault (IBV_WC_LOC_PROT_ERR there); an RC
+                     // receive completes as Lost, a UD or UC one with
+                     // IBV_WC_LOC_PROT_ERR
+    ResponderFault,  // this responder's memory lost a page: responder_memory_fault
+};
+// The one end of every request's payload, whatever transport carried it.
+// A transport whose engine ran since responder_begin calls
+// responder_revalidate first (a target that went away is then not touched,
+// and only d.resp is set).
+void responder_end(Delivery& d, PayloadEnd how);
+
 // The 40-byte GRH written in front of a UD payload from a global address.
 void make_grh(const Request& req, uint8_t out40[40]);
 

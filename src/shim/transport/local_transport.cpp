@@ -83,7 +83,8 @@ bool LocalTransport::send_copy(Engine& eng, const Request& req, const uint8_t* p
 void LocalTransport::abandon(Engine& eng, Qp& qp) {
     SlicedCopy* s = qp.sliced.get();
     if (!s || !s->active) return;
-    if (responder_revalidate(eng, s->d)) responder_finish(s->d, false);
+    responder_revalidate(eng, s->d);
+    responder_end(s->d, PayloadEnd::Lost);
     end_transfer(*s);
 }
 

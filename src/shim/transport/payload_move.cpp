@@ -13,15 +13,7 @@ bool move_payload(const Request& req, Delivery& d, const Span* local, uint32_t n
                        : copy_sg(d.spans, d.nspans, d.skip + at, local, nlocal, at, bytes);
     if (f == CopyFault::None) return true;
     const bool local_fault = f == (read ? CopyFault::Dst : CopyFault::Src);
-    if (!local_fault) {
-        responder_memory_fault(d);
-    } else {
-        if (req.qp_type == IBV_QPT_RC)
-            responder_finish(d, false);
-        else
-            responder_memory_fault(d);
-        d.resp.syndrome = Syndrome::LocalFault;
-    }
+    responder_end(d, local_fault ? PayloadEnd::RequesterFault : PayloadEnd::ResponderFault);
     return false;
 }
 

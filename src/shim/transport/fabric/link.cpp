@@ -264,11 +264,9 @@ void Link::close(const std::string& reason) {
     // requester's resend would be acknowledged as a duplicate with only
     // part of the data written.
     for (auto& m : inbound_) {
-        if (m->type == uint8_t(SegType::Request) && !m->discard && responder_revalidate(*eng_, m->d)) {
-            if (m->d.recv_cqe)
-                responder_finish(m->d, false);
-            else if (m->req.qp_type == IBV_QPT_RC)
-                qp_set_error(*m->d.ctx, *m->d.qp, IBV_EVENT_QP_FATAL);
+        if (m->type == uint8_t(SegType::Request) && !m->discard && m->d.ctx) {
+            responder_revalidate(*eng_, m->d);
+            responder_end(m->d, PayloadEnd::Lost);
         }
         m->pins.clear();
     }
@@ -736,26 +734,18 @@ void Link::finish_request(InMsg& m) {
     const Request& req = m.req;
     Delivery& d = m.d;
     d.resp.tm = is_tm_request(req.opcode);  // a drop decided here too
+    if (d.ctx) responder_revalidate(*eng_, d);  // the engine ran since the request began
     if (m.aborted || m.faulted) {
         // A page was lost under the payload: as with the same fault on one
-        // shim (local_transport.cpp), the side whose memory it was fails.
-        const bool live = d.ctx && responder_revalidate(*eng_, d);
-        if (m.aborted) {  // the requester's: IBV_WC_LOC_PROT_ERR there
-            if (live && req.qp_type == IBV_QPT_RC)
-                responder_finish(d, false);
-            else if (live)
-                responder_memory_fault(d);
-            d.resp.syndrome = Syndrome::LocalFault;
-        } else {  // this responder's: IBV_WC_REM_ACCESS_ERR there
-            if (live) responder_memory_fault(d);
-            d.resp.syndrome = Syndrome::NakAccess;
-        }
-        d.nspans = 0;
+        // shim, the side whose memory it was fails: the requester's
+        // (IBV_WC_LOC_PROT_ERR there), or this responder's
+        // (IBV_WC_REM_ACCESS_ERR there).
+        responder_end(d, m.aborted ? PayloadEnd::RequesterFault : PayloadEnd::ResponderFault);
         if (req.qp_type == IBV_QPT_RC)
             queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, false, nullptr, &m.pins);
         return;
     }
-    if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(*eng_, d)) responder_finish(d);
+    if (d.resp.syndrome == Syndrome::Ack) responder_end(d, PayloadEnd::Moved);
     if (req.qp_type != IBV_QPT_RC) return;
     // A drop is answered too (the guest never sees it: its requester treats
     // it as the loss it stands for), so that over a live connection silence

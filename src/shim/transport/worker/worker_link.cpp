@@ -284,7 +284,10 @@ void WorkerLink::on_answer(WorkerMsg& m) {
         auto it = inbound_.find(key(m.lid, m.qpn));
         if (it == inbound_.end()) break;
         Inbound& in = *it->second;
-        if (!in.discard && responder_revalidate(eng_, in.d)) responder_finish(in.d, false);
+        if (!in.discard) {
+            responder_revalidate(eng_, in.d);
+            responder_end(in.d, PayloadEnd::Lost);
+        }
         WorkerMsg& r = answer_slot();
         r.kind = WorkerMsg::Kind::Release;
         r.pins.clear();
