@@ -70,7 +70,7 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
         ctx.qps.for_each([&](uint32_t, Qp& qp) {
             if (qp.send_cq != r.cq_handle) return;
             requester_process(eng, ctx, qp, t);
-            in_flight += ring_count(qp.sq_next, qp.sq.cons, qp.sq.entries);
+            in_flight += ring_count(qp.req.sq_next, qp.sq.cons, qp.sq.entries);
         });
     });
     uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);

@@ -194,18 +194,18 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
         qp->attr = abi::QpAttr{};
         requester_reset(*qp);
         qp->state = IBV_QPS_RESET;
-        qp->comm_est_sent = false;
-        qp->sq_draining = false;
+        qp->resp.comm_est_sent = false;
+        qp->req.draining = false;
     } else if (next == IBV_QPS_ERR) {
         qp->state = IBV_QPS_ERR;
-        qp->wait = SqWait::None;
-        qp->ack_deadline_ns = 0;
-        qp->sq_draining = false;
+        qp->req.wait = SqWait::None;
+        qp->req.ack_deadline_ns = 0;
+        qp->req.draining = false;
         ctx.mark_work(*qp);  // its queues are flushed on this pass
         if (cur != IBV_QPS_ERR) qp_entered_error(ctx, *qp);
     } else {
-        if (cur == IBV_QPS_SQE) qp->wait = SqWait::None;
-        if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) qp->epsn = qp->attr.rq_psn;
+        if (cur == IBV_QPS_SQE) qp->req.wait = SqWait::None;
+        if (cur == IBV_QPS_INIT && next == IBV_QPS_RTR) qp->resp.epsn = qp->attr.rq_psn;
         if (qp->type != IBV_QPT_UD && ((cur == IBV_QPS_INIT && next == IBV_QPS_RTR) || (mask & IBV_QP_AV)))
             bind_peer(eng, *qp);
         if (cur == IBV_QPS_RTR && next == IBV_QPS_RTS) requester_start(*qp);
@@ -213,10 +213,10 @@ int cmd_modify_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t*) {
             // The requester finishes the WQEs in flight (if any), then
             // raises SQ_DRAINED when asked to (requester_process).
             requester_begin_drain(*qp);
-            qp->sq_draining = true;
-            qp->sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && r.attr.en_sqd_async_notify;
+            qp->req.draining = true;
+            qp->req.sqd_notify = (mask & IBV_QP_EN_SQD_ASYNC_NOTIFY) && r.attr.en_sqd_async_notify;
         } else if (next != IBV_QPS_SQD) {
-            qp->sq_draining = false;
+            qp->req.draining = false;
         }
         qp->state = next;
         ctx.mark_work(*qp);  // what the guest posted before may go now
@@ -237,7 +237,7 @@ int cmd_query_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     out.attr.max_send_sge = qp->max_send_sge;
     out.attr.max_recv_sge = qp->max_recv_sge;
     out.attr.max_inline_data = qp->max_inline;
-    out.attr.sq_draining = qp->sq_draining ? 1 : 0;
+    out.attr.sq_draining = qp->req.draining ? 1 : 0;
     store_resp(resp, out);
     return 0;
 }

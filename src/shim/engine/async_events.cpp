@@ -38,8 +38,8 @@ void qp_entered_error(Context& ctx, Qp& qp) {
 }
 
 void qp_request_arrived(Context& ctx, Qp& qp) {
-    if (qp.state != IBV_QPS_RTR || qp.comm_est_sent) return;
-    qp.comm_est_sent = true;
+    if (qp.state != IBV_QPS_RTR || qp.resp.comm_est_sent) return;
+    qp.resp.comm_est_sent = true;
     post_qp_event(ctx, qp, IBV_EVENT_COMM_EST);
 }
 

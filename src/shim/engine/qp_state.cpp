@@ -168,9 +168,9 @@ void qp_apply_attrs(Qp& qp, const abi::QpAttr& a, uint32_t mask) {
 void qp_set_error(Context& ctx, Qp& qp, int event) {
     if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_RESET) return;
     qp.state = IBV_QPS_ERR;
-    qp.wait = SqWait::None;
-    qp.ack_deadline_ns = 0;
-    qp.sq_draining = false;
+    qp.req.wait = SqWait::None;
+    qp.req.ack_deadline_ns = 0;
+    qp.req.draining = false;
     ctx.request_rescan();
     if (event >= 0) post_qp_event(ctx, qp, uint32_t(event));
     qp_entered_error(ctx, qp);
@@ -179,8 +179,8 @@ void qp_set_error(Context& ctx, Qp& qp, int event) {
 void qp_set_sq_error(Context& ctx, Qp& qp) {
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     qp.state = IBV_QPS_SQE;
-    qp.wait = SqWait::None;
-    qp.ack_deadline_ns = 0;
+    qp.req.wait = SqWait::None;
+    qp.req.ack_deadline_ns = 0;
     ctx.request_rescan();
 }
 

@@ -30,7 +30,14 @@ bool is_atomic(uint32_t op) { return op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IB
 // Operations on the shim's own tables (memory windows), not on the peer.
 bool is_local_op(uint32_t op) { return op == IBV_WR_BIND_MW || op == IBV_WR_LOCAL_INV; }
 
-uint32_t inflight_count(const Qp& qp) { return ring_count(qp.sq_next, qp.sq.cons, qp.sq.entries); }
+// The oldest request in flight times out one timeout after ack_since_ns
+// (nothing in flight: no timer).
+void arm_ack_timer(Qp& qp) {
+    const bool in_flight = qp.req.sq_next != qp.sq.cons;
+    qp.req.ack_deadline_ns = in_flight ? qp.req.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
+}
+
+uint32_t inflight_count(const Qp& qp) { return ring_count(qp.req.sq_next, qp.sq.cons, qp.sq.entries); }
 
 void note_deadline(Context& ctx, uint64_t when) {
     if (when && (!ctx.next_deadline_ns || when < ctx.next_deadline_ns)) ctx.next_deadline_ns = when;
@@ -38,10 +45,10 @@ void note_deadline(Context& ctx, uint64_t when) {
 
 // Resends everything in flight, from the oldest WQE.
 void rewind(Qp& qp) {
-    qp.sq_next = qp.sq.cons;
-    qp.next_psn = qp.una_psn;
-    qp.ack_deadline_ns = 0;
-    qp.rewound = true;
+    qp.req.sq_next = qp.sq.cons;
+    qp.req.next_psn = qp.req.una_psn;
+    qp.req.ack_deadline_ns = 0;
+    qp.req.rewound = true;
 }
 
 // The engine's pins, emptied, when transport `t` moves the payload after
@@ -90,15 +97,15 @@ void complete_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const Sen
             if (resolve_local(ctx, qp, s, loc, nl, len) != IBV_WC_SUCCESS) len = 0;
         }
     }
-    const bool in_flight = qp.sq_next != qp.sq.cons;
+    const bool in_flight = qp.req.sq_next != qp.sq.cons;
     wq_consume(qp.sq);
-    if (!in_flight) qp.sq_next = qp.sq.cons;
+    if (!in_flight) qp.req.sq_next = qp.sq.cons;
     if (!is_local_op(hdr.opcode)) {  // a local operation sends nothing: it takes no PSN
-        qp.una_psn = psn_next(qp.una_psn);
-        qp.rewound = false;
+        qp.req.una_psn = psn_next(qp.req.una_psn);
+        qp.req.rewound = false;
         // UD and UC: what is still in flight (sent later by the fabric,
         // requester_sent) keeps the PSNs it took.
-        if (qp.type != IBV_QPT_RC && qp.sq_next == qp.sq.cons) qp.next_psn = qp.una_psn;
+        if (qp.type != IBV_QPT_RC && qp.req.sq_next == qp.sq.cons) qp.req.next_psn = qp.req.una_psn;
     }
     bool signaled = qp.sig_all || (hdr.send_flags & IBV_SEND_SIGNALED);
     if (status == IBV_WC_SUCCESS && !signaled) return;
@@ -126,9 +133,9 @@ void fail_head(Engine& eng, Context& ctx, Qp& qp, uint32_t status, const SendWor
 // out): wait the QP's timeout, then send it again, retry_cnt times.
 void lost(Engine& eng, Context& ctx, Qp& qp) {
     rewind(qp);
-    qp.wait = SqWait::Retry;
-    qp.deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
-    note_deadline(ctx, qp.deadline_ns);
+    qp.req.wait = SqWait::Retry;
+    qp.req.deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
+    note_deadline(ctx, qp.req.deadline_ns);
 }
 
 // Handles the response to the request at the head of the queue. `w` and
@@ -159,26 +166,26 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
             }
         }
         complete_head(eng, ctx, qp, IBV_WC_SUCCESS, w, len);
-        qp.wait = SqWait::None;
-        qp.retries_left = qp.attr.retry_cnt;
-        qp.rnr_left = qp.attr.rnr_retry;
-        qp.ack_since_ns = eng.now();
-        qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
+        qp.req.wait = SqWait::None;
+        qp.req.retries_left = qp.attr.retry_cnt;
+        qp.req.rnr_left = qp.attr.rnr_retry;
+        qp.req.ack_since_ns = eng.now();
+        arm_ack_timer(qp);
         return;
     }
     case Syndrome::RnrNak:
         if (qp.attr.rnr_retry != 7) {
-            if (qp.rnr_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RNR_RETRY_EXC_ERR, w);
-            --qp.rnr_left;
+            if (qp.req.rnr_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RNR_RETRY_EXC_ERR, w);
+            --qp.req.rnr_left;
         }
         rewind(qp);
-        qp.wait = SqWait::Rnr;
-        qp.deadline_ns = eng.now() + rnr_timer_ns(r.rnr_timer);
-        note_deadline(ctx, qp.deadline_ns);
+        qp.req.wait = SqWait::Rnr;
+        qp.req.deadline_ns = eng.now() + rnr_timer_ns(r.rnr_timer);
+        note_deadline(ctx, qp.req.deadline_ns);
         return;
     case Syndrome::NakSeq:
-        if (qp.retries_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, w);
-        --qp.retries_left;
+        if (qp.req.retries_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, w);
+        --qp.req.retries_left;
         rewind(qp);
         return;
     case Syndrome::NakInvReq:
@@ -234,7 +241,7 @@ enum class Step { Next, Stop };
 // operation to its own view of the window, and the transport may apply it
 // to its own too and complete it (hca_transport.h).
 Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
-    if (qp.sq_next != qp.sq.cons) return Step::Stop;  // resumed when the last response arrives
+    if (qp.req.sq_next != qp.sq.cons) return Step::Stop;  // resumed when the last response arrives
     const bool bind = w.hdr.opcode == IBV_WR_BIND_MW;
     Mw* mw = ctx.mws.get(bind ? w.hdr.mw_handle : ctx.keys.lookup(w.hdr.rkey, KeyKind::Mw));
     Transport* carrier = qp.carried ? qp.transport : nullptr;
@@ -247,8 +254,8 @@ Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (st != IBV_WC_SUCCESS) return fail_head(eng, ctx, qp, st, &w), Step::Stop;
     switch (carrier ? carrier->post_local_op(eng, ctx, qp, mw, w, bind) : LocalOp::Shim) {
     case LocalOp::Posted:
-        qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
-        qp.inflight_carried = true;
+        qp.req.sq_next = ring_next(qp.req.sq_next, qp.sq.entries);
+        qp.req.inflight_carried = true;
         return Step::Next;
     case LocalOp::Failed:
         return fail_head(eng, ctx, qp, bind ? IBV_WC_MW_BIND_ERR : IBV_WC_LOC_QP_OP_ERR, &w), Step::Stop;
@@ -261,7 +268,7 @@ Step run_local_op(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
 
 Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const uint32_t op = w.hdr.opcode;
-    const bool idle = qp.sq_next == qp.sq.cons;
+    const bool idle = qp.req.sq_next == qp.sq.cons;
     // A local error completes only once everything before it has: it waits
     // for the queue in flight to drain.
     auto local_error = [&](uint32_t status) {
@@ -283,7 +290,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     Request req;
     req.opcode = op;
     req.qp_type = IBV_QPT_RC;
-    req.psn = qp.next_psn;
+    req.psn = qp.req.next_psn;
     stamp_source(ctx, qp, req);
     req.dlid = qp.attr.ah.dlid;
     req.dqpn = qp.attr.dest_qp_num;
@@ -298,7 +305,7 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.compare_add = w.hdr.compare_add;
     req.swap = w.hdr.swap;
     req.inline_payload = w.is_inline;
-    req.resend = psn_before(req.psn, qp.sent_high);
+    req.resend = psn_before(req.psn, qp.req.sent_high);
     req.wqe = &w;
 
     Response resp;
@@ -306,20 +313,20 @@ Step start_rc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     if (t && ctx.guest().port_active) sent = t->send(eng, ctx, qp, req, loc, nl, pins, resp);
     if (sent == SendResult::Busy) return Step::Stop;
     count_issued(ctx, req);
-    qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
-    qp.next_psn = psn_next(qp.next_psn);
-    if (!req.resend) qp.sent_high = qp.next_psn;
+    qp.req.sq_next = ring_next(qp.req.sq_next, qp.sq.entries);
+    qp.req.next_psn = psn_next(qp.req.next_psn);
+    if (!req.resend) qp.req.sent_high = qp.req.next_psn;
     if (sent == SendResult::InFlight) {
-        if (!qp.ack_deadline_ns) {
-            qp.ack_since_ns = eng.now();
-            qp.ack_deadline_ns = qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout);
+        if (!qp.req.ack_deadline_ns) {
+            qp.req.ack_since_ns = eng.now();
+            qp.req.ack_deadline_ns = qp.req.ack_since_ns + ack_timeout_ns(qp.attr.timeout);
         }
         return Step::Next;
     }
     // Synchronous: the response is for this WQE, which is the head (a
     // synchronous transport never leaves anything in flight).
     on_head_response(eng, ctx, qp, resp, &w, loc, nl, len);
-    return qp.wait == SqWait::None ? Step::Next : Step::Stop;
+    return qp.req.wait == SqWait::None ? Step::Next : Step::Stop;
 }
 
 // How a UD or UC request went (send_unacked).
@@ -342,18 +349,18 @@ Unacked send_unacked(Engine& eng, Context& ctx, Qp& qp, const Request& req, Tran
     if (!idle && (!goes || eng.is_here(t))) return Unacked::Wait;
     // What is in flight completes in order on one path: a UD QP on the
     // device switches between the device and TCP only once idle.
-    if (!idle && carried != qp.inflight_carried) return Unacked::Wait;
+    if (!idle && carried != qp.req.inflight_carried) return Unacked::Wait;
     if (!goes) return Unacked::Now;
     const SendResult sent = t->send(eng, ctx, qp, req, loc, nl, pins, r);
     if (sent == SendResult::Busy) return Unacked::Wait;
     if (sent == SendResult::InFlight) {
         count_issued(ctx, req);
         if (!carried) {
-            if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
-            qp.next_psn = psn_next(qp.next_psn);
+            if (qp.req.sent_flags.size() != qp.sq.entries) qp.req.sent_flags.assign(qp.sq.entries, 0);
+            qp.req.next_psn = psn_next(qp.req.next_psn);
         }
-        qp.inflight_carried = carried;
-        qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+        qp.req.inflight_carried = carried;
+        qp.req.sq_next = ring_next(qp.req.sq_next, qp.sq.entries);
         return Unacked::Later;
     }
     if (!idle) return Unacked::Wait;  // dropped (the peer is down): again once those before it completed
@@ -392,7 +399,7 @@ void fill_ud_request(Context& ctx, Qp& qp, const SendWork& w, const Ah& ah, uint
         std::memcpy(req.dgid, ah.attr.dgid, 16);
     }
     req.inline_payload = w.is_inline;
-    req.psn = qp.next_psn;
+    req.psn = qp.req.next_psn;
 }
 
 // A UD send to a multicast LID (multicast_delivery.h): the payload is
@@ -420,16 +427,16 @@ Step start_multicast(Engine& eng, Context& ctx, Qp& qp, SendWork& w, const Ah& a
         complete_head(eng, ctx, qp, IBV_WC_SUCCESS, &w, len);
         return Step::Next;
     }
-    if (qp.sent_flags.size() != qp.sq.entries) qp.sent_flags.assign(qp.sq.entries, 0);
-    qp.sent_flags[ring_slot(qp.sq_next, qp.sq.entries)] = 1;
-    qp.next_psn = psn_next(qp.next_psn);
-    qp.sq_next = ring_next(qp.sq_next, qp.sq.entries);
+    if (qp.req.sent_flags.size() != qp.sq.entries) qp.req.sent_flags.assign(qp.sq.entries, 0);
+    qp.req.sent_flags[ring_slot(qp.req.sq_next, qp.sq.entries)] = 1;
+    qp.req.next_psn = psn_next(qp.req.next_psn);
+    qp.req.sq_next = ring_next(qp.req.sq_next, qp.sq.entries);
     return Step::Next;
 }
 
 Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const abi::SendWqe& h = w.hdr;
-    const bool idle = qp.sq_next == qp.sq.cons;
+    const bool idle = qp.req.sq_next == qp.sq.cons;
     auto fail = [&](uint32_t status) { return fail_after_sent(eng, ctx, qp, w, status, idle); };
     if (st != IBV_WC_SUCCESS) return fail(st);
     if (h.opcode != IBV_WR_SEND && h.opcode != IBV_WR_SEND_WITH_IMM) return fail(IBV_WC_LOC_QP_OP_ERR);
@@ -451,7 +458,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     Request req;
     fill_ud_request(ctx, qp, w, *ah, len, req);
     req.wqe = &w;
-    req.sq_idx = qp.sq_next;
+    req.sq_idx = qp.req.sq_next;
     Response r;
     const Unacked how = send_unacked(eng, ctx, qp, req, t, loc, nl, pins, idle, r);
     if (how != Unacked::Now) return how == Unacked::Wait ? Step::Stop : Step::Next;
@@ -466,7 +473,7 @@ Step start_ud(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
 // is written, requester_sent); no acknowledgement, no retry.
 Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     const abi::SendWqe& h = w.hdr;
-    const bool idle = qp.sq_next == qp.sq.cons;
+    const bool idle = qp.req.sq_next == qp.sq.cons;
     auto fail = [&](uint32_t status) { return fail_after_sent(eng, ctx, qp, w, status, idle); };
     if (st != IBV_WC_SUCCESS) return fail(st);
     const bool send = h.opcode == IBV_WR_SEND || h.opcode == IBV_WR_SEND_WITH_IMM;
@@ -482,7 +489,7 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     Request req;
     req.opcode = h.opcode;
     req.qp_type = IBV_QPT_UC;
-    req.psn = qp.next_psn;
+    req.psn = qp.req.next_psn;
     stamp_source(ctx, qp, req);
     req.dlid = qp.attr.ah.dlid;
     req.dqpn = qp.attr.dest_qp_num;
@@ -495,7 +502,7 @@ Step start_uc(Engine& eng, Context& ctx, Qp& qp, SendWork& w, uint32_t st) {
     req.remote_addr = h.remote_addr;
     req.inline_payload = w.is_inline;
     req.wqe = &w;
-    req.sq_idx = qp.sq_next;
+    req.sq_idx = qp.req.sq_next;
     Response r;
     const Unacked how = send_unacked(eng, ctx, qp, req, t, loc, nl, pins, idle, r);
     if (how != Unacked::Now) return how == Unacked::Wait ? Step::Stop : Step::Next;
@@ -520,8 +527,8 @@ bool flush_sq(Context& ctx, Qp& qp) {
         wq_consume(qp.sq);
         cq_push(ctx, qp.send_cq, c);
     }
-    qp.sq_next = qp.sq.cons;
-    std::fill(qp.sent_flags.begin(), qp.sent_flags.end(), 0);
+    qp.req.sq_next = qp.sq.cons;
+    std::fill(qp.req.sent_flags.begin(), qp.req.sent_flags.end(), 0);
     return true;
 }
 
@@ -568,33 +575,33 @@ uint32_t wc_opcode_for(uint32_t wr_opcode) {
 }
 
 void requester_start(Qp& qp) {
-    qp.sq_next = qp.sq.cons;
-    qp.una_psn = qp.next_psn = qp.sent_high = qp.attr.sq_psn & kPsnMask;
-    qp.retries_left = qp.attr.retry_cnt;
-    qp.rnr_left = qp.attr.rnr_retry;
-    qp.wait = SqWait::None;
-    qp.ack_deadline_ns = 0;
-    qp.rewound = false;
+    qp.req.sq_next = qp.sq.cons;
+    qp.req.una_psn = qp.req.next_psn = qp.req.sent_high = qp.attr.sq_psn & kPsnMask;
+    qp.req.retries_left = qp.attr.retry_cnt;
+    qp.req.rnr_left = qp.attr.rnr_retry;
+    qp.req.wait = SqWait::None;
+    qp.req.ack_deadline_ns = 0;
+    qp.req.rewound = false;
 }
 
 void requester_reset(Qp& qp) {
-    std::fill(qp.sent_flags.begin(), qp.sent_flags.end(), 0);
+    std::fill(qp.req.sent_flags.begin(), qp.req.sent_flags.end(), 0);
     qp.transport = nullptr;
     qp.route_gen = 0;
-    qp.sq_next = qp.sq.cons;
-    qp.una_psn = qp.next_psn = 0;
-    qp.wait = SqWait::None;
-    qp.ack_deadline_ns = 0;
-    qp.rewound = false;
-    qp.epsn = 0;
-    qp.atomic_replay_valid = false;
-    qp.tm_rendezvous.clear();
+    qp.req.sq_next = qp.sq.cons;
+    qp.req.una_psn = qp.req.next_psn = 0;
+    qp.req.wait = SqWait::None;
+    qp.req.ack_deadline_ns = 0;
+    qp.req.rewound = false;
+    qp.resp.epsn = 0;
+    qp.resp.atomic_replay_valid = false;
+    qp.resp.tm_rendezvous.clear();
 }
 
 void requester_begin_drain(Qp& qp) {
     // A WQE waiting for a timer was sent once: it still finishes.
-    qp.drain_end = qp.wait != SqWait::None && qp.sq_next == qp.sq.cons ? ring_next(qp.sq.cons, qp.sq.entries)
-                                                                         : qp.sq_next;
+    const bool waiting = qp.req.wait != SqWait::None && qp.req.sq_next == qp.sq.cons;
+    qp.req.drain_end = waiting ? ring_next(qp.sq.cons, qp.sq.entries) : qp.req.sq_next;
 }
 
 bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t max_wqes) {
@@ -602,59 +609,59 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
     // transfer) gives up the transfer: the peer's receive it took fails.
     if (qp.state == IBV_QPS_ERR || qp.state == IBV_QPS_SQE) abandon_transfer(eng, qp);
     if (qp.state == IBV_QPS_ERR) {
-        if (!qp.tm_rendezvous.empty()) tm_flush_rendezvous(ctx, qp);
+        if (!qp.resp.tm_rendezvous.empty()) tm_flush_rendezvous(ctx, qp);
         bool a = flush_sq(ctx, qp);
         bool b = flush_rq(ctx, qp);
         return a || b;
     }
     // Rendezvous reads a TM SRQ runs through this QP (tag_matching.h): its
     // receive side still works in SQE.
-    if (!qp.tm_rendezvous.empty()) tm_run_rendezvous(eng, ctx, qp);
+    if (!qp.resp.tm_rendezvous.empty()) tm_run_rendezvous(eng, ctx, qp);
     if (qp.state == IBV_QPS_SQE) return flush_sq(ctx, qp);
     for (Transport* k : eng.object_keepers()) k->qp_pass(eng, ctx, qp);  // a device QP takes the receives posted
     // SQD: no new WQE starts; those started (in flight, or waiting for an
     // RNR or retry timer) finish, and then the send queue is drained.
-    const bool draining = qp.state == IBV_QPS_SQD && qp.sq_draining;
+    const bool draining = qp.state == IBV_QPS_SQD && qp.req.draining;
     if (qp.state != IBV_QPS_RTS && !draining) return false;
     if (!qp.sq.ring) return false;  // an XRC_RECV QP: no send queue
     auto drained = [&] {
-        qp.sq_draining = false;
-        if (qp.sqd_notify) post_qp_event(ctx, qp, IBV_EVENT_SQ_DRAINED);
+        qp.req.draining = false;
+        if (qp.req.sqd_notify) post_qp_event(ctx, qp, IBV_EVENT_SQ_DRAINED);
         return true;
     };
-    if (draining && qp.sq.cons == qp.drain_end && qp.wait == SqWait::None) return drained();
+    if (draining && qp.sq.cons == qp.req.drain_end && qp.req.wait == SqWait::None) return drained();
 
     bool progress = false;
-    if (qp.wait != SqWait::None) {
-        if (t < qp.deadline_ns) {
-            note_deadline(ctx, qp.deadline_ns);
+    if (qp.req.wait != SqWait::None) {
+        if (t < qp.req.deadline_ns) {
+            note_deadline(ctx, qp.req.deadline_ns);
             return false;
         }
-        if (qp.wait == SqWait::Retry) {
-            if (qp.retries_left == 0) {
-                qp.wait = SqWait::None;
+        if (qp.req.wait == SqWait::Retry) {
+            if (qp.req.retries_left == 0) {
+                qp.req.wait = SqWait::None;
                 fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, nullptr);
                 return true;
             }
-            --qp.retries_left;
+            --qp.req.retries_left;
         }
-        qp.wait = SqWait::None;  // send again from the oldest WQE
+        qp.req.wait = SqWait::None;  // send again from the oldest WQE
     }
-    if (qp.ack_deadline_ns && t >= qp.ack_deadline_ns) {
+    if (qp.req.ack_deadline_ns && t >= qp.req.ack_deadline_ns) {
         // The oldest request in flight got no response in time. Over a
         // reliable stream whose other end is still talking, it is late, not
         // lost (a drop is answered explicitly there): wait again.
         const uint64_t timeout = ack_timeout_ns(qp.attr.timeout);
-        if (qp.transport && qp.transport->delivering_since(qp.ack_since_ns)) {
-            qp.ack_deadline_ns = t + timeout;
-            note_deadline(ctx, qp.ack_deadline_ns);
+        if (qp.transport && qp.transport->delivering_since(qp.req.ack_since_ns)) {
+            qp.req.ack_deadline_ns = t + timeout;
+            note_deadline(ctx, qp.req.ack_deadline_ns);
             return progress;
         }
-        if (qp.retries_left == 0) {
+        if (qp.req.retries_left == 0) {
             fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, nullptr);
             return true;
         }
-        --qp.retries_left;
+        --qp.req.retries_left;
         rewind(qp);
         progress = true;
     }
@@ -667,18 +674,18 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
     }
     uint32_t unsent = std::min(n - inflight_count(qp), max_wqes);
     if (draining) {
-        uint32_t left = ring_count(qp.drain_end, qp.sq_next, qp.sq.entries);
+        uint32_t left = ring_count(qp.req.drain_end, qp.req.sq_next, qp.sq.entries);
         if (left < unsent) unsent = left;
     }
     const uint32_t run_state = qp.state;
     SendWork& w = eng.scratch();
-    for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.wait == SqWait::None; ++i) {
+    for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.req.wait == SqWait::None; ++i) {
         if (eng.turn_spent_timed()) {
             ctx.mark_work(qp);  // the rest on the next pass (engine.h: work per turn)
             break;
         }
         eng.charge_turn(Engine::kWqeCost);
-        uint32_t st = read_send_wqe(qp.sq, qp.sq_next, qp.max_send_sge, qp.max_inline, w);
+        uint32_t st = read_send_wqe(qp.sq, qp.req.sq_next, qp.max_send_sge, qp.max_inline, w);
         Step s = is_local_op(w.hdr.opcode) && qp.type != IBV_QPT_UD ? run_local_op(eng, ctx, qp, w, st)
                  : qp.type == IBV_QPT_UD                             ? start_ud(eng, ctx, qp, w, st)
                  : qp.type == IBV_QPT_UC ? start_uc(eng, ctx, qp, w, st)
@@ -686,15 +693,15 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
         progress = true;
         if (s == Step::Stop) break;
     }
-    note_deadline(ctx, qp.ack_deadline_ns);
-    if (draining && qp.state == IBV_QPS_SQD && qp.sq.cons == qp.drain_end && qp.wait == SqWait::None)
+    note_deadline(ctx, qp.req.ack_deadline_ns);
+    if (draining && qp.state == IBV_QPS_SQD && qp.sq.cons == qp.req.drain_end && qp.req.wait == SqWait::None)
         return drained();
     if (qp.state != run_state) ctx.request_rescan();  // flush what is left
     return progress;
 }
 
 void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& resp) {
-    if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons) return;
+    if (qp.type != IBV_QPT_RC || qp.req.sq_next == qp.sq.cons) return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     // From a peer on another shim: the connection binds to the incarnation
     // of the first QP that answers, and an answer from another one (an
@@ -704,14 +711,14 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
         if (!qp.peer_incarnation) qp.peer_incarnation = resp.incarnation;
         if (resp.incarnation != qp.peer_incarnation) return;
     }
-    const uint32_t ahead = psn_diff(resp.psn, qp.una_psn);
+    const uint32_t ahead = psn_diff(resp.psn, qp.req.una_psn);
     if (ahead >= inflight_count(qp)) return;  // stale, or not a PSN in flight
     // A sequence NAK naming the PSN the requester already went back to is
     // the echo of a request sent before it went back (a pipeline behind an
     // RNR NAK or a lost request earns one each, and they may come after
     // the resend): news only once. IB responders NAK a PSN once; these
     // transports answer every request, so the requester discards the echo.
-    if (resp.syndrome == Syndrome::NakSeq && ahead == 0 && qp.rewound) return;
+    if (resp.syndrome == Syndrome::NakSeq && ahead == 0 && qp.req.rewound) return;
     if (resp.syndrome == Syndrome::NakSeq) {
         // Resend from the PSN the responder expects; what comes before it
         // was executed (its ACKs may still be on the way).
@@ -726,7 +733,7 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
             if (is_rdma_read_or_atomic(hdr.opcode)) return;
             Response implied;
             implied.syndrome = Syndrome::Ack;
-            implied.psn = qp.una_psn;
+            implied.psn = qp.req.una_psn;
             on_head_response(eng, ctx, qp, implied, nullptr, nullptr, 0, 0);
             if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
         }
@@ -738,13 +745,13 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
 void requester_carried_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uint32_t status) {
     // Only the head of what was posted: a QP flushed, reset or failed by
     // the shim since has completed it already.
-    if (qp.sq_next == qp.sq.cons || idx != qp.sq.cons) return;
+    if (qp.req.sq_next == qp.sq.cons || idx != qp.sq.cons) return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     if (status != IBV_WC_SUCCESS) {
         // The device QP is in error: what it still holds comes back
         // flushed, and the shim's flush of the guest's queues answers it.
         complete_head(eng, ctx, qp, status, nullptr, 0);
-        qp.sq_next = qp.sq.cons;
+        qp.req.sq_next = qp.sq.cons;
         if (qp.type == IBV_QPT_RC) {
             qp_set_error(ctx, qp, -1);
             eng.fail_responder_of(ctx, qp, status);
@@ -754,8 +761,8 @@ void requester_carried_done(Engine& eng, Context& ctx, Qp& qp, uint32_t idx, uin
         return;
     }
     complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
-    qp.ack_since_ns = eng.now();
-    qp.ack_deadline_ns = qp.sq_next != qp.sq.cons ? qp.ack_since_ns + ack_timeout_ns(qp.attr.timeout) : 0;
+    qp.req.ack_since_ns = eng.now();
+    arm_ack_timer(qp);
 }
 
 void send_posted_datagrams(Engine& eng, Context& ctx, Qp& qp, uint32_t& allowance) {
@@ -772,20 +779,20 @@ void send_posted_datagrams(Engine& eng, Context& ctx, Qp& qp, uint32_t& allowanc
 void requester_sent(Engine& eng, Context& ctx, Qp& qp, uint32_t idx) {
     // Only a WQE still in flight: a QP flushed or reset since has completed
     // it already.
-    if (qp.sent_flags.size() != qp.sq.entries || ring_count(idx, qp.sq.cons, qp.sq.entries) >= inflight_count(qp))
+    if (qp.req.sent_flags.size() != qp.sq.entries || ring_count(idx, qp.sq.cons, qp.sq.entries) >= inflight_count(qp))
         return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
-    qp.sent_flags[ring_slot(idx, qp.sq.entries)] = 1;
+    qp.req.sent_flags[ring_slot(idx, qp.sq.entries)] = 1;
     // In order: the head, and those after it that were sent too.
-    while (qp.sq_next != qp.sq.cons && qp.sent_flags[ring_slot(qp.sq.cons, qp.sq.entries)]) {
-        qp.sent_flags[ring_slot(qp.sq.cons, qp.sq.entries)] = 0;
+    while (qp.req.sq_next != qp.sq.cons && qp.req.sent_flags[ring_slot(qp.sq.cons, qp.sq.entries)]) {
+        qp.req.sent_flags[ring_slot(qp.sq.cons, qp.sq.entries)] = 0;
         complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
     }
     ctx.mark_work(qp);  // the next WQEs, and a drain, may go on
 }
 
 void requester_local_error(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, uint32_t status) {
-    if (qp.type != IBV_QPT_RC || qp.sq_next == qp.sq.cons || psn != qp.una_psn) return;
+    if (qp.type != IBV_QPT_RC || qp.req.sq_next == qp.sq.cons || psn != qp.req.una_psn) return;
     if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
     fail_head(eng, ctx, qp, status, nullptr);
     ctx.mark_work(qp);
@@ -795,7 +802,7 @@ uint32_t requester_read_target(Engine& eng, Context& ctx, Qp& qp, uint32_t psn, 
                                uint64_t& len, Pins* pins) {
     spans = 0;
     len = 0;
-    uint32_t off = psn_diff(psn, qp.una_psn);
+    uint32_t off = psn_diff(psn, qp.req.una_psn);
     if (off >= inflight_count(qp)) return IBV_WC_GENERAL_ERR;
     SendWork& s = eng.scratch();
     uint32_t idx = ring_advance(qp.sq.cons, off, qp.sq.entries);

@@ -204,6 +204,58 @@ enum class SqWait : uint8_t { None, Rnr, Retry };
 // SRQ it names. Both are type IBV_QPT_RC to the engine.
 enum class XrcRole : uint8_t { None, Send, Recv };
 
+// The requester's side of a QP (requester.h). WQEs [sq.cons, sq_next) are
+// in flight: sent, not yet acknowledged; they stay in the ring until then,
+// and the consumer index the guest sees moves as each one completes. One
+// PSN per message: the WQE at sq.cons has una_psn, the one at sq_next
+// next_psn.
+struct QpRequester {
+    uint32_t sq_next = 0;
+    uint32_t una_psn = 0;
+    uint32_t next_psn = 0;
+    uint32_t sent_high = 0;          // PSN after the highest ever sent (lower ones are resends)
+    SqWait wait = SqWait::None;      // blocks new sends until deadline_ns
+    uint64_t deadline_ns = 0;
+    uint64_t ack_deadline_ns = 0;    // in flight: when the oldest request times out
+    uint64_t ack_since_ns = 0;       // when that timer started (a send, or progress)
+    uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
+    bool rewound = false;            // went back to una_psn and has not moved past it since
+    uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
+    uint32_t drain_end = 0;          // SQD: the WQEs before this index still run
+    bool draining = false;           // SQD reached, a WQE still in flight
+    bool sqd_notify = false;         // raise SQ_DRAINED when the drain finishes
+    // The transfer of the WQE at sq_next, while a transport moves it slice
+    // by slice (sliced_transfer.h; kept between transfers: no allocation
+    // per message).
+    std::unique_ptr<SlicedCopy, SlicedCopyDeleter> sliced;
+    // UD and UC WQEs in flight over the fabric whose payload was sent, by
+    // send queue slot (requester_sent: they complete in order; a datagram
+    // to another peer may leave first). Sized once, at the first such WQE.
+    std::vector<uint8_t> sent_flags;
+    // What is in flight went through the transport that carries the QP
+    // (all of it: a UD QP on the device waits for idle before it sends
+    // another way).
+    bool inflight_carried = false;
+};
+
+// The responder's side of a QP (responder.h).
+struct QpResponder {
+    uint32_t epsn = 0;               // PSN expected next
+    bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
+    uint32_t atomic_replay_psn = 0;
+    uint64_t atomic_replay_orig = 0;
+    bool comm_est_sent = false;      // COMM_EST already raised since the QP left RESET
+    // On a TM SRQ (tag_matching.h): the message being received, held here
+    // until the tag list decides where it goes (made at the first one);
+    // the rendezvous matched and not done yet, oldest first, and the PSNs
+    // of the reads and FINs they send.
+    std::shared_ptr<Mapping> tm_staging;
+    bool tm_staging_busy = false;    // a message is in it (another waits: RNR)
+    std::vector<PendingRendezvous> tm_rendezvous;
+    uint32_t tm_next_psn = 0;
+    uint32_t tm_fins_lost = 0;       // rendezvous FINs to this QP that found no receive (logged once)
+};
+
 struct Qp {
     uint32_t handle = 0;          // its handle in the context's table
     bool work_marked = false;     // in the context's list of QPs with work (Context::mark_work)
@@ -224,37 +276,11 @@ struct Qp {
     uint32_t state = 0;           // ibv_qp_state
     abi::QpAttr attr{};           // attributes set by ModifyQp
 
-    // Requester (requester.h). WQEs [sq.cons, sq_next) are in flight: sent,
-    // not yet acknowledged; they stay in the ring until then, and the
-    // consumer index the guest sees moves as each one completes. One PSN per
-    // message: the WQE at sq.cons has una_psn, the one at sq_next next_psn.
-    Transport* transport = nullptr;  // RC: bound to the route of attr.ah.dlid
-    uint32_t route_gen = 0;          // the route table generation it was bound at
-    uint32_t sq_next = 0;
-    uint32_t una_psn = 0;
-    uint32_t next_psn = 0;
-    uint32_t sent_high = 0;          // PSN after the highest ever sent (lower ones are resends)
-    SqWait wait = SqWait::None;      // blocks new sends until deadline_ns
-    uint64_t deadline_ns = 0;
-    uint64_t ack_deadline_ns = 0;    // in flight: when the oldest request times out
-    uint64_t ack_since_ns = 0;       // when that timer started (a send, or progress)
-    uint8_t retries_left = 0;        // of attr.retry_cnt, reset by progress
-    bool rewound = false;            // went back to una_psn and has not moved past it since
-    uint8_t rnr_left = 0;            // of attr.rnr_retry (7: forever)
-    uint32_t drain_end = 0;          // SQD: the WQEs before this index still run
-    // The transfer of the WQE at sq_next, while a transport moves it slice
-    // by slice (sliced_transfer.h; kept between transfers: no allocation
-    // per message).
-    std::unique_ptr<SlicedCopy, SlicedCopyDeleter> sliced;
-    // UD and UC WQEs in flight over the fabric whose payload was sent, by
-    // send queue slot (requester_sent: they complete in order; a datagram
-    // to another peer may leave first). Sized once, at the first such WQE.
-    std::vector<uint8_t> sent_flags;
-    // What is in flight went through the transport that carries the QP
-    // (all of it: a UD QP on the device waits for idle before it sends
-    // another way).
-    bool inflight_carried = false;
-
+    // The transport its traffic takes: RC, bound to the route of
+    // attr.ah.dlid (route_gen: the route table generation it was bound at),
+    // or the one that carries it whole.
+    Transport* transport = nullptr;
+    uint32_t route_gen = 0;
     // With a device: the device QP whose QPN is `qpn` (hca_bind.h).
     std::unique_ptr<DeviceQp, DeviceQpDeleter> dev;
     // A transport carries the QP whole, `transport`, until RESET (the
@@ -263,28 +289,15 @@ struct Qp {
     // otherwise, and the QP's WQEs complete through it.
     bool carried = false;
 
-    // Responder (responder.h).
-    uint32_t epsn = 0;               // PSN expected next
-    // On a TM SRQ: the message being received, held here until the tag
-    // list decides where it goes (tag_matching.h). Made at the first one.
-    std::shared_ptr<Mapping> tm_staging;
-    bool tm_staging_busy = false;  // a message is in it (another waits: RNR)
-    std::vector<PendingRendezvous> tm_rendezvous;  // matched, read not done yet, oldest first
-    uint32_t tm_fins_lost = 0;  // rendezvous FINs to this QP that found no receive (logged once)
-    uint32_t tm_next_psn = 0;   // of the next remote rendezvous' pieces (PendingRendezvous)
-    bool atomic_replay_valid = false;  // the last atomic, for a resent duplicate
-    uint32_t atomic_replay_psn = 0;
-    uint64_t atomic_replay_orig = 0;
+    // The two sides, as in rxe: what the QP sends, what it receives.
+    QpRequester req;
+    QpResponder resp;
 
     // What isolation stopped at this QP (guest_security.h).
     uint64_t remote_access_errors = 0;
     uint64_t stranger_requests = 0;
 
-    // Async events (async_events.h).
-    uint32_t async_events = 0;    // records written (reported at DestroyQp)
-    bool comm_est_sent = false;   // COMM_EST already raised since the QP left RESET
-    bool sq_draining = false;     // SQD reached, a WQE still in flight
-    bool sqd_notify = false;      // raise SQ_DRAINED when the drain finishes
+    uint32_t async_events = 0;    // records written (reported at DestroyQp: async_events.h)
 };
 
 struct Ah {

@@ -232,7 +232,7 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     if ((!is_send && !is_write) || req.length > kMaxMsgSize) return;
     bind_remote_peer(qp, req);
-    qp.epsn = psn_next(req.psn);
+    qp.resp.epsn = psn_next(req.psn);
     qp_request_arrived(ctx, qp);
     d.ctx = &ctx;
     d.qp = &qp;
@@ -408,10 +408,10 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     // atomic (its original value is replayed); a request from the future
     // means one was lost: NAK with the PSN expected.
     bool duplicate = false;
-    if (req.psn != qp.epsn) {
-        if (!psn_before(req.psn, qp.epsn)) {
+    if (req.psn != qp.resp.epsn) {
+        if (!psn_before(req.psn, qp.resp.epsn)) {
             d.resp.syndrome = Syndrome::NakSeq;
-            d.resp.psn = qp.epsn;
+            d.resp.psn = qp.resp.epsn;
             return;
         }
         duplicate = true;
@@ -420,9 +420,9 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             return;
         }
         if (is_atomic) {
-            if (qp.atomic_replay_valid && qp.atomic_replay_psn == req.psn) {
+            if (qp.resp.atomic_replay_valid && qp.resp.atomic_replay_psn == req.psn) {
                 d.resp.syndrome = Syndrome::Ack;
-                d.resp.atomic_orig = qp.atomic_replay_orig;
+                d.resp.atomic_orig = qp.resp.atomic_replay_orig;
             } else {
                 d.resp.syndrome = Syndrome::NakInvReq;
             }
@@ -468,7 +468,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
         set_recv_cqe(d, req, 0, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
         d.resp.syndrome = Syndrome::Ack;
         d.length = req.length;
-        qp.epsn = psn_next(qp.epsn);
+        qp.resp.epsn = psn_next(qp.resp.epsn);
         return;
     }
 
@@ -530,9 +530,9 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
             if (!ok) return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
             d.resp.atomic_orig = old;
             d.nspans = 0;
-            qp.atomic_replay_valid = true;
-            qp.atomic_replay_psn = req.psn;
-            qp.atomic_replay_orig = old;
+            qp.resp.atomic_replay_valid = true;
+            qp.resp.atomic_replay_psn = req.psn;
+            qp.resp.atomic_replay_orig = old;
         }
         if (is_atomic_write) {
             if (!guarded_atomic_store(reinterpret_cast<uint64_t*>(d.spans[0].p), req.compare_add))
@@ -552,7 +552,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     }
     d.resp.syndrome = Syndrome::Ack;
     d.length = is_atomic || is_atomic_write ? 0 : req.length;
-    if (!duplicate) qp.epsn = psn_next(qp.epsn);
+    if (!duplicate) qp.resp.epsn = psn_next(qp.resp.epsn);
 }
 
 }  // namespace
@@ -612,7 +612,7 @@ void responder_memory_fault(Delivery& d) {
     if (!d.ctx || !d.qp) return;
     if (d.tm) {  // a staged message took no receive yet
         d.recv_cqe = false;
-        d.qp->tm_staging_busy = false;
+        d.qp->resp.tm_staging_busy = false;
     } else if (d.recv_cqe) {
         d.recv_cqe = false;
         d.cqe.status = IBV_WC_LOC_PROT_ERR;

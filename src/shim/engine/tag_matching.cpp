@@ -122,7 +122,7 @@ void complete(Delivery& d, uint64_t wr_id, uint32_t status, uint32_t opcode, uin
 void rnr(Delivery& d) {
     d.resp.syndrome = Syndrome::RnrNak;
     d.resp.rnr_timer = d.qp->attr.min_rnr_timer;
-    d.qp->epsn = d.resp.psn;
+    d.qp->resp.epsn = d.resp.psn;
 }
 
 // The whole message into the next ordinary buffer, completed with `opcode`.
@@ -189,7 +189,7 @@ void deliver_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn, ui
     uint32_t pending;
     if (!wq_pending(wq, pending)) return qp_set_error(sctx, sq, IBV_EVENT_QP_FATAL);
     if (pending == 0) {
-        if (sq.tm_fins_lost++ == 0)  // once a QP: a guest cannot flood the log
+        if (sq.resp.tm_fins_lost++ == 0)  // once a QP: a guest cannot flood the log
             LOG_WARN("context %llu: QP %u: rendezvous FIN from QP %u lost: no receive posted",
                      (unsigned long long)sctx.id(), sq.qpn, qpn);
         return;
@@ -251,8 +251,8 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     }
     complete(d, e.recv_wr_id, IBV_WC_SUCCESS, IBV_WC_TM_RECV, 0, IBV_WC_TM_MATCH, h.tag, h.app_ctx);
     Qp& qp = *d.qp;
-    if (qp.tm_rendezvous.capacity() == 0) qp.tm_rendezvous.reserve(8);
-    PendingRendezvous& p = qp.tm_rendezvous.emplace_back();
+    if (qp.resp.tm_rendezvous.capacity() == 0) qp.resp.tm_rendezvous.reserve(8);
+    PendingRendezvous& p = qp.resp.tm_rendezvous.emplace_back();
     p.cqe = d.cqe;
     p.sender_incarnation = qp.peer_incarnation;
     p.cq = d.recv_cq;
@@ -267,8 +267,8 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     p.remote = !d.eng->serves(d.cqe.slid);
     if (p.remote) {
         p.pieces = uint32_t((r.len + Engine::kSliceBytes - 1) / Engine::kSliceBytes);
-        p.first_psn = qp.tm_next_psn;
-        qp.tm_next_psn = (qp.tm_next_psn + p.pieces + 1) & kPsnMask;
+        p.first_psn = qp.resp.tm_next_psn;
+        qp.resp.tm_next_psn = (qp.resp.tm_next_psn + p.pieces + 1) & kPsnMask;
     }
     ctx.mark_work(qp);
 }
@@ -341,7 +341,7 @@ constexpr uint32_t kPiecesInFlight = 4;  // per QP
 
 uint32_t pieces_in_flight(const Qp& qp) {
     uint32_t n = 0;
-    for (const PendingRendezvous& p : qp.tm_rendezvous) n += p.asked - p.answered;
+    for (const PendingRendezvous& p : qp.resp.tm_rendezvous) n += p.asked - p.answered;
     return n;
 }
 
@@ -427,7 +427,7 @@ bool take_answer(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p, const 
 
 // The rendezvous of `qp` whose next answer is PSN `psn`, and that piece.
 PendingRendezvous* awaiting(Qp& qp, uint32_t psn, uint32_t& k) {
-    for (PendingRendezvous& p : qp.tm_rendezvous) {
+    for (PendingRendezvous& p : qp.resp.tm_rendezvous) {
         if (!p.remote || p.answered == p.asked) continue;
         if (((psn - p.first_psn) & kPsnMask) != p.answered) return nullptr;  // answers come in order
         k = p.answered;
@@ -511,15 +511,15 @@ TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq
     // A message still streaming into the staging buffer (from another link
     // of the fabric) keeps it: this one gets a new one, and the old one
     // lives while that transfer's pins do.
-    if (!qp.tm_staging || qp.tm_staging_busy) {
+    if (!qp.resp.tm_staging || qp.resp.tm_staging_busy) {
         std::shared_ptr<Mapping> m = make_staging(ctx);
         if (!m) return TmBegin::NoMemory;
-        qp.tm_staging = std::move(m);
+        qp.resp.tm_staging = std::move(m);
     }
-    qp.tm_staging_busy = true;
-    d.spans[0] = Span{qp.tm_staging->base, req.length};
+    qp.resp.tm_staging_busy = true;
+    d.spans[0] = Span{qp.resp.tm_staging->base, req.length};
     d.nspans = req.length ? 1 : 0;
-    if (pins) pins->add(qp.tm_staging);
+    if (pins) pins->add(qp.resp.tm_staging);
     d.tm = true;
     d.eng = &eng;
     d.incarnation = qp.peer_incarnation;
@@ -532,7 +532,7 @@ void tm_finish(Delivery& d, bool payload_ok) {
     Context& ctx = *d.ctx;
     Qp& qp = *d.qp;
     const uint8_t* msg = d.spans[0].p;  // this message's staging buffer
-    if (qp.tm_staging && msg == qp.tm_staging->base) qp.tm_staging_busy = false;
+    if (qp.resp.tm_staging && msg == qp.resp.tm_staging->base) qp.resp.tm_staging_busy = false;
     if (!payload_ok) {  // it never arrived whole: nothing was taken, the QP fails
         d.resp.syndrome = Syndrome::Drop;
         return qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
@@ -569,7 +569,7 @@ void tm_finish(Delivery& d, bool payload_ok) {
 void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp) {
     // In order: a direct read runs while the turn lasts; a remote one sends
     // what it may and the next one goes on (its pieces wait behind it).
-    std::vector<PendingRendezvous>& v = qp.tm_rendezvous;
+    std::vector<PendingRendezvous>& v = qp.resp.tm_rendezvous;
     size_t kept = 0;
     bool stopped = false;
     for (size_t i = 0; i < v.size(); ++i) {
@@ -596,7 +596,7 @@ void tm_answered(Engine& eng, Context& ctx, Qp& qp, const Response& resp, uint32
     uint32_t k = 0;
     PendingRendezvous* p = awaiting(qp, resp.psn, k);
     if (!p || !take_answer(eng, ctx, qp, *p, resp, local_error)) return;
-    qp.tm_rendezvous.erase(qp.tm_rendezvous.begin() + (p - qp.tm_rendezvous.data()));
+    qp.resp.tm_rendezvous.erase(qp.resp.tm_rendezvous.begin() + (p - qp.resp.tm_rendezvous.data()));
 }
 
 uint32_t tm_read_target(Context& ctx, Qp& qp, uint32_t psn, Span* out, uint32_t& spans, uint64_t& len, Pins* pins) {
@@ -611,12 +611,12 @@ void tm_deliver_fin(Context& sctx, Qp& sq, const uint8_t* headers, uint32_t qpn,
 }
 
 void tm_flush_rendezvous(Context& ctx, Qp& qp) {
-    for (const PendingRendezvous& p : qp.tm_rendezvous) {
+    for (const PendingRendezvous& p : qp.resp.tm_rendezvous) {
         abi::Cqe c = rendezvous_cqe(p);
         c.status = IBV_WC_WR_FLUSH_ERR;
         cq_push(ctx, p.cq, c);
     }
-    qp.tm_rendezvous.clear();
+    qp.resp.tm_rendezvous.clear();
 }
 
 int tm_list_op(Context& ctx, Srq& srq, const abi::CmdTmOpReq& op, uint32_t& handle) {

@@ -64,7 +64,7 @@ TmBegin tm_begin(Engine& eng, const Request& req, Context& ctx, Qp& qp, Srq& srq
 // writes its completions, or turns d.resp into an RNR NAK.
 void tm_finish(Delivery& d, bool payload_ok);
 
-// The rendezvous reads matched at `qp` (Qp::tm_rendezvous), in its pass:
+// The rendezvous reads matched at `qp` (QpResponder::tm_rendezvous), in its pass:
 // the data from the sender's memory into the tagged buffer, the FIN to the
 // sender, and the DATA_VALID completion.
 void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp);

@@ -23,7 +23,7 @@ void end_transfer(SlicedCopy& s) {
 
 SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
                                 uint32_t nlocal, Pins*, Response& resp) {
-    SlicedCopy* s = qp.sliced.get();
+    SlicedCopy* s = qp.req.sliced.get();
     if (s && s->active && !same_request(s->req, req)) abandon_transfer(eng, qp);  // the guest rewrote its WQE
     if (!s || !s->active) {
         if (!sliceable(req)) {
@@ -81,7 +81,7 @@ bool LocalTransport::send_copy(Engine& eng, const Request& req, const uint8_t* p
 }
 
 void LocalTransport::abandon(Engine& eng, Qp& qp) {
-    SlicedCopy* s = qp.sliced.get();
+    SlicedCopy* s = qp.req.sliced.get();
     if (!s || !s->active) return;
     responder_revalidate(eng, s->d);
     responder_end(s->d, PayloadEnd::Lost);

@@ -20,14 +20,14 @@ bool same_request(const Request& a, const Request& b) {
 }
 
 void abandon_transfer(Engine& eng, Qp& qp) {
-    SlicedCopy* s = qp.sliced.get();
+    SlicedCopy* s = qp.req.sliced.get();
     if (s && s->active && s->owner) s->owner->abandon(eng, qp);
 }
 
 void forget_transfers(Engine& eng, const Transport* owner) {
     eng.for_each_context([owner](Context& ctx) {
         ctx.qps.for_each([owner](uint32_t, Qp& qp) {
-            SlicedCopy* s = qp.sliced.get();
+            SlicedCopy* s = qp.req.sliced.get();
             if (!s || s->owner != owner) return;
             s->active = false;
             s->owner = nullptr;
@@ -37,8 +37,8 @@ void forget_transfers(Engine& eng, const Transport* owner) {
 }
 
 SlicedCopy& sliced_state(Qp& qp) {
-    if (!qp.sliced) qp.sliced.reset(new SlicedCopy);
-    return *qp.sliced;
+    if (!qp.req.sliced) qp.req.sliced.reset(new SlicedCopy);
+    return *qp.req.sliced;
 }
 
 }  // namespace vrdma::shim

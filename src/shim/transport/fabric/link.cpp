@@ -771,7 +771,7 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
         q.qp->attr.dest_qp_num != hdr_.src_qpn ||
         (q.qp->peer_incarnation && resp.incarnation != q.qp->peer_incarnation))
         return;  // stale, or from another QP with that QPN: nobody waits for this data
-    if (!resp.tm && (resp.psn != q.qp->una_psn || q.qp->sq_next == q.qp->sq.cons)) return;  // stale
+    if (!resp.tm && (resp.psn != q.qp->req.una_psn || q.qp->req.sq_next == q.qp->sq.cons)) return;  // stale
     // The ACK of a READ (the requester's, or a rendezvous read:
     // tag_matching.h) must bring exactly the bytes asked for; data for
     // anything else is a bad response.

@@ -55,7 +55,7 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
         if (Engine::QpRef peer = eng.find_qp(req.dlid, req.dqpn); peer && peer.qp->carried)
             hca_service(*this, eng, *peer.ctx, *peer.qp);
     HcaDevice::SendTargets to;
-    if (!device_targets(dev_, eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.sq_next, to)) {
+    if (!device_targets(dev_, eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.req.sq_next, to)) {
         resp.syndrome = Syndrome::LocalFault;
         return SendResult::Done;
     }

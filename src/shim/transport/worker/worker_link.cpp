@@ -91,7 +91,7 @@ void WorkerLink::fill_request(WorkerMsg& m, const Request& req, const Span* loca
 
 SendResult WorkerLink::send(Engine& eng, Context& ctx, Qp& qp, const Request& req, const Span* local,
                             uint32_t nlocal, Pins* pins, Response&) {
-    SlicedCopy* s = qp.sliced.get();
+    SlicedCopy* s = qp.req.sliced.get();
     // A rendezvous request (tag_matching.h) goes whole between the slices
     // of the requester's transfer, which it leaves alone.
     if (s && s->active && !is_tm_request(req.opcode) && (s->owner != this || !same_request(s->req, req)))
@@ -166,7 +166,7 @@ bool WorkerLink::send_copy(Engine&, const Request& req, const uint8_t* payload) 
 }
 
 void WorkerLink::abandon(Engine&, Qp& qp) {
-    SlicedCopy* s = qp.sliced.get();
+    SlicedCopy* s = qp.req.sliced.get();
     if (!s || !s->active) return;
     s->active = false;
     if (s->done == 0) return;  // nothing was handed over
