@@ -190,3 +190,26 @@ TEST_CASE("TM rendezvous across shims: a peer shim lost before the answer fails 
     CHECK(c[0].wr_id == 5);
     CHECK(c[0].status == IBV_WC_REM_ABORT_ERR);
 }
+
+TEST_CASE("TM rendezvous: a FIN that finds no receive posted at the sender is lost, the data still completes",
+          "[shim][tm]") {
+    const Workers workers = GENERATE(Workers::One, Workers::Two, Workers::Fabric);
+    CAPTURE(workers_name(workers));
+    TmRendezvous t(workers);
+    t.add_tag(0x99, 0, 8192, 5);
+    t.send_rndv(0x99, 4096, 8192);  // a has no receive posted
+    t.run(8);
+    auto c = t.b_completions();
+    REQUIRE(c.size() == 2);
+    CHECK(c[1].wr_id == 5);
+    CHECK(c[1].status == IBV_WC_SUCCESS);
+    CHECK(c[1].wc_flags == IBV_WC_TM_DATA_VALID);
+    CHECK(std::memcmp(t.b.at(t.mb.addr), t.a.at(t.ma.addr + 4096), 8192) == 0);
+    // A receive posted afterwards gets nothing: the FIN is not sent again.
+    t.a.post_recv(t.qa.rq, 50, {abi::Sge{t.ma.addr + 900000, 64, t.ma.lkey}});
+    t.run(8);
+    auto s = t.a.poll(t.cq_a);
+    REQUIRE(s.size() == 1);
+    CHECK(s[0].wr_id == 1);  // the send only
+    CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_RTS);
+}
