@@ -734,18 +734,22 @@ void Link::finish_request(InMsg& m) {
     const Request& req = m.req;
     Delivery& d = m.d;
     d.resp.tm = is_tm_request(req.opcode);  // a drop decided here too
-    if (d.ctx) responder_revalidate(*eng_, d);  // the engine ran since the request began
     if (m.aborted || m.faulted) {
         // A page was lost under the payload: as with the same fault on one
         // shim, the side whose memory it was fails: the requester's
         // (IBV_WC_LOC_PROT_ERR there), or this responder's
-        // (IBV_WC_REM_ACCESS_ERR there).
+        // (IBV_WC_REM_ACCESS_ERR there). The engine ran since the request
+        // began: its target is found again first.
+        if (d.ctx) responder_revalidate(*eng_, d);
         responder_end(d, m.aborted ? PayloadEnd::RequesterFault : PayloadEnd::ResponderFault);
         if (req.qp_type == IBV_QPT_RC)
             queue_response(req.dlid, req.dqpn, req.slid, req.sqpn, d.resp, false, nullptr, &m.pins);
         return;
     }
-    if (d.resp.syndrome == Syndrome::Ack) responder_end(d, PayloadEnd::Moved);
+    // Only a receive completion is written (a lookup per message saved on
+    // every write without one).
+    if (d.resp.syndrome == Syndrome::Ack && d.recv_cqe && responder_revalidate(*eng_, d))
+        responder_end(d, PayloadEnd::Moved);
     if (req.qp_type != IBV_QPT_RC) return;
     // A drop is answered too (the guest never sees it: its requester treats
     // it as the loss it stands for), so that over a live connection silence
