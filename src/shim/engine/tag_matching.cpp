@@ -413,15 +413,18 @@ uint32_t status_of(const Response& r) {
 // Answer `k` of `p` (`local_error`: its data could not be written here).
 // True once `p` is finished (failed).
 bool take_answer(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p, const Response& r, uint32_t local_error) {
-    const uint32_t st = local_error ? local_error : r.syndrome == Syndrome::Ack ? uint32_t(IBV_WC_SUCCESS) : status_of(r);
+    uint32_t st = local_error;
+    if (!st && r.syndrome != Syndrome::Ack) st = status_of(r);
     if (st != IBV_WC_SUCCESS) {
         rendezvous_failed(ctx, p, st);
         return true;
     }
     ++p.answered;
     p.since_ns = eng.now();  // progress: the timer of what is still in flight starts again
-    if (p.answered == p.pieces) data_arrived(ctx, qp, p);
-    else ctx.mark_work(qp);  // room for another piece
+    if (p.answered == p.pieces)
+        data_arrived(ctx, qp, p);
+    else
+        ctx.mark_work(qp);  // room for another piece
     return false;
 }
 
