@@ -171,7 +171,7 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         if (!pd) return EINVAL;
         const Transport::MrShape shape{moved ? mem.host : mr->mem.host, moved ? r.length : mr->length,
                                        moved ? r.addr : mr->addr, access};
-        std::unique_ptr<DeviceMr, DeviceMrDeleter> made;
+        std::shared_ptr<DeviceMr> made;
         uint32_t key = 0;
         if (int err = t->mr_made(eng, *pd, *mr, shape, true, made, key)) return err;
         if (!made) continue;
@@ -217,7 +217,7 @@ int cmd_alloc_mw(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     uint32_t h = ctx.mws.insert(std::move(mw));
     if (!h) return ENOMEM;
     for (Transport* t : eng.object_keepers()) {
-        std::unique_ptr<DeviceMw, DeviceMwDeleter> made;
+        std::shared_ptr<DeviceMw> made;
         uint32_t key = 0;
         t->mw_made(eng, *pd, r.type, made, key);
         // A key whose index is live already (a key of the shim's own) is

@@ -21,18 +21,9 @@ struct DeviceMr;
 struct DeviceQp;
 struct DeviceAh;
 struct DeviceMw;
-struct DeviceMwDeleter {
-    void operator()(DeviceMw* m) const;
-};
-struct DeviceAhDeleter {
-    void operator()(DeviceAh* a) const;
-};
-struct DeviceMrDeleter {
-    void operator()(DeviceMr* m) const;
-};
-struct DeviceQpDeleter {
-    void operator()(DeviceQp* q) const;
-};
+// A transport's own objects beside the guest's (the `dev` slots; transport.h,
+// "The guest's objects") are of types the engine never sees whole: each is
+// held by a shared_ptr, whose deleter the transport's code made with it.
 
 struct Pd {
     uint32_t users = 0;  // MRs, QPs, SRQs, AHs created in it
@@ -60,7 +51,7 @@ struct Mr {
     uint32_t bound_windows = 0;  // memory windows bound to it: it cannot change or go
     // With a device: the registration whose key is `key` (null if the
     // device refused the memory: the MR then serves local and TCP only).
-    std::unique_ptr<DeviceMr, DeviceMrDeleter> dev;
+    std::shared_ptr<DeviceMr> dev;
 };
 
 // A memory window (memory_windows.h). Bound, it grants remote access to
@@ -78,7 +69,7 @@ struct Mw {
     uint64_t length = 0;
     // With a device: its device window, whose rkey `key` is (null if the
     // device refused: the window then serves this host and TCP only).
-    std::unique_ptr<DeviceMw, DeviceMwDeleter> dev;
+    std::shared_ptr<DeviceMw> dev;
 };
 
 struct Cq {
@@ -282,7 +273,7 @@ struct Qp {
     Transport* transport = nullptr;
     uint32_t route_gen = 0;
     // With a device: the device QP whose QPN is `qpn` (hca_bind.h).
-    std::unique_ptr<DeviceQp, DeviceQpDeleter> dev;
+    std::shared_ptr<DeviceQp> dev;
     // A transport carries the QP whole, `transport`, until RESET (the
     // device, once bound: hca_bind.h): it posts the QP's WQEs as they are
     // and does what the requester's timers and the peer's responder do
@@ -305,7 +296,7 @@ struct Ah {
     abi::AhAttr attr{};
     // With a device: the path its datagrams take through the device, made
     // at the first one that goes there (hca_ud.h).
-    std::unique_ptr<DeviceAh, DeviceAhDeleter> dev;
+    std::shared_ptr<DeviceAh> dev;
 };
 
 }  // namespace vrdma::shim

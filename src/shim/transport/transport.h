@@ -130,12 +130,12 @@ public:
         uint32_t access = 0;
     };
     virtual int mr_made(Engine& eng, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
-                        std::unique_ptr<DeviceMr, DeviceMrDeleter>& made, uint32_t& key) {
+                        std::shared_ptr<DeviceMr>& made, uint32_t& key) {
         (void)eng, (void)pd, (void)mr, (void)shape, (void)rereg, (void)made, (void)key;
         return 0;
     }
     // Its window of `type` in `pd` (none: `made` stays empty), its rkey in `key`.
-    virtual void mw_made(Engine& eng, const Pd& pd, uint32_t type, std::unique_ptr<DeviceMw, DeviceMwDeleter>& made,
+    virtual void mw_made(Engine& eng, const Pd& pd, uint32_t type, std::shared_ptr<DeviceMw>& made,
                          uint32_t& key) {
         (void)eng, (void)pd, (void)type, (void)made, (void)key;
     }

@@ -155,7 +155,7 @@ void forward_recvs(HcaDevice& dev, Context& ctx, Qp& qp) {
 
 }  // namespace
 
-std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
+std::shared_ptr<DeviceQp> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
                                                          uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
                                                          uint32_t recv_sge, uint32_t max_inline) {
     if (!pd.dev) return nullptr;
@@ -169,7 +169,7 @@ std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(HcaDevice& dev, Engine&
             dev.create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
                                  srq ? srq->dev : nullptr, err);
         if (!q) return nullptr;
-        if (!eng.qpn_taken(q->qp->qp_num)) return std::unique_ptr<DeviceQp, DeviceQpDeleter>(q.release());
+        if (!eng.qpn_taken(q->qp->qp_num)) return std::shared_ptr<DeviceQp>(q.release());
     }
     return nullptr;
 }

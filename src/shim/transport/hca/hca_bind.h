@@ -30,7 +30,7 @@ class HcaTransport;
 // The device QP for a new guest QP, on the device SRQ of its SRQ if it
 // has one (null: the shim has no device, the QP cannot have one, or the
 // device refused: the QP then never goes through the device).
-std::unique_ptr<DeviceQp, DeviceQpDeleter> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
+std::shared_ptr<DeviceQp> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
                                                          uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
                                                          uint32_t recv_sge, uint32_t max_inline);
 

@@ -95,10 +95,6 @@ DeviceSrq::~DeviceSrq() {
     if (owner) owner->forget_srq(id);
 }
 
-void DeviceMrDeleter::operator()(DeviceMr* m) const { delete m; }
-void DeviceQpDeleter::operator()(DeviceQp* q) const { delete q; }
-void DeviceAhDeleter::operator()(DeviceAh* a) const { delete a; }
-void DeviceMwDeleter::operator()(DeviceMw* m) const { delete m; }
 
 int DeviceQp::to_error() {
     ibv_qp_attr r{};

@@ -82,7 +82,7 @@ int HcaTransport::pd_made(Engine&, Pd& pd) {
 // this host and TCP; an MR that is on the device stays there, or its
 // re-registration fails.
 int HcaTransport::mr_made(Engine&, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
-                          std::unique_ptr<DeviceMr, DeviceMrDeleter>& made, uint32_t& key) {
+                          std::shared_ptr<DeviceMr>& made, uint32_t& key) {
     if (rereg ? !mr.dev : (!shape.length || mr.on_demand)) return 0;
     if (!pd.dev) return rereg ? EINVAL : 0;
     int err = 0;
@@ -93,7 +93,7 @@ int HcaTransport::mr_made(Engine&, const Pd& pd, const Mr& mr, const MrShape& sh
     return 0;
 }
 
-void HcaTransport::mw_made(Engine&, const Pd& pd, uint32_t type, std::unique_ptr<DeviceMw, DeviceMwDeleter>& made,
+void HcaTransport::mw_made(Engine&, const Pd& pd, uint32_t type, std::shared_ptr<DeviceMw>& made,
                            uint32_t& key) {
     if (!pd.dev || !dev_.takes_windows(type)) return;
     int err = 0;
