@@ -115,6 +115,10 @@ public:
         return work_batch_;
     }
     uint64_t next_deadline_ns = 0;   // earliest waiting QP deadline, 0: none
+    // A QP waits for `when` (0: nothing): the earliest such deadline is kept.
+    void note_deadline(uint64_t when) {
+        if (when && (!next_deadline_ns || when < next_deadline_ns)) next_deadline_ns = when;
+    }
     bool dead = false;               // protocol violation: detach it
     // After a guest_fd_* call: marks the context dead when the call was
     // interrupted by the guard timer (the guest made the fd blocking).

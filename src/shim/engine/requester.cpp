@@ -39,10 +39,6 @@ void arm_ack_timer(Qp& qp) {
 
 uint32_t inflight_count(const Qp& qp) { return ring_count(qp.req.sq_next, qp.sq.cons, qp.sq.entries); }
 
-void note_deadline(Context& ctx, uint64_t when) {
-    if (when && (!ctx.next_deadline_ns || when < ctx.next_deadline_ns)) ctx.next_deadline_ns = when;
-}
-
 // Resends everything in flight, from the oldest WQE.
 void rewind(Qp& qp) {
     qp.req.sq_next = qp.sq.cons;
@@ -135,7 +131,7 @@ void lost(Engine& eng, Context& ctx, Qp& qp) {
     rewind(qp);
     qp.req.wait = SqWait::Retry;
     qp.req.deadline_ns = eng.now() + ack_timeout_ns(qp.attr.timeout);
-    note_deadline(ctx, qp.req.deadline_ns);
+    ctx.note_deadline(qp.req.deadline_ns);
 }
 
 // Handles the response to the request at the head of the queue. `w` and
@@ -181,7 +177,7 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
         rewind(qp);
         qp.req.wait = SqWait::Rnr;
         qp.req.deadline_ns = eng.now() + rnr_timer_ns(r.rnr_timer);
-        note_deadline(ctx, qp.req.deadline_ns);
+        ctx.note_deadline(qp.req.deadline_ns);
         return;
     case Syndrome::NakSeq:
         if (qp.req.retries_left == 0) return fail_head(eng, ctx, qp, IBV_WC_RETRY_EXC_ERR, w);
@@ -634,7 +630,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
     bool progress = false;
     if (qp.req.wait != SqWait::None) {
         if (t < qp.req.deadline_ns) {
-            note_deadline(ctx, qp.req.deadline_ns);
+            ctx.note_deadline(qp.req.deadline_ns);
             return false;
         }
         if (qp.req.wait == SqWait::Retry) {
@@ -654,7 +650,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
         const uint64_t timeout = ack_timeout_ns(qp.attr.timeout);
         if (qp.transport && qp.transport->delivering_since(qp.req.ack_since_ns)) {
             qp.req.ack_deadline_ns = t + timeout;
-            note_deadline(ctx, qp.req.ack_deadline_ns);
+            ctx.note_deadline(qp.req.ack_deadline_ns);
             return progress;
         }
         if (qp.req.retries_left == 0) {
@@ -693,7 +689,7 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
         progress = true;
         if (s == Step::Stop) break;
     }
-    note_deadline(ctx, qp.req.ack_deadline_ns);
+    ctx.note_deadline(qp.req.ack_deadline_ns);
     if (draining && qp.state == IBV_QPS_SQD && qp.sq.cons == qp.req.drain_end && qp.req.wait == SqWait::None)
         return drained();
     if (qp.state != run_state) ctx.request_rescan();  // flush what is left

@@ -345,10 +345,6 @@ uint32_t pieces_in_flight(const Qp& qp) {
     return n;
 }
 
-void note_deadline(Context& ctx, uint64_t when) {
-    if (when && (!ctx.next_deadline_ns || when < ctx.next_deadline_ns)) ctx.next_deadline_ns = when;
-}
-
 // Piece `k`'s part of the tagged buffer, as spans (`pins`: their mappings).
 uint32_t piece_target(Context& ctx, const PendingRendezvous& p, uint32_t k, Span* out, uint32_t& n, uint64_t& len,
                       Pins* pins) {
@@ -453,7 +449,7 @@ RemoteStep step_remote(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) 
             rendezvous_failed(ctx, p, IBV_WC_REM_ABORT_ERR);
             return RemoteStep::Finished;
         }
-        note_deadline(ctx, now >= due ? now + ack_timeout_ns(qp.attr.timeout) : due);
+        ctx.note_deadline(now >= due ? now + ack_timeout_ns(qp.attr.timeout) : due);
     }
     if (!t) {  // no way to the sender any more
         if (!p.fin_due) rendezvous_failed(ctx, p, IBV_WC_REM_ABORT_ERR);
@@ -500,7 +496,7 @@ RemoteStep step_remote(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) 
         if (p.asked++ == p.answered) p.since_ns = now;
         if (sent == SendResult::Done && take_answer(eng, ctx, qp, p, resp, 0)) return RemoteStep::Finished;
     }
-    if (p.asked > p.answered) note_deadline(ctx, p.since_ns + ack_timeout_ns(qp.attr.timeout));
+    if (p.asked > p.answered) ctx.note_deadline(p.since_ns + ack_timeout_ns(qp.attr.timeout));
     return RemoteStep::Waiting;
 }
 
