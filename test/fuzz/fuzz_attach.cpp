@@ -242,7 +242,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     close_conn();
     drop_arena();
     if (eng.context_count() != 0) violation("a context outlived its connection");
-    GuestUsage* u = eng.usage_of(g);
+    GuestUsage* u = eng.guests().usage_of(g);
     for (unsigned i = 0; i < kResCount; ++i)
         if (u->used(Res(i)) != 0 && Res(i) != Res::Connections) violation("quota charges leaked");
     return 0;

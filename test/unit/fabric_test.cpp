@@ -175,7 +175,7 @@ struct RcOverFabric : Fabric2 {
         B.p.connect_rc(qb, 1, qa.qpn, kAllAccess);
     }
     // The incarnation of qa, which A's requests from it carry.
-    uint64_t qa_incarnation() { return A.eng.find_qp(1, qa.qpn).qp->incarnation; }
+    uint64_t qa_incarnation() { return A.eng.qpns().find(1, qa.qpn).qp->incarnation; }
     uint8_t* pa(uint64_t off = 0) { return A.p.at(ma.addr + off); }
     uint8_t* pb(uint64_t off = 0) { return B.p.at(mb.addr + off); }
     abi::Sge sa(uint64_t off, uint32_t len) { return abi::Sge{ma.addr + off, len, ma.lkey}; }
@@ -694,7 +694,7 @@ TEST_CASE("fabric: a peer's guest that keeps guessing qkeys is counted and throt
     UdOverFabric f;
     f.B.eng.qkey_throttle().set_limit(4);  // 4 at once, then 4 a second
     const uint32_t ah = f.ah();
-    const GuestSecurity& s = f.B.eng.security_of(f.B.g);
+    const GuestSecurity& s = f.B.eng.guests().security_of(f.B.g);
     f.B.p.post_recv(f.qb.rq, 1, {abi::Sge{f.mb.addr, 100, f.mb.lkey}});
     // n datagrams from A's QP with qkeys first_qkey, first_qkey + 1, ...
     auto send = [&](uint32_t first_qkey, int n) {
@@ -1064,13 +1064,13 @@ TEST_CASE("fabric: a QP that gets a destroyed peer's QPN cannot reach the old pa
     REQUIRE(t.B.p.cmd(CmdOp::DestroyQp, abi::CmdHandleReq{t.qb.handle}).status == 0);
     Qp* q = b2.ctx().qps.get(q2.handle);
     REQUIRE(q);
-    t.B.eng.unregister_qp(q->qpn);
+    t.B.eng.qpns().remove(q->qpn);
     q->qpn = x;
-    t.B.eng.register_qp(x, b2.ctx(), q2.handle);
+    t.B.eng.qpns().add(x, b2.ctx(), q2.handle);
     b2.connect_rc(q2, 1, t.qa.qpn, kAllAccess, 0, 0);
 
     t.A.p.post_recv(t.qa.rq, 77, {t.sa(0, 4096)});
-    const uint64_t strangers0 = t.A.eng.security_of(t.A.g).stranger_requests;
+    const uint64_t strangers0 = t.A.eng.guests().security_of(t.A.g).stranger_requests;
     for (uint32_t op : {IBV_WR_SEND, IBV_WR_RDMA_WRITE, IBV_WR_RDMA_READ}) {
         auto w = send_wqe(op, op);
         w.remote_addr = t.ma.addr;
@@ -1085,7 +1085,7 @@ TEST_CASE("fabric: a QP that gets a destroyed peer's QPN cannot reach the old pa
     REQUIRE(!sc.empty());
     CHECK(sc[0].status == IBV_WC_RETRY_EXC_ERR);  // as if nobody were there
     for (auto& c : sc) CHECK(c.status != IBV_WC_SUCCESS);
-    CHECK(t.A.eng.security_of(t.A.g).stranger_requests > strangers0);
+    CHECK(t.A.eng.guests().security_of(t.A.g).stranger_requests > strangers0);
     // Nor does a's traffic reach the newcomer (connected again, ready).
     abi::QpAttr reset{};
     reset.qp_state = IBV_QPS_RESET;
@@ -1164,8 +1164,8 @@ TEST_CASE("fabric: a request whose P_Key its source guest is not a member of is 
     // A announces guest a (LID 1) in partition 0x8001 only; a request from
     // LID 1 that claims partition 2 (B's guest is in it) is dropped at B.
     Fabric2 f;
-    f.A.eng.set_pkeys(f.A.g, {0x8001});
-    f.B.eng.set_pkeys(f.B.g, {0x8001, 0x8002});
+    f.A.eng.guests().set_pkeys(f.A.g, {0x8001});
+    f.B.eng.guests().set_pkeys(f.B.g, {0x8001, 0x8002});
     f.connect();
     REQUIRE(f.up());
     CHECK(f.lb->peer_member(1, 0x8001));
@@ -1203,16 +1203,16 @@ TEST_CASE("fabric: a request whose P_Key its source guest is not a member of is 
 
 TEST_CASE("fabric: RC and UD between guests of different partitions fail across shims", "[shim][fabric][isolation]") {
     Fabric2 f;
-    f.A.eng.set_pkeys(f.A.g, {0x8001});
+    f.A.eng.guests().set_pkeys(f.A.g, {0x8001});
     const bool same = GENERATE(false, true);
-    f.B.eng.set_pkeys(f.B.g, {uint16_t(same ? 0x8001 : 0x8002)});
+    f.B.eng.guests().set_pkeys(f.B.g, {uint16_t(same ? 0x8001 : 0x8002)});
     f.connect();  // the links announce the partitions as they come up
     const uint32_t pa = f.A.p.pd(), pb = f.B.p.pd();
     auto ca = f.A.p.cq(64), cb = f.B.p.cq(64);
     auto ma = f.A.p.mr(pa, 8192, kAllAccess), mb = f.B.p.mr(pb, 8192, kAllAccess);
     std::memcpy(f.A.p.at(ma.addr), "partition", 9);
     std::memset(f.B.p.at(mb.addr), 0xee, 8192);
-    const uint64_t violations0 = f.B.eng.security_of(f.B.g).pkey_violations;
+    const uint64_t violations0 = f.B.eng.guests().security_of(f.B.g).pkey_violations;
 
     // RC: a SEND.
     (void)f.B.p.qp(pb, cb, cb);  // QPNs differ between the shims
@@ -1256,5 +1256,5 @@ TEST_CASE("fabric: RC and UD between guests of different partitions fail across 
     CHECK(us[0].status == IBV_WC_SUCCESS);  // a datagram's send completes either way
     CHECK(f.B.p.poll(cb).size() == (same ? 1u : 0u));
     // Apart: the RC send's first try and its one retry, and the datagram.
-    CHECK(f.B.eng.security_of(f.B.g).pkey_violations - violations0 == (same ? 0u : 3u));
+    CHECK(f.B.eng.guests().security_of(f.B.g).pkey_violations - violations0 == (same ? 0u : 3u));
 }

@@ -50,9 +50,9 @@ struct Hijack : TwoGuests {
     void take_qpn(uint32_t x) {
         Qp* q = b2.ctx().qps.get(qc.handle);
         REQUIRE(q);
-        eng.unregister_qp(q->qpn);
+        eng.qpns().remove(q->qpn);
         q->qpn = x;
-        eng.register_qp(x, b2.ctx(), qc.handle);
+        eng.qpns().add(x, b2.ctx(), qc.handle);
     }
     // SEND, RDMA WRITE and RDMA READ against a's QP and MR: every one must
     // fail, and a's memory and receive queue must stay as they were.
@@ -219,7 +219,7 @@ TEST_CASE("a guessed rkey is refused, counted per guest and per QP, and fails th
     CHECK(std::memcmp(t.a.at(t.ma.addr), want.data(), 4096) == 0);
     CHECK(t.a.qp_state(t.qa.handle) == IBV_QPS_ERR);  // as the spec says: the responder QP fails
     CHECK(target->remote_access_errors == 1);
-    CHECK(t.eng.security_of(t.ga).remote_access_errors == 1);
+    CHECK(t.eng.guests().security_of(t.ga).remote_access_errors == 1);
 }
 
 TEST_CASE("requests from strangers are counted per guest and per QP", "[shim][isolation]") {
@@ -231,7 +231,7 @@ TEST_CASE("requests from strangers are counted per guest and per QP", "[shim][is
     Qp* target = t.a.ctx().qps.get(t.qa.handle);
     REQUIRE(target);
     CHECK(target->stranger_requests >= 1);  // its first request; the rest flush with its QP
-    CHECK(t.eng.security_of(t.ga).stranger_requests >= 1);
+    CHECK(t.eng.guests().security_of(t.ga).stranger_requests >= 1);
 }
 
 TEST_CASE("a controlled qkey (high bit) is refused unless the operator allows it", "[shim][isolation]") {
@@ -323,11 +323,11 @@ TEST_CASE("a source that keeps guessing rkeys is throttled", "[shim][isolation]"
         return sc[0].status;
     };
     for (int i = 0; i < 2; ++i) CHECK(attempt(IBV_WR_RDMA_WRITE, ma.rkey ^ (0x100u << i)) == IBV_WC_REM_ACCESS_ERR);
-    CHECK(t.eng.security_of(t.ga).remote_access_errors == 2);
+    CHECK(t.eng.guests().security_of(t.ga).remote_access_errors == 2);
     // Throttled: the right key does not help, nothing is written.
     CHECK(attempt(IBV_WR_RDMA_WRITE, ma.rkey) == IBV_WC_RETRY_EXC_ERR);
     CHECK(attempt(IBV_WR_RDMA_READ, ma.rkey) == IBV_WC_RETRY_EXC_ERR);
-    CHECK(t.eng.security_of(t.ga).throttled_requests >= 2);
+    CHECK(t.eng.guests().security_of(t.ga).throttled_requests >= 2);
     std::vector<uint8_t> want(4096, 0x5a);
     CHECK(std::memcmp(t.a.at(ma.addr), want.data(), 2048) == 0);
     CHECK(attempt(IBV_WR_SEND, 0) == IBV_WC_SUCCESS);  // no key: not throttled
@@ -393,7 +393,7 @@ TEST_CASE("a source that keeps guessing qkeys is counted and throttled", "[shim]
     t.eng.qkey_throttle().set_limit(4);  // 4 at once, then 4 a second
     UdEnd ea(t.a), eb(t.b), ec(c);
     const uint32_t a_to_b = ea.ah(2), a_to_c = ea.ah(3), c_to_b = ec.ah(2);
-    const GuestSecurity& sb = t.beng().security_of(t.gb);
+    const GuestSecurity& sb = t.beng().guests().security_of(t.gb);
     eb.post_recvs(8);
     ec.post_recvs(2);
     // The senders' completions succeed whatever happens to the datagrams.

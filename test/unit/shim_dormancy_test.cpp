@@ -66,7 +66,7 @@ TEST_CASE("an idle context goes dormant, and its doorbell wakes it", "[shim][eng
     CHECK(t.eng.dormant_count() == 0);
     CHECK(t.c.cb()->shim_sleeping.load() == 0);
 
-    t.idle_for(Engine::kDormantAfterNs + Engine::kSweepNs);
+    t.idle_for(Dormancy::kDormantAfterNs + Dormancy::kSweepNs);
     CHECK(t.eng.dormant_count() == 1);
     CHECK(t.c.cb()->shim_sleeping.load() == 1);  // its guest now kicks
 
@@ -84,7 +84,7 @@ TEST_CASE("an idle context goes dormant, and its doorbell wakes it", "[shim][eng
 
 TEST_CASE("a dormant context whose kick is lost is still served by the sweep", "[shim][engine][dormancy]") {
     KickedGuest t;
-    t.idle_for(Engine::kDormantAfterNs + Engine::kSweepNs);
+    t.idle_for(Dormancy::kDormantAfterNs + Dormancy::kSweepNs);
     REQUIRE(t.eng.dormant_count() == 1);
     t.daemon_reads_kicks = false;
     const uint32_t served = t.c.cb()->cmd_consumer.load();
@@ -92,14 +92,14 @@ TEST_CASE("a dormant context whose kick is lost is still served by the sweep", "
     CHECK(r.status == abi_client::kNoAnswer);
     CHECK(t.c.cb()->cmd_consumer.load() == served);
     // The next sweep looks at dormant contexts and finds the command.
-    t.idle_for(Engine::kSweepNs);
+    t.idle_for(Dormancy::kSweepNs);
     CHECK(t.eng.dormant_count() == 0);
     CHECK(t.c.cb()->cmd_consumer.load() != served);
 }
 
 TEST_CASE("an in-process context without a kick eventfd never goes dormant", "[shim][engine][dormancy]") {
     TwoGuests t;
-    g_fake_now += 10 * (Engine::kDormantAfterNs + Engine::kSweepNs);
+    g_fake_now += 10 * (Dormancy::kDormantAfterNs + Dormancy::kSweepNs);
     t.run(2);
     CHECK(t.eng.dormant_count() == 0);
     CHECK(t.a.pd() != 0);

@@ -114,7 +114,7 @@ TEST_CASE("quotas are per guest, across its contexts, and come back", "[shim][ha
     eng.set_clock(fake_clock);
     const GuestIdentity& ga = eng.add_guest("a", 1, 0x1111);
     const GuestIdentity& gb = eng.add_guest("b", 2, 0x2222);
-    GuestUsage* ua = eng.usage_of(ga);
+    GuestUsage* ua = eng.guests().usage_of(ga);
     REQUIRE(ua);
     {
         FakeProvider a1(eng, ga), a2(eng, ga), b(eng, gb);
@@ -163,7 +163,7 @@ TEST_CASE("quotas are per guest, across its contexts, and come back", "[shim][ha
     }
     for (unsigned i = 0; i < kResCount; ++i) {
         CHECK(ua->used(Res(i)) == 0);
-        CHECK(eng.usage_of(gb)->used(Res(i)) == 0);
+        CHECK(eng.guests().usage_of(gb)->used(Res(i)) == 0);
     }
     CHECK(eng.global_usage().mappings == 0);
 }
@@ -174,7 +174,7 @@ TEST_CASE("an MR over several segments is charged mappings", "[shim][hardening][
     Engine eng(q);
     const GuestIdentity& ga = eng.add_guest("a", 1, 0x1111);
     FakeProvider a(eng, ga);
-    GuestUsage* ua = eng.usage_of(ga);
+    GuestUsage* ua = eng.guests().usage_of(ga);
     // Three adjacent one-page segments at a fresh address range.
     void* area = mmap(nullptr, 3 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     REQUIRE(area != MAP_FAILED);

@@ -59,10 +59,10 @@ TEST_CASE("a message larger than a slice moves over several turns; completions c
     t.run(1);
     // One turn: at most the turn's budget of bytes, no completion yet.
     CHECK(t.b.at(t.mb.addr)[0] == t.a.at(t.ma.addr)[0]);
-    CHECK_FALSE(t.arrived(Engine::kTurnBudget + 1));
+    CHECK_FALSE(t.arrived(TurnScheduler::kTurnBudget + 1));
     CHECK(t.a.poll(t.cq_a).empty());
     CHECK(t.b.poll(t.cq_b).empty());
-    t.run(int(kBig / Engine::kTurnBudget) + 2);
+    t.run(int(kBig / TurnScheduler::kTurnBudget) + 2);
     CHECK(t.arrived(kBig));
     auto rc = t.b.poll(t.cq_b);
     REQUIRE(rc.size() == 1);
@@ -86,7 +86,7 @@ TEST_CASE("a large RDMA READ moves over several turns and arrives intact", "[shi
     t.b.post_send(t.qb.sq, w, {abi::Sge{t.mb.addr, kBig, t.mb.lkey}});
     t.run(1);
     CHECK(t.b.poll(t.cq_b).empty());
-    t.run(int(kBig / Engine::kTurnBudget) + 2);
+    t.run(int(kBig / TurnScheduler::kTurnBudget) + 2);
     CHECK(t.arrived(kBig));
     auto sc = t.b.poll(t.cq_b);
     REQUIRE(sc.size() == 1);
@@ -110,7 +110,7 @@ TEST_CASE("another guest is served between the slices of a large message", "[shi
     auto ac = t.a.poll(t.cq_a);
     REQUIRE(ac.size() == 1);
     CHECK(ac[0].wr_id == 60);
-    t.run(int(kBig / Engine::kTurnBudget) + 2);
+    t.run(int(kBig / TurnScheduler::kTurnBudget) + 2);
     CHECK(t.a.poll(t.cq_a).size() == 1);
 }
 
@@ -243,8 +243,8 @@ TEST_CASE("a small message waits behind another guest's large transfer for at mo
         REQUIRE(t.a.poll(t.cq_a).size() == 1);  // the 64 bytes arrived
     }
     INFO("most bytes of a's transfer moved while b's message waited: " << worst);
-    CHECK(worst <= Engine::kCopySlice);
-    t.run(int(kBig / Engine::kCopySlice) + 8);
+    CHECK(worst <= TurnScheduler::kCopySlice);
+    t.run(int(kBig / TurnScheduler::kCopySlice) + 8);
     CHECK(t.arrived(kBig - 64));
 }
 
@@ -279,13 +279,13 @@ TEST_CASE("a guest's contexts share one turn: more contexts do not buy more of t
     };
     for (int pass = 1; pass <= 4; ++pass) {
         t.run(1);
-        CHECK(landed() <= uint64_t(pass) * (Engine::kTurnBudget + Engine::kSliceBytes));
+        CHECK(landed() <= uint64_t(pass) * (TurnScheduler::kTurnBudget + TurnScheduler::kSliceBytes));
     }
     // Both sends progress (the pass starts at a different context each time)
     // and both complete.
     CHECK(t.b.at(mb2.addr)[0] == 0x5a);
     CHECK(t.b.at(t.mb.addr)[0] == t.a.at(t.ma.addr)[0]);
-    t.run(int(2 * kBig / Engine::kTurnBudget) + 8);
+    t.run(int(2 * kBig / TurnScheduler::kTurnBudget) + 8);
     CHECK(t.arrived(kBig));
     CHECK(std::memcmp(t.b.at(mb2.addr), a2.at(m2.addr), kBig) == 0);
     CHECK(t.a.poll(t.cq_a).size() == 1);
@@ -298,7 +298,7 @@ namespace {
 struct WeightedPair : BigPair {
     FakeProvider::MrInfo a_in, b_out;
     WeightedPair() : BigPair(Workers::One) {
-        eng.set_weight(ga, 3);
+        eng.guests().set_weight(ga, 3);
         a_in = a.mr(pd_a, kBig, kAllAccess);
         b_out = b.mr(pd_b, kBig, kAllAccess);
         std::memset(b.at(b_out.addr), 0x3c, kBig);
@@ -317,7 +317,7 @@ struct WeightedPair : BigPair {
     uint64_t by_b() { return pages(a.at(a_in.addr), [](uint8_t v) { return v == 0x3c; }); }
     // Both messages complete, intact.
     void finish() {
-        run(int(2 * kBig / Engine::kCopySlice) + 8);
+        run(int(2 * kBig / TurnScheduler::kCopySlice) + 8);
         CHECK(a.poll(cq_a).size() == 2);  // its send and the receive of b's
         CHECK(b.poll(cq_b).size() == 2);
         CHECK(arrived(kBig));
@@ -340,10 +340,10 @@ TEST_CASE("a guest's weight is its share of each pass beside the worker's other 
     // at most the slice that crosses it).
     WeightedPair t;
     t.run(1);
-    CHECK(t.by_a() >= 3 * Engine::kSmallTurn);
-    CHECK(t.by_a() <= 3 * Engine::kSmallTurn + Engine::kCopySlice);
-    CHECK(t.by_b() >= Engine::kSmallTurn);
-    CHECK(t.by_b() <= Engine::kSmallTurn + Engine::kCopySlice);
+    CHECK(t.by_a() >= 3 * TurnScheduler::kSmallTurn);
+    CHECK(t.by_a() <= 3 * TurnScheduler::kSmallTurn + TurnScheduler::kCopySlice);
+    CHECK(t.by_b() >= TurnScheduler::kSmallTurn);
+    CHECK(t.by_b() <= TurnScheduler::kSmallTurn + TurnScheduler::kCopySlice);
     t.run(15);
     INFO("bytes moved in 16 passes: a (weight 3) " << t.by_a() << ", b (weight 1) " << t.by_b());
     CHECK(double(t.by_a()) / double(t.by_b()) >= 2.5);
@@ -352,11 +352,11 @@ TEST_CASE("a guest's weight is its share of each pass beside the worker's other 
     CHECK(t.gb.weight == 1);
     CHECK(t.ga.load.yields > 0);
     // Out-of-range weights are clamped, never 0 (a guest never served).
-    t.eng.set_weight(t.gb, 0);
+    t.eng.guests().set_weight(t.gb, 0);
     CHECK(t.gb.weight == 1);
-    t.eng.set_weight(t.gb, 1000);
+    t.eng.guests().set_weight(t.gb, 1000);
     CHECK(t.gb.weight == kMaxGuestWeight);
-    t.eng.set_weight(t.gb, 1);
+    t.eng.guests().set_weight(t.gb, 1);
     t.finish();
 }
 
@@ -393,7 +393,7 @@ TEST_CASE("a large message whose transfer outlasts the QP's timeout still arrive
         g_fake_now += 100'000'000;  // 100 ms between passes
         t.run(4);
     }
-    t.run(int(kBig / Engine::kSliceBytes) + 8);
+    t.run(int(kBig / TurnScheduler::kSliceBytes) + 8);
     CHECK(t.arrived(kBig));
     auto ac = t.a.poll(t.cq_a);
     auto bc = t.b.poll(t.cq_b);

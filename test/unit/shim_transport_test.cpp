@@ -635,9 +635,9 @@ TEST_CASE("detaching a context frees everything and leaves others running", "[sh
     CHECK(t.eng.context_count() == 2);
     t.eng.detach(t.a.ctx_id());
     CHECK(t.eng.context_count() == 1);
-    CHECK(!t.eng.find_qp(1, t.qa.qpn));
-    CHECK(t.eng.find_qp(2, t.qb.qpn));
-    CHECK(!t.eng.find_qp(1, t.qb.qpn));  // right QPN, wrong LID
+    CHECK(!t.eng.qpns().find(1, t.qa.qpn));
+    CHECK(t.eng.qpns().find(2, t.qb.qpn));
+    CHECK(!t.eng.qpns().find(1, t.qb.qpn));  // right QPN, wrong LID
 }
 
 TEST_CASE("RESET drops posted WQEs; indices keep running", "[shim][transport]") {

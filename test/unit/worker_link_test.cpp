@@ -104,7 +104,7 @@ TEST_CASE("two workers on their own threads: every opcode between their guests, 
         while (!stop.load()) {
             e.poll_once();
             out.flush();
-            if (!receive_messages(in, links, 2, Engine::kTurnBudget)) std::this_thread::yield();
+            if (!receive_messages(in, links, 2, TurnScheduler::kTurnBudget)) std::this_thread::yield();
         }
     };
     std::thread wa(worker, std::ref(t.eng), std::ref(*t.link_ab), std::ref(t.inbox_a), to_a);

@@ -66,7 +66,7 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     // completions to come: a CQ resized below them would overrun.
     const uint64_t t = eng.now();
     uint64_t in_flight = 0;
-    eng.outside_budget([&] {
+    eng.turns().outside_budget([&] {
         ctx.qps.for_each([&](uint32_t, Qp& qp) {
             if (qp.send_cq != r.cq_handle) return;
             requester_process(eng, ctx, qp, t);

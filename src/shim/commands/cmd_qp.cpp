@@ -41,7 +41,7 @@ int setup_wq(const Context& ctx, uint64_t gva, uint32_t entries, uint32_t stride
 void bind_peer(Engine& eng, Qp& qp) {
     qp.peer_incarnation = 0;
     if (!eng.serves(qp.attr.ah.dlid)) return;
-    if (Engine::QpRef peer = eng.find_qp(qp.attr.ah.dlid, qp.attr.dest_qp_num)) qp.peer_incarnation = peer.qp->incarnation;
+    if (QpRef peer = eng.qpns().find(qp.attr.ah.dlid, qp.attr.dest_qp_num)) qp.peer_incarnation = peer.qp->incarnation;
 }
 
 // The end of every CreateQp: the QP gets its number and incarnation, a
@@ -54,7 +54,7 @@ int publish_qp(Engine& eng, Context& ctx, std::unique_ptr<Qp> qp, uint32_t qpn, 
     uint32_t h = ctx.qps.insert(std::move(qp));
     if (!h) return ENOMEM;
     created->handle = h;
-    eng.register_qp(qpn, ctx, h);
+    eng.qpns().add(qpn, ctx, h);
     // Work slots are the QP table's slots modulo kWorkSlots: beyond 4096
     // QPs a bit names a few QPs, all looked at when it is set (engine.cpp).
     const uint32_t slot = ctx.qps.slot_of(h);
@@ -77,7 +77,7 @@ int create_xrc_recv(Engine& eng, Context& ctx, const abi::CmdCreateQpReq& r, uin
     qp->xrc = XrcRole::Recv;
     qp->xrcd = r.xrcd_handle;
     qp->user_handle = r.user_handle;
-    const uint32_t qpn = eng.alloc_qpn();
+    const uint32_t qpn = eng.qpns().alloc();
     if (!qpn) return ENOMEM;
     if (int err = publish_qp(eng, ctx, std::move(qp), qpn, resp)) return err;
     charge.keep();
@@ -132,7 +132,7 @@ int cmd_create_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     if (!xrc_send)
         for (Transport* t : eng.object_keepers())
             if (!qpn) qpn = t->qp_made(eng, *pd, srq, *qp, r);
-    if (!qpn) qpn = eng.alloc_qpn();
+    if (!qpn) qpn = eng.qpns().alloc();
     if (!qpn) return ENOMEM;
     qp->type = xrc_send ? uint32_t(IBV_QPT_RC) : r.qp_type;
     qp->xrc = xrc_send ? XrcRole::Send : XrcRole::None;
@@ -255,7 +255,7 @@ int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp)
     ctx.charges.give(Res::Qp, 1);
     ctx.charges.give(Res::Wr, uint64_t(qp->sq.entries) + qp->rq.entries);
     store_resp(resp, abi::CmdDestroyResp{0, qp->async_events});
-    eng.unregister_qp(qp->qpn);
+    eng.qpns().remove(qp->qpn);
     if (Pd* pd = ctx.pds.get(qp->pd)) --pd->users;
     if (Cq* cq = ctx.cqs.get(qp->send_cq)) --cq->users;
     if (Cq* cq = ctx.cqs.get(qp->recv_cq)) --cq->users;

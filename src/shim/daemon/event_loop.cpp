@@ -784,7 +784,7 @@ bool Daemon::set_weight(const std::string& guest, const std::string& text, std::
     const size_t index = size_t(i);
     // By value: a worker that answers late runs it after this returned.
     auto task = [&w, index, weight] {
-        w.engine().set_weight(w.guest(index), weight);
+        w.engine().guests().set_weight(w.guest(index), weight);
         return std::string();
     };
     if (!call_worker(w, task, error)) return false;

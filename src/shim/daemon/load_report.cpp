@@ -21,7 +21,7 @@ void load_report(Engine& eng, uint32_t worker, uint64_t asleep_ns, uint64_t upti
     std::map<const GuestIdentity*, unsigned> contexts;
     eng.for_each_context([&](Context& ctx) { ++contexts[&ctx.guest()]; });
     char line[256];
-    const WorkerLoad& w = eng.worker_load();
+    const WorkerLoad& w = eng.turns().worker_load();
     std::snprintf(line, sizeof(line), "worker %u guests %zu contexts %zu passes %llu busy_s %.3f asleep_s %.3f uptime_s %.3f\n",
                   worker, live_guests(eng), eng.context_count(), (unsigned long long)w.passes, seconds(w.busy_ns),
                   seconds(asleep_ns), seconds(uptime_ns));

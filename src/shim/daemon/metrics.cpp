@@ -106,8 +106,8 @@ void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::stri
     for (auto& g : eng.guests()) guests += !g->removed;
     add(out, "vrdma_worker_guests", wl, guests);
     add(out, "vrdma_worker_contexts", wl, uint64_t(eng.context_count()));
-    add(out, "vrdma_worker_passes_total", wl, eng.worker_load().passes);
-    add(out, "vrdma_worker_busy_seconds_total", wl, seconds(eng.worker_load().busy_ns));
+    add(out, "vrdma_worker_passes_total", wl, eng.turns().worker_load().passes);
+    add(out, "vrdma_worker_busy_seconds_total", wl, seconds(eng.turns().worker_load().busy_ns));
     add(out, "vrdma_worker_asleep_seconds_total", wl, seconds(asleep_ns));
     for (auto& g : eng.guests()) {
         if (g->removed) continue;
@@ -116,7 +116,7 @@ void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::stri
         const GuestLoad& l = g->load;
         auto it = contexts.find(g.get());
         add(out, "vrdma_guest_contexts", gwl, it == contexts.end() ? uint64_t(0) : it->second);
-        if (const GuestUsage* u = eng.usage_of(*g)) {
+        if (const GuestUsage* u = eng.guests().usage_of(*g)) {
             for (unsigned r = 0; r < kResCount; ++r) {
                 const std::string kl = gl + ",kind=\"" + res_key(Res(r)) + "\"";
                 add(out, "vrdma_guest_resources", kl, u->used(Res(r)));

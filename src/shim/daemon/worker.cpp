@@ -42,8 +42,8 @@ void Worker::epoll_del(int fd) { epoll_unwatch(epoll_.get(), fd); }
 
 const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_t guid, const GuestSettings& s) {
     const GuestIdentity& id = engine_.add_guest(s.name, lid, guid, s.controlled_qkeys);
-    if (!s.pkeys.empty()) engine_.set_pkeys(id, s.pkeys);
-    engine_.set_weight(id, s.weight);
+    if (!s.pkeys.empty()) engine_.guests().set_pkeys(id, s.pkeys);
+    engine_.guests().set_weight(id, s.weight);
     guests_[guest_index] = &id;
     access_[guest_index] = s.access;
     if (fabric_.enabled()) fabric_.announce_partitions(lid, id.pkeys);  // added at run time: peers that are up
@@ -173,7 +173,7 @@ bool Worker::poll_links() {
     bool progress = false;
     for (auto& l : links_)
         if (l) progress |= l->flush();
-    progress |= receive_messages(inbox_, link_ptrs_.data(), uint32_t(link_ptrs_.size()), Engine::kTurnBudget);
+    progress |= receive_messages(inbox_, link_ptrs_.data(), uint32_t(link_ptrs_.size()), TurnScheduler::kTurnBudget);
     return progress;
 }
 
@@ -298,11 +298,11 @@ void Worker::adopt_connection(size_t guest_index, uint64_t id, UniqueFd fd) {
     read_peer_credentials(c);
     const GuestAccess& access = access_[guest_index];
     if (!access.allows(c.uid, c.gid)) {  // before anything is charged
-        refuse_connection(c, access, engine_.security_of(*c.guest));
+        refuse_connection(c, access, engine_.guests().security_of(*c.guest));
         conns_.erase(id);
         return;
     }
-    c.charges.bind(engine_.usage_of(*c.guest));
+    c.charges.bind(engine_.guests().usage_of(*c.guest));
     if (!c.charges.take(Res::Connections, 1, "a connection") || !c.charges.take(Res::Fds, 1, "a connection")) {
         conns_.erase(id);  // closes it: the guest sees EOF
         return;

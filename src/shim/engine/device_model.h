@@ -91,7 +91,7 @@ struct GuestIdentity {
     // the default partition, full member.
     std::vector<uint16_t> pkeys = {0xffff};
     // Its share of its worker beside the worker's other guests: a budget of
-    // weight times Engine::kTurnBudget per pass (vrdma-shim --guest
+    // weight times TurnScheduler::kTurnBudget per pass (vrdma-shim --guest
     // NAME:weight=W, 1 to kMaxGuestWeight; default 1, equal shares).
     uint32_t weight = 1;
     // Removed at run time (vrdmactl guest remove): it has no contexts and

@@ -5,7 +5,6 @@
 #include <unordered_set>
 
 #include <infiniband/verbs.h>
-#include <time.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -43,40 +42,13 @@ bool connected_state(uint32_t state) {
 
 }  // namespace
 
-uint64_t monotonic_ns() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
-
 Engine::Engine(Quotas quotas, SharedTables* shared)
     : quotas_(quotas),
       own_shared_(shared ? nullptr : std::make_unique<SharedTables>()),
-      shared_(shared ? shared : own_shared_.get()) {
+      shared_(shared ? shared : own_shared_.get()),
+      guests_(quotas_, shared_->global_usage()),
+      qpns_(*shared_) {
     install_fault_guard();  // guest files behind MRs may be truncated under the shim
-}
-
-GuestUsage* Engine::usage_of(const GuestIdentity& guest) {
-    for (size_t i = 0; i < guests_.size(); ++i)
-        if (guests_[i].get() == &guest) return usages_[i].get();
-    return nullptr;
-}
-
-void Engine::set_pkeys(const GuestIdentity& guest, std::vector<uint16_t> pkeys) {
-    for (auto& g : guests_)
-        if (g.get() == &guest && !pkeys.empty()) g->pkeys = std::move(pkeys);
-}
-
-void Engine::set_weight(const GuestIdentity& guest, uint32_t weight) {
-    for (auto& g : guests_)
-        if (g.get() == &guest) g->weight = std::clamp(weight, 1u, kMaxGuestWeight);
-}
-
-GuestSecurity& Engine::security_of(const GuestIdentity& guest) {
-    for (auto& g : guests_)
-        if (g.get() == &guest) return g->security;
-    thread_local GuestSecurity unknown;  // a guest of no engine (tests): counted nowhere that matters
-    return unknown;
 }
 
 Engine::~Engine() {
@@ -85,15 +57,9 @@ Engine::~Engine() {
 
 const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, uint64_t guid,
                                        bool controlled_qkeys) {
-    auto g = std::make_unique<GuestIdentity>();
-    g->controlled_qkeys = controlled_qkeys;
-    g->name = name;
-    g->lid = lid;
-    g->guid = guid;
-    usages_.push_back(std::make_unique<GuestUsage>(name, quotas_, shared_->global_usage()));
+    const GuestIdentity& g = guests_.add(name, lid, guid, controlled_qkeys);
     routes_.add(lid, lid, &local_);
-    guests_.push_back(std::move(g));
-    return *guests_.back();
+    return g;
 }
 
 Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
@@ -104,17 +70,15 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
         if (why) *why = "arena smaller than the control block";
         return nullptr;
     }
-    GuestUsage* usage = usage_of(guest);
+    GuestUsage* usage = guests_.usage_of(guest);
     std::shared_ptr<Mapping> map;
     if ((err = map_segment(std::move(arena), gva, len, 0, map, usage, why, true))) return nullptr;
     const uint64_t id = shared_->new_context_id();
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
                                          std::move(async), usage);
     Context* p = ctx.get();
-    p->set_wake_list(&wake_ids_);
-    p->last_work_ns = now();
     contexts_.emplace(id, std::move(ctx));
-    awake_.push_back(p);
+    dormancy_.add(*p, now());
     return p;
 }
 
@@ -122,7 +86,7 @@ void Engine::destroy_resources(Context& ctx) {
     std::unordered_set<uint32_t> gone;
     ctx.qps.for_each([&](uint32_t, Qp& qp) {
         abandon_transfer(*this, qp);
-        unregister_qp(qp.qpn);
+        qpns_.remove(qp.qpn);
         if (qp.type != IBV_QPT_RC) return;
         gone.insert(qp.qpn);
         // A peer on another shim is told through the transport that reaches it.
@@ -134,7 +98,7 @@ void Engine::destroy_resources(Context& ctx) {
 }
 
 void Engine::fail_peer_qp(uint16_t gone_lid, uint32_t gone_qpn, uint16_t lid, uint32_t qpn, int event) {
-    QpRef q = find_qp(lid, qpn);
+    QpRef q = qpns_.find(lid, qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != gone_lid || q.qp->attr.dest_qp_num != gone_qpn)
         return;
     if (!connected_state(q.qp->state)) return;
@@ -182,10 +146,7 @@ void Engine::detach(uint64_t ctx_id) {
     destroy_resources(ctx);
     LOG_INFO("guest %s: context %llu detached (%u QPs, %u MRs freed)", ctx.guest().name.c_str(),
              (unsigned long long)ctx_id, ctx.qps.size(), ctx.mrs.size());
-    if (ctx.dormant)
-        --dormant_count_;
-    else
-        std::erase(awake_, &ctx);
+    dormancy_.remove(ctx);
     contexts_.erase(it);
 }
 
@@ -199,30 +160,6 @@ std::vector<uint64_t> Engine::dead_contexts() const {
     for (auto& [id, c] : contexts_)
         if (c->dead) v.push_back(id);
     return v;
-}
-
-void Engine::register_qp(uint32_t qpn, Context& ctx, uint32_t handle) {
-    shared_->take_qpn(qpn);
-    qpns_[qpn] = QpLoc{&ctx, handle};
-}
-
-void Engine::unregister_qp(uint32_t qpn) {
-    if (!qpns_.erase(qpn)) return;
-    shared_->multicast().detach_all(qpn);
-    shared_->release_qpn(qpn);
-}
-
-Engine::QpRef Engine::find_qp_by_qpn(uint32_t qpn) {
-    auto it = qpns_.find(qpn);
-    if (it == qpns_.end() || it->second.ctx->dead) return {};
-    Qp* qp = it->second.ctx->qps.get(it->second.handle);
-    if (!qp) return {};
-    return QpRef{it->second.ctx, qp, it->second.handle};
-}
-
-Engine::QpRef Engine::find_qp(uint16_t lid, uint32_t qpn) {
-    QpRef ref = find_qp_by_qpn(qpn);
-    return ref && ref.ctx->guest().lid == lid ? ref : QpRef{};
 }
 
 const uint8_t* Engine::device_gid() const {
@@ -244,68 +181,12 @@ uint64_t Engine::next_deadline_ns() const {
     return best;
 }
 
-void Engine::set_sleeping(bool sleeping) {
-    sleeping_ = sleeping;
-    // A dormant context's guest was told the shim sleeps: it stays told.
-    for (Context* c : awake_) tell_sleeping(*c, sleeping);
-}
-
-void Engine::wake(Context& ctx) {
-    ctx.wake_queued = false;
-    if (!ctx.dormant) return;
-    ctx.dormant = false;
-    --dormant_count_;
-    ctx.last_work_ns = now();
-    tell_sleeping(ctx, sleeping_);
-    awake_.push_back(&ctx);
-}
-
-// Contexts idle for kDormantAfterNs leave the passes: their guest is told
-// the shim sleeps (so its next doorbell kicks the eventfd, which wakes the
-// context), then its rings are looked at once more, so that a doorbell rung
-// before it was told is not missed (the handshake of protocol.md "Doorbell
-// and sleeping", per context). Dormant contexts are also looked at here, in
-// case something of the shim's own was missed.
-bool Engine::sweep(uint64_t t) {
-    bool progress = false;
-    for (size_t i = 0; i < awake_.size();) {
-        Context& c = *awake_[i];
-        // Without a kick eventfd (in-process tests) its guest could never
-        // wake it.
-        if (c.dead || c.kick_fd() < 0 || c.rescan || c.next_deadline_ns || c.has_marked() ||
-            t - c.last_work_ns < kDormantAfterNs) {
-            ++i;
-            continue;
-        }
-        tell_sleeping(c, true);
-        if (process_context(c, t)) {
-            tell_sleeping(c, sleeping_);
-            progress = true;
-            ++i;
-            continue;
-        }
-        c.dormant = true;
-        ++dormant_count_;
-        awake_[i] = awake_.back();  // order among contexts does not matter
-        awake_.pop_back();
-    }
-    if (dormant_count_)
-        for (auto& [id, c] : contexts_)
-            if (c->dormant && !c->dead && process_context(*c, t)) {
-                wake(*c);
-                progress = true;
-            }
-    return progress;
-}
-
 void Engine::rescan_all() {
     for (auto& [id, c] : contexts_) c->request_rescan();
 }
 
 void Engine::remove_guest(const GuestIdentity& guest) {
-    GuestIdentity* g = nullptr;
-    for (auto& p : guests_)
-        if (p.get() == &guest) g = p.get();
+    GuestIdentity* g = guests_.find(guest);
     if (!g || g->removed) return;
     for (auto& [id, c] : contexts_)
         if (&c->guest() == g) {
@@ -325,9 +206,7 @@ void Engine::mark_all_fatal() {
 }
 
 bool Engine::set_port_active(const std::string& guest, bool active) {
-    GuestIdentity* g = nullptr;
-    for (auto& p : guests_)
-        if (p->name == guest && !p->removed) g = p.get();
+    GuestIdentity* g = guests_.find_active(guest);
     if (!g) return false;
     if (g->port_active == active) return true;
     g->port_active = active;
@@ -344,72 +223,27 @@ std::vector<int> Engine::kick_fds() const {
     return v;
 }
 
-bool Engine::turn_spent_timed() {
-    if (turn_spent()) return true;
-    if (++turn_checks_ % kTurnClockEvery) return false;
-    // WQEs are charged by count: the turn's real time counts too.
-    turn_used_ = turn_cost(now() - turn_start_ns_);
-    return turn_spent();
-}
-
-bool Engine::yield_to_others() {
-    if (turn_ctx_ && others_have_work()) {
-        turn_yielded_ = true;
-        turn_budget_ = turn_used_;  // spent: the rest waits for the next pass
-        return true;
-    }
-    yield_check_at_ = turn_used_ + turn_small_;
-    return false;
-}
-
-// Whether a context of another guest than the turn's has work waiting: a
-// doorbell or work bits it wrote, QPs the shim marked, a dormant context
-// woken. Reads what the next pass would read, for at most kYieldScan
-// contexts a check.
-bool Engine::others_have_work() {
-    if (!wake_ids_.empty()) return true;
-    const size_t n = awake_.size();
-    const size_t k = std::min(n, kYieldScan);
-    const GuestIdentity* mine = &turn_ctx_->guest();
-    for (size_t i = 0; i < k; ++i) {
-        Context* c = awake_[(yield_scan_from_ + i) % n];
-        if (c->dead || &c->guest() == mine) continue;
-        if (c->has_marked()) return true;
-        const abi::ControlBlock* cb = c->control();
-        if (cb->work_summary.load(std::memory_order_relaxed) != 0 ||
-            cb->doorbell.load(std::memory_order_relaxed) != c->last_doorbell)
-            return true;
-    }
-    yield_scan_from_ += k;
-    return false;
-}
-
 bool Engine::poll_once() {
     bool progress = false;
-    ++worker_load_.passes;
+    const uint64_t pass = turns_.begin_pass();
     const uint64_t t = now();  // one clock read a pass, not one a context
-    if (!wake_ids_.empty()) {
-        wake_batch_.swap(wake_ids_);
-        for (uint64_t id : wake_batch_)
-            if (Context* c = find_context(id)) wake(*c);
-        wake_batch_.clear();
-    }
+    dormancy_.take_woken([&](uint64_t id) {
+        if (Context* c = find_context(id)) dormancy_.wake(*c, t);
+    });
     // Only awake contexts: an idle one costs nothing (sweep). Each pass
     // starts one further along, so that no context always comes after
     // another of its guest that spends their common budget. Contexts woken
     // during the pass join the next one.
-    const size_t n = awake_.size();
-    const size_t first = n ? size_t(worker_load_.passes % n) : 0;
+    const std::vector<Context*>& awake = dormancy_.awake();
+    const size_t n = awake.size();
+    const size_t first = n ? size_t(pass % n) : 0;
     for (size_t i = 0; i < n; ++i) {
-        Context* c = awake_[(first + i) % n];
+        Context* c = awake[(first + i) % n];
         if (c->dead || !process_context(*c, t)) continue;
         c->last_work_ns = t;
         progress = true;
     }
-    if (t >= next_sweep_ns_) {
-        next_sweep_ns_ = t + kSweepNs;
-        progress |= sweep(t);
-    }
+    progress |= dormancy_.sweep(t, contexts_, [&](Context& c) { return process_context(c, t); });
     return progress;
 }
 
@@ -449,51 +283,18 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
     if (!full && !rung && !ctx.has_marked()) return false;
     // The turn's time goes to its guest and to the worker (vrdmactl load).
     // The guest's budget for this pass is shared by its contexts.
-    struct TurnClock {
+    struct TurnEnd {
         Engine& eng;
-        GuestLoad& load;
-        uint64_t start;
-        bool in_debt = false;  // the turn began with its budget spent: its time is not charged again
-        ~TurnClock() {
-            const uint64_t d = eng.now() - start;
-            load.busy_ns += d;
-            load.pass_used = in_debt ? eng.turn_used_ : eng.turn_cost(d);
-            // What the pass's use is measured against: the small budget if
-            // the turn gave way to another guest.
-            load.pass_budget = eng.turn_yielded_ ? eng.turn_small_ : eng.turn_budget_;
-            if (eng.turn_yielded_) ++load.yields;
-            eng.worker_load_.busy_ns += d;
-            eng.turn_ctx_ = nullptr;
-        }
-    } turn_clock{*this, ctx.guest().load, now()};
+        ~TurnEnd() { eng.turns_.end_turn(eng.now()); }
+    } turn_end{*this};
+    turns_.begin_turn(ctx, now());
     GuestLoad& load = ctx.guest().load;
-    ++load.turns;
-    turn_budget_ = kTurnBudget * ctx.guest().weight;
-    turn_small_ = kSmallTurn * ctx.guest().weight;
-    if (load.pass != worker_load_.passes) {
-        // Deficit round robin: what the guest's last turn took beyond its
-        // budget (the small one if it gave way; the slice or WQE that
-        // crossed it, a turn preempted) comes off the next ones, up to
-        // kMaxDebtBudgets full budgets, so that shares follow the weights
-        // however coarse a slice is against the budget.
-        const uint64_t b = load.pass_budget ? load.pass_budget : turn_budget_;
-        load.pass_used =
-            load.pass_used > b ? std::min(load.pass_used - b, kMaxDebtBudgets * turn_budget_) : 0;
-        load.pass = worker_load_.passes;
-    }
     bool progress = false;
-    turn_used_ = turn_carried_ = load.pass_used;
-    turn_ctx_ = &ctx;
-    turn_yielded_ = false;
-    yield_check_at_ = turn_small_;
-    turn_clock.in_debt = turn_used_ >= turn_budget_;
-    turn_start_ns_ = turn_clock.start;
-    turn_checks_ = 0;
     // Once the turn is spent, the QPs not looked at yet wait for the next
     // pass, first in line then, so that other contexts are served in
     // between and no QP of this one is passed over twice.
     auto serve = [&](Qp& qp) {
-        if (turn_spent()) {
+        if (turns_.spent()) {
             ctx.mark_skipped(qp);
             progress = true;  // work is left: not an idle pass
         } else {

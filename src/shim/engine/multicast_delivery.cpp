@@ -38,13 +38,13 @@ uint32_t multicast_deliver(Engine& eng, const Request& req, const uint8_t* paylo
         copy.dlid = m.lid;
         copy.dqpn = m.qpn;
         went += t->send_copy(eng, copy, payload) ? 1 : 0;
-        eng.charge_turn(Engine::kWqeCost + req.length);
+        eng.turns().charge(TurnScheduler::kWqeCost + req.length);
     });
     copy.dlid = req.dlid;  // the group's address: the other worker looks its members up
     copy.dqpn = req.dqpn;
     for (size_t i = 0; i < nlinks; ++i) {
         went += links[i]->send_copy(eng, copy, payload) ? 1 : 0;
-        eng.charge_turn(Engine::kWqeCost + req.length);
+        eng.turns().charge(TurnScheduler::kWqeCost + req.length);
     }
     return went;
 }

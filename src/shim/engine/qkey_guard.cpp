@@ -6,7 +6,7 @@ namespace vrdma::shim::qkey_guard_detail {
 
 // From a (source, target) pair that keeps guessing: dropped, counted.
 bool note_throttled(Engine& eng, Context& ctx, const Request& req) {
-    GuestSecurity& s = eng.security_of(ctx.guest());
+    GuestSecurity& s = eng.guests().security_of(ctx.guest());
     ++s.throttled_datagrams;
     unsigned long long more = 0;
     if (!s.datagram_throttle_log.due(eng.now(), more)) return false;
@@ -21,7 +21,7 @@ bool note_throttled(Engine& eng, Context& ctx, const Request& req) {
 // logged apart: a guesser that keeps at the limit would be throttled anew
 // at each token, and note_throttled says the rest.
 bool note_violation(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
-    GuestSecurity& s = eng.security_of(ctx.guest());
+    GuestSecurity& s = eng.guests().security_of(ctx.guest());
     ++s.qkey_violations;
     eng.qkey_throttle().charge(GuessThrottle::pair(req.slid, ctx.guest().lid), eng.now());
     unsigned long long more = 0;

@@ -20,7 +20,7 @@ struct SendWork;
 // PSN of the QP's sequence: `psn` names the rendezvous' piece, and the
 // answer (Response::tm) goes to the rendezvous, not to the requester.
 //   kTmRndvRead  reads `length` bytes at remote_addr with rkey, as an RDMA
-//                READ of the receiving QP would (at most Engine::kSliceBytes
+//                READ of the receiving QP would (at most TurnScheduler::kSliceBytes
 //                a request);
 //   kTmRndvFin   the FIN into the sending QP's next receive: the
 //                rendezvous' TMH and RVH travel in sgid and dgid.

@@ -676,11 +676,11 @@ bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t t, uint32_t m
     const uint32_t run_state = qp.state;
     SendWork& w = eng.scratch();
     for (uint32_t i = 0; i < unsent && qp.state == run_state && qp.req.wait == SqWait::None; ++i) {
-        if (eng.turn_spent_timed()) {
+        if (eng.turns().spent_timed()) {
             ctx.mark_work(qp);  // the rest on the next pass (engine.h: work per turn)
             break;
         }
-        eng.charge_turn(Engine::kWqeCost);
+        eng.turns().charge(TurnScheduler::kWqeCost);
         uint32_t st = read_send_wqe(qp.sq, qp.req.sq_next, qp.max_send_sge, qp.max_inline, w);
         Step s = is_local_op(w.hdr.opcode) && qp.type != IBV_QPT_UD ? run_local_op(eng, ctx, qp, w, st)
                  : qp.type == IBV_QPT_UD                             ? start_ud(eng, ctx, qp, w, st)
@@ -766,7 +766,7 @@ void send_posted_datagrams(Engine& eng, Context& ctx, Qp& qp, uint32_t& allowanc
     uint32_t n;
     if (!wq_pending(qp.sq, n) || n <= inflight_count(qp)) return;  // nothing waits to be taken
     const uint32_t unsent = n - inflight_count(qp);
-    eng.outside_budget([&] { requester_process(eng, ctx, qp, eng.now(), allowance); });
+    eng.turns().outside_budget([&] { requester_process(eng, ctx, qp, eng.now(), allowance); });
     uint32_t left = 0;
     if (qp.sq.ring && wq_pending(qp.sq, n) && n >= inflight_count(qp)) left = n - inflight_count(qp);
     allowance -= std::min(allowance, unsent > left ? unsent - left : 1u);

@@ -75,7 +75,7 @@ bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
     const auto& dk = ctx.guest().pkeys;
     const uint32_t di = qp.attr.pkey_index;
     if (di < dk.size() && pkeys_match(req.pkey, dk[di])) return true;
-    GuestSecurity& s = eng.security_of(ctx.guest());
+    GuestSecurity& s = eng.guests().security_of(ctx.guest());
     ++s.pkey_violations;
     unsigned long long more = 0;
     if (s.pkey_log.due(eng.now(), more)) {
@@ -98,7 +98,7 @@ bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
 bool from_connected_peer(Engine& eng, const Request& req, Qp& qp) {
     if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return false;
     if (eng.serves(req.slid)) {
-        Engine::QpRef src = eng.find_qp(req.slid, req.sqpn);
+        QpRef src = eng.qpns().find(req.slid, req.sqpn);
         return src && qp.peer_incarnation && src.qp->incarnation == qp.peer_incarnation &&
                src.qp->peer_incarnation == qp.incarnation;
     }
@@ -168,7 +168,7 @@ uint32_t take_recv_wqe(Context& ctx, Qp& qp, RecvQueue& rq, Delivery& d, uint64_
 
 void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
-    Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
+    QpRef dst = eng.qpns().find(req.dlid, req.dqpn);
     if (!dst || dst.qp->type != IBV_QPT_UD || !qp_takes_requests(dst.qp->state)) return;
     if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
     if (!qkey_admits(eng, req, *dst.ctx, *dst.qp)) return;
@@ -220,7 +220,7 @@ void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req);
 void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     d.resp.psn = req.psn;
-    Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
+    QpRef dst = eng.qpns().find(req.dlid, req.dqpn);
     if (!dst || dst.qp->type != IBV_QPT_UC || !qp_takes_requests(dst.qp->state)) return;
     Context& ctx = *dst.ctx;
     Qp& qp = *dst.qp;
@@ -290,7 +290,7 @@ void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
 // A request for `qp` from a QP it is not connected to: dropped, counted.
 void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
     ++qp.stranger_requests;
-    GuestSecurity& s = eng.security_of(ctx.guest());
+    GuestSecurity& s = eng.guests().security_of(ctx.guest());
     ++s.stranger_requests;
     unsigned long long more = 0;
     if (!s.stranger_log.due(eng.now(), more)) return;
@@ -302,7 +302,7 @@ void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
 // A request with an rkey, range or access the responder refuses: counted.
 void note_access_error(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
     ++qp.remote_access_errors;
-    GuestSecurity& s = eng.security_of(ctx.guest());
+    GuestSecurity& s = eng.guests().security_of(ctx.guest());
     ++s.remote_access_errors;
     if (eng.guess_throttle().charge(req.slid, eng.now()))
         LOG_WARN("lid %u: over %u remote access errors a second (guessing keys?): its RDMA and atomic requests "
@@ -318,7 +318,7 @@ void note_access_error(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
 
 // An RDMA request from a source that keeps guessing keys: dropped, counted.
 void note_throttled(Engine& eng, Context& ctx, const Request& req) {
-    GuestSecurity& s = eng.security_of(ctx.guest());
+    GuestSecurity& s = eng.guests().security_of(ctx.guest());
     ++s.throttled_requests;
     unsigned long long more = 0;
     if (!s.throttle_log.due(eng.now(), more)) return;
@@ -339,7 +339,7 @@ void nak(Delivery& d, Context& ctx, Qp& qp, Syndrome syndrome, int event) {
 // nor touches it. A read is checked as an RDMA READ is; one refused fails
 // that rendezvous only, as it would if both QPs were on one worker.
 void respond_tm(Engine& eng, const Request& req, Delivery& d, Context& ctx, Qp& qp, Pins* pins) {
-    if (qp.xrc != XrcRole::None || req.length > Engine::kSliceBytes) {
+    if (qp.xrc != XrcRole::None || req.length > TurnScheduler::kSliceBytes) {
         d.resp.syndrome = Syndrome::NakInvReq;
         return;
     }
@@ -374,7 +374,7 @@ void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.resp.syndrome = Syndrome::Drop;
     d.resp.psn = req.psn;
     d.resp.tm = is_tm_request(req.opcode);
-    Engine::QpRef dst = eng.find_qp(req.dlid, req.dqpn);
+    QpRef dst = eng.qpns().find(req.dlid, req.dqpn);
     // An XRC_SEND QP has no receive side: nothing is for it.
     if (!dst || dst.qp->type != IBV_QPT_RC || dst.qp->xrc == XrcRole::Send || !qp_takes_requests(dst.qp->state))
         return;

@@ -266,7 +266,7 @@ void rendezvous(Delivery& d, Srq& srq, const TagEntry& e, const Tmh& h, const ui
     // rendezvous PSNs.
     p.remote = !d.eng->serves(d.cqe.slid);
     if (p.remote) {
-        p.pieces = uint32_t((r.len + Engine::kSliceBytes - 1) / Engine::kSliceBytes);
+        p.pieces = uint32_t((r.len + TurnScheduler::kSliceBytes - 1) / TurnScheduler::kSliceBytes);
         p.first_psn = qp.resp.tm_next_psn;
         qp.resp.tm_next_psn = (qp.resp.tm_next_psn + p.pieces + 1) & kPsnMask;
     }
@@ -300,21 +300,21 @@ bool step_rendezvous(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) {
     if (st == IBV_WC_SUCCESS && cap < r.len) st = IBV_WC_LOC_LEN_ERR;  // its MR changed meanwhile
     // The sending QP as the READ from this QP would reach it: the same one,
     // still connected. Gone or failed, its answer never comes.
-    Engine::QpRef peer = eng.find_qp(c.slid, c.src_qp);
+    QpRef peer = eng.qpns().find(c.slid, c.src_qp);
     const bool sender_there = peer && peer.qp->type == IBV_QPT_RC && peer.qp->incarnation == p.sender_incarnation &&
                               qp_takes_requests(peer.qp->state);
     if (st == IBV_WC_SUCCESS && !sender_there) st = IBV_WC_REM_ABORT_ERR;
     while (st == IBV_WC_SUCCESS && p.done < r.len) {
-        if (eng.turn_spent()) return false;
+        if (eng.turns().spent()) return false;
         Qp& sq = *peer.qp;
-        const uint64_t slice = std::min<uint64_t>(Engine::kCopySlice, r.len - p.done);
+        const uint64_t slice = std::min<uint64_t>(TurnScheduler::kCopySlice, r.len - p.done);
         uint8_t* src = (sq.attr.qp_access_flags & IBV_ACCESS_REMOTE_READ)
                            ? resolve_rkey(*peer.ctx, sq, sq.pd, r.rkey, r.va + p.done, slice, IBV_ACCESS_REMOTE_READ)
                            : nullptr;
         const Span s{src, slice};
         const uint64_t t0 = eng.now();
         const CopyFault f = src ? copy_sg(spans, n, p.done, &s, 1, slice) : CopyFault::Src;
-        eng.charge_copy(slice, eng.now() - t0);
+        eng.turns().charge_copy(slice, eng.now() - t0);
         if (f == CopyFault::Dst) st = IBV_WC_LOC_PROT_ERR;
         if (f == CopyFault::Src) st = IBV_WC_REM_ACCESS_ERR;
         p.done += slice;
@@ -331,7 +331,7 @@ bool step_rendezvous(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) {
 
 // ---------------------------------------------------------------------------
 // A sender on another worker or shim: the read goes as kTmRndvRead requests
-// of at most Engine::kSliceBytes (request.h), a few in flight, answered in
+// of at most TurnScheduler::kSliceBytes (request.h), a few in flight, answered in
 // order; once every piece is in, the data completion is written and the FIN
 // goes as a kTmRndvFin. The QP's peer is one QP, so one reliable, ordered
 // stream carries every piece.
@@ -357,8 +357,8 @@ uint32_t piece_target(Context& ctx, const PendingRendezvous& p, uint32_t k, Span
     const uint64_t total = read_rvh(p.headers).len;
     if (st == IBV_WC_SUCCESS && cap < total) st = IBV_WC_LOC_LEN_ERR;  // its MR changed meanwhile
     if (st != IBV_WC_SUCCESS) return st;
-    const uint64_t off = uint64_t(k) * Engine::kSliceBytes;
-    len = std::min<uint64_t>(Engine::kSliceBytes, total - off);
+    const uint64_t off = uint64_t(k) * TurnScheduler::kSliceBytes;
+    len = std::min<uint64_t>(TurnScheduler::kSliceBytes, total - off);
     n = 0;
     uint64_t skip = off, want = len;
     for (uint32_t i = 0; i < na && want; ++i) {
@@ -476,7 +476,7 @@ RemoteStep step_remote(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) 
     req.opcode = kTmRndvRead;
     req.rkey = r.rkey;
     while (p.asked < p.pieces && pieces_in_flight(qp) < kPiecesInFlight) {
-        if (eng.turn_spent()) return RemoteStep::Stop;
+        if (eng.turns().spent()) return RemoteStep::Stop;
         Span spans[abi::kMaxTmSge];
         uint32_t n = 0;
         uint64_t len = 0;
@@ -488,11 +488,11 @@ RemoteStep step_remote(Engine& eng, Context& ctx, Qp& qp, PendingRendezvous& p) 
             return RemoteStep::Finished;
         }
         req.psn = (p.first_psn + p.asked) & kPsnMask;
-        req.remote_addr = r.va + uint64_t(p.asked) * Engine::kSliceBytes;
+        req.remote_addr = r.va + uint64_t(p.asked) * TurnScheduler::kSliceBytes;
         req.length = len;
         const SendResult sent = t->send(eng, ctx, qp, req, spans, n, pins, resp);
         if (sent == SendResult::Busy) return RemoteStep::Stop;  // the transport wakes the QP when it has room
-        eng.charge_turn(Engine::kWqeCost);
+        eng.turns().charge(TurnScheduler::kWqeCost);
         if (p.asked++ == p.answered) p.since_ns = now;
         if (sent == SendResult::Done && take_answer(eng, ctx, qp, p, resp, 0)) return RemoteStep::Finished;
     }
@@ -588,7 +588,7 @@ void tm_run_rendezvous(Engine& eng, Context& ctx, Qp& qp) {
         ++kept;
     }
     v.resize(kept);
-    if (stopped && eng.turn_spent()) ctx.mark_skipped(qp);  // the turn is spent: the rest on the next pass
+    if (stopped && eng.turns().spent()) ctx.mark_skipped(qp);  // the turn is spent: the rest on the next pass
 }
 
 void tm_answered(Engine& eng, Context& ctx, Qp& qp, const Response& resp, uint32_t local_error) {

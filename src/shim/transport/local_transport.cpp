@@ -57,10 +57,10 @@ SendResult LocalTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request
     // Slices while the turn lasts (at least one: every turn makes progress).
     bool moved = true;
     do {
-        const uint64_t n = std::min(Engine::kCopySlice, s->d.length - s->done);
+        const uint64_t n = std::min(TurnScheduler::kCopySlice, s->d.length - s->done);
         moved = timed_move(eng, req, s->d, local, nlocal, s->done, n, copied_bytes_);
         s->done += n;
-    } while (moved && s->done < s->d.length && !eng.turn_spent());
+    } while (moved && s->done < s->d.length && !eng.turns().spent());
     if (moved && s->done < s->d.length) {
         ctx.mark_work(qp);  // the next slice on the next pass
         return SendResult::Busy;

@@ -2,7 +2,7 @@
 // the responder run in one process; the payload moves with one memcpy
 // between the two guests' memory mappings (no bounce buffer).
 //
-// A message up to Engine::kSliceBytes moves at once and its response is
+// A message up to TurnScheduler::kSliceBytes moves at once and its response is
 // known when send() returns. A larger one moves kSliceBytes at a time while
 // the context's turn lasts (engine.h, protocol.md "Work per turn"), so that
 // no transfer holds the shim for much longer than a turn: send() answers

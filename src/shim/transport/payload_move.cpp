@@ -19,10 +19,10 @@ bool move_payload(const Request& req, Delivery& d, const Span* local, uint32_t n
 
 bool timed_move(Engine& eng, const Request& req, Delivery& d, const Span* local, uint32_t nlocal, uint64_t at,
                 uint64_t bytes, uint64_t& copied) {
-    const bool timed = bytes >= Engine::kTimedCopyBytes;
+    const bool timed = bytes >= TurnScheduler::kTimedCopyBytes;
     const uint64_t t0 = timed ? eng.now() : 0;
     const bool moved = move_payload(req, d, local, nlocal, at, bytes);
-    eng.charge_copy(bytes, timed ? eng.now() - t0 : 0);
+    eng.turns().charge_copy(bytes, timed ? eng.now() - t0 : 0);
     copied += bytes;
     return moved;
 }

@@ -10,7 +10,7 @@ namespace vrdma::shim {
 void SlicedCopyDeleter::operator()(SlicedCopy* s) const { delete s; }
 
 bool sliceable(const Request& req) {
-    return req.length > Engine::kSliceBytes && req.qp_type != IBV_QPT_UD &&
+    return req.length > TurnScheduler::kSliceBytes && req.qp_type != IBV_QPT_UD &&
            (request_carries_payload(req.opcode) || request_reads(req.opcode));
 }
 

@@ -189,7 +189,7 @@ void Fabric::forward_multicast(Engine& eng, const Request& req, const uint8_t* p
             seen = peers_[j]->up() && peers_[j]->instance_ == p.instance_ && peers_[j]->remote_worker_ == p.remote_worker_;
         if (seen) continue;
         p.link_->send_multicast(req, payload);
-        eng.charge_turn(Engine::kWqeCost + req.length);
+        eng.turns().charge(TurnScheduler::kWqeCost + req.length);
     }
 }
 

@@ -289,7 +289,7 @@ void Link::close(const std::string& reason) {
 
 void Link::notify_sent(OutMsg& m) {
     m.notify_sent = false;
-    if (Engine::QpRef q = eng_->find_qp(m.src_lid, m.src_qpn)) requester_sent(*eng_, *q.ctx, *q.qp, m.sq_idx);
+    if (QpRef q = eng_->qpns().find(m.src_lid, m.src_qpn)) requester_sent(*eng_, *q.ctx, *q.qp, m.sq_idx);
 }
 
 bool Link::violation(const char* why) {
@@ -770,7 +770,7 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
     m.nspans = 0;
     m.pins.clear();
     if (resp.syndrome != Syndrome::Ack) return;
-    Engine::QpRef q = eng_->find_qp(hdr_.dst_lid, hdr_.dst_qpn);
+    QpRef q = eng_->qpns().find(hdr_.dst_lid, hdr_.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != hdr_.src_lid ||
         q.qp->attr.dest_qp_num != hdr_.src_qpn ||
         (q.qp->peer_incarnation && resp.incarnation != q.qp->peer_incarnation))
@@ -793,7 +793,7 @@ void Link::begin_response(InMsg& m, const Response& resp, uint64_t length) {
 }
 
 void Link::finish_response(InMsg& m) {
-    Engine::QpRef q = eng_->find_qp(m.dst_lid, m.dst_qpn);
+    QpRef q = eng_->qpns().find(m.dst_lid, m.dst_qpn);
     if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != m.lid || q.qp->attr.dest_qp_num != m.qpn) return;
     // READ data the responder's shim could not read (kSegAbort), or could
     // not be written here.
@@ -1171,7 +1171,7 @@ bool Link::write_fault() {
         // READ data from this responder's memory: the QP fails as it would
         // on one shim (responder_memory_fault).
         if (m->type == SegType::Response)
-            if (Engine::QpRef q = eng_->find_qp(m->src_lid, m->src_qpn); q && q.qp->type == IBV_QPT_RC)
+            if (QpRef q = eng_->qpns().find(m->src_lid, m->src_qpn); q && q.qp->type == IBV_QPT_RC)
                 qp_set_error(*q.ctx, *q.qp, IBV_EVENT_QP_ACCESS_ERR);
     }
     for (size_t k = iov_pos_; k < iov_.size(); ++k)

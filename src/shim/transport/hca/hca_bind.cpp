@@ -169,7 +169,7 @@ std::shared_ptr<DeviceQp> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& p
             dev.create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
                                  srq ? srq->dev : nullptr, err);
         if (!q) return nullptr;
-        if (!eng.qpn_taken(q->qp->qp_num)) return std::shared_ptr<DeviceQp>(q.release());
+        if (!eng.qpns().taken(q->qp->qp_num)) return std::shared_ptr<DeviceQp>(q.release());
     }
     return nullptr;
 }

@@ -107,7 +107,7 @@ void srq_receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const D
 }  // namespace
 
 void deliver_device_completion(HcaDevice& dev, Engine& eng, const DeviceCompletion& dc) {
-    Engine::QpRef ref = eng.find_qp_by_qpn(dc.qpn);
+    QpRef ref = eng.qpns().find_by_qpn(dc.qpn);
     if (!ref || !ref.qp->dev) return;
     Qp& qp = *ref.qp;
     Context& ctx = *ref.ctx;
@@ -127,7 +127,7 @@ void deliver_device_event(Engine& eng, HcaDevice& dev, const ibv_async_event& ev
     case IBV_EVENT_QP_FATAL:
     case IBV_EVENT_QP_REQ_ERR:
     case IBV_EVENT_QP_ACCESS_ERR: {
-        Engine::QpRef ref = eng.find_qp_by_qpn(ev.element.qp->qp_num);
+        QpRef ref = eng.qpns().find_by_qpn(ev.element.qp->qp_num);
         if (!ref || !ref.qp->carried) return;
         LOG_WARN("hca %s: QP %u: %s", dev.name().c_str(), ref.qp->qpn, ibv_event_type_str(ev.event_type));
         qp_set_error(*ref.ctx, *ref.qp, ev.event_type);

@@ -52,7 +52,7 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
     // host has its shim's forwarding delay: RC covers it with RNR retries; a
     // UC message or a datagram sent in that window is lost, as they may be.)
     if (eng.serves(req.dlid))
-        if (Engine::QpRef peer = eng.find_qp(req.dlid, req.dqpn); peer && peer.qp->carried)
+        if (QpRef peer = eng.qpns().find(req.dlid, req.dqpn); peer && peer.qp->carried)
             hca_service(*this, eng, *peer.ctx, *peer.qp);
     HcaDevice::SendTargets to;
     if (!device_targets(dev_, eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.req.sq_next, to)) {

@@ -18,7 +18,7 @@ namespace {
 bool datagram_source(const HcaDevice& dev, Engine& eng, const uint8_t* gid, uint32_t qpn, uint16_t& lid,
                      uint64_t& guid) {
     if (std::memcmp(gid, dev.gid(), 16) == 0) {
-        Engine::QpRef ref = eng.find_qp_by_qpn(qpn);
+        QpRef ref = eng.qpns().find_by_qpn(qpn);
         if (!ref) return eng.shared().device_ud(qpn, lid, guid);
         if (ref.qp->type != IBV_QPT_UD) return false;
         lid = ref.ctx->guest().lid;
@@ -53,7 +53,7 @@ const uint8_t* hca_ud_destination(const HcaDevice& dev, Engine& eng, uint16_t dl
     const Transport* t = eng.routes().lookup(dlid);
     if (!t) return nullptr;
     if (eng.is_here(t)) {
-        Engine::QpRef d = eng.find_qp(dlid, dqpn);
+        QpRef d = eng.qpns().find(dlid, dqpn);
         return d && d.qp->type == IBV_QPT_UD && d.qp->carried ? dev.gid() : nullptr;
     }
     // A guest of another worker of this shim: its UD QPs of the default

@@ -111,7 +111,7 @@ SendResult WorkerLink::send(Engine& eng, Context& ctx, Qp& qp, const Request& re
             return SendResult::Busy;
         }
         fill_request(*m, req, local, nlocal, pins);
-        eng.charge_turn(m->bytes);
+        eng.turns().charge(m->bytes);
         publish();
         ++stats_.requests_out;
         return SendResult::InFlight;
@@ -132,7 +132,7 @@ SendResult WorkerLink::send(Engine& eng, Context& ctx, Qp& qp, const Request& re
             ++stats_.ring_full;
             break;
         }
-        const uint64_t n = std::min(Engine::kSliceBytes, req.length - s->done);
+        const uint64_t n = std::min(TurnScheduler::kSliceBytes, req.length - s->done);
         fill_request(*m, req, local, nlocal, s->done == 0 ? pins : nullptr);
         m->offset = s->done;
         m->bytes = n;
@@ -141,8 +141,8 @@ SendResult WorkerLink::send(Engine& eng, Context& ctx, Qp& qp, const Request& re
         publish();
         ++stats_.requests_out;
         s->done += n;
-        eng.charge_turn(n);
-    } while (s->done < req.length && !eng.turn_spent());
+        eng.turns().charge(n);
+    } while (s->done < req.length && !eng.turns().spent());
     if (s->done < req.length) {
         ctx.mark_work(qp);  // the next slices on the next pass
         return SendResult::Busy;
@@ -268,7 +268,7 @@ void WorkerLink::on_answer(WorkerMsg& m) {
     case WorkerMsg::Kind::Request:
         break;
     case WorkerMsg::Kind::Response: {
-        Engine::QpRef q = eng_.find_qp(m.lid, m.qpn);
+        QpRef q = eng_.qpns().find(m.lid, m.qpn);
         if (!q || q.qp->type != IBV_QPT_RC || q.qp->attr.ah.dlid != m.peer_lid || q.qp->attr.dest_qp_num != m.peer_qpn)
             break;
         if (m.resp.tm)
@@ -278,7 +278,7 @@ void WorkerLink::on_answer(WorkerMsg& m) {
         break;
     }
     case WorkerMsg::Kind::Sent:
-        if (Engine::QpRef q = eng_.find_qp(m.lid, m.qpn)) requester_sent(eng_, *q.ctx, *q.qp, m.sq_idx);
+        if (QpRef q = eng_.qpns().find(m.lid, m.qpn)) requester_sent(eng_, *q.ctx, *q.qp, m.sq_idx);
         break;
     case WorkerMsg::Kind::Abort: {
         auto it = inbound_.find(key(m.lid, m.qpn));
@@ -321,7 +321,7 @@ bool receive_messages(WorkerInbox& inbox, WorkerLink* const* links, uint32_t nli
     uint64_t used = 0;
     while (WorkerMsg* m = inbox.ring.front()) {
         if (m->from < nlinks && links[m->from])
-            used += links[m->from]->receive(*m) + Engine::kWqeCost;
+            used += links[m->from]->receive(*m) + TurnScheduler::kWqeCost;
         m->pins.clear();
         inbox.ring.pop();
         progress = true;

@@ -14,7 +14,7 @@
 // back-pressure on the QPs that feed it); answers and notices never wait:
 // what finds the inbox full waits in the link's list and goes first on the
 // next poll. A large
-// transfer goes in slices of Engine::kSliceBytes, one message each, handed
+// transfer goes in slices of TurnScheduler::kSliceBytes, one message each, handed
 // over while the sender's turn lasts (sliced_transfer.h), so that B's work
 // per message is bounded and other QPs' messages pass between the slices.
 //
