@@ -3,6 +3,8 @@
 #include <set>
 #include <toml.hpp>
 
+#include "transport_registry.h"
+
 namespace vrdma::shim {
 namespace {
 
@@ -90,17 +92,25 @@ bool guest_arg(const toml::value& g, std::string& out, std::string& error) {
     return true;
 }
 
-bool is_option(const std::string& arg, const std::string& name) {
-    return arg == name || arg.rfind(name + "=", 0) == 0;
+// Options whose value is the next argument.
+bool takes_value(const std::string& arg) {
+    return arg.rfind("--", 0) == 0 && arg.find('=') == std::string::npos && option_takes_value(arg);
 }
 
-// Options whose value is the next argument (every one but the flags).
-bool takes_value(const std::string& arg) {
-    return arg.rfind("--", 0) == 0 && arg.find('=') == std::string::npos && arg != "--hca-local" &&
-           arg != "--help" && arg != "-h";
+// A repeatable transport option (--fabric-peer): the command line's
+// values replace the file's.
+bool repeatable(const std::string& arg) {
+    const TransportOption* t = find_transport_option(arg.substr(0, arg.find('=')));
+    return t && t->repeatable;
 }
 
 }  // namespace
+
+bool option_takes_value(const std::string& name) {
+    if (name == "--help" || name == "-h") return false;
+    const TransportOption* t = find_transport_option(name);
+    return !t || t->value;
+}
 
 std::string guest_arg_name(const std::string& arg) { return arg.substr(0, arg.find(':')); }
 
@@ -156,18 +166,17 @@ bool config_to_args(const std::string& path, std::vector<std::string>& args, std
 }
 
 std::vector<std::string> merge_args(const std::vector<std::string>& file, const std::vector<std::string>& cli) {
-    std::set<std::string> cli_guests;
-    bool cli_peers = false;
+    std::set<std::string> cli_guests, cli_lists;
     for (size_t i = 0; i < cli.size(); ++i) {
         if (cli[i] == "--guest" && i + 1 < cli.size()) cli_guests.insert(guest_arg_name(cli[i + 1]));
         if (cli[i].rfind("--guest=", 0) == 0) cli_guests.insert(guest_arg_name(cli[i].substr(8)));
-        if (is_option(cli[i], "--fabric-peer")) cli_peers = true;
+        if (repeatable(cli[i])) cli_lists.insert(cli[i].substr(0, cli[i].find('=')));
     }
     std::vector<std::string> out;
     for (size_t i = 0; i < file.size(); ++i) {
         const bool valued = takes_value(file[i]) && i + 1 < file.size();
         const bool drop = (file[i] == "--guest" && valued && cli_guests.count(guest_arg_name(file[i + 1]))) ||
-                          (file[i] == "--fabric-peer" && cli_peers);
+                          cli_lists.count(file[i]);
         if (!drop) {
             out.push_back(file[i]);
             if (valued) out.push_back(file[i + 1]);

@@ -19,7 +19,8 @@
 //   weight = 3
 //
 // The command line overrides the file: a scalar option given there wins, a
-// list option given there (--fabric-peer) replaces the file's, and a
+// list option given there (a repeatable transport option: --fabric-peer)
+// replaces the file's, and a
 // --guest there replaces the file's guest of the same name.
 #pragma once
 
@@ -37,6 +38,10 @@ bool config_to_args(const std::string& path, std::vector<std::string>& args, std
 // The file's arguments merged with the command line's (`cli`, without
 // --config) as described above: the effective command line.
 std::vector<std::string> merge_args(const std::vector<std::string>& file, const std::vector<std::string>& cli);
+
+// Whether option `name` (no "=value") takes a value: every one but the
+// flags (--help, and the transports' flags: --hca-local).
+bool option_takes_value(const std::string& name);
 
 // The name of a --guest argument ("a" of "a:owner=alice").
 std::string guest_arg_name(const std::string& arg);

@@ -26,6 +26,7 @@
 #include "sd_notify.h"
 #include "security_report.h"
 #include "vrdma_common/guest_paths.h"
+#include "vrdma_common/ipv4_endpoint.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -61,18 +62,9 @@ bool Daemon::start(std::string& error) {
         workers_.push_back(std::make_unique<Worker>(w, opts_, shared_));
         if (!workers_.back()->init(error)) return false;
     }
-    // The device first: a wrong --hca fails before the run directory is touched.
-    if (!opts_.hca.empty()) {
-        for (auto& w : workers_) {
-            hcas_.push_back(HcaDevice::open(opts_.hca, error));
-            if (!hcas_.back()) return false;
-            hca_transports_.push_back(std::make_unique<HcaTransport>(*hcas_.back()));
-            if (!w->set_hca(hcas_.back().get(), hca_transports_.back().get(), error)) return false;
-        }
-        LOG_INFO("hca: %s (opened by each of %zu worker(s))", hcas_[0]->describe().c_str(), workers_.size());
-        if (std::string advice = HcaDevice::memlock_advice(); !advice.empty())
-            LOG_WARN("hca: %s", advice.c_str());
-    }
+    // The transports the options ask for open first: a wrong --hca fails
+    // before the run directory is touched.
+    if (!open_transports(error)) return false;
     if (!run_dir_.acquire(opts_.run_dir, error)) return false;
 
     const uint64_t host = host_id();
@@ -106,41 +98,11 @@ bool Daemon::start(std::string& error) {
         error = std::string("epoll: ") + strerror(errno);
         return false;
     }
-    if (!opts_.fabric_listen.empty() || !opts_.fabric_peers.empty()) {
-        fabric::FabricConfig fc;
-        fc.listen = opts_.fabric_listen;
-        fc.peers = opts_.fabric_peers;
-        fc.key_file = opts_.fabric_key;
-        fabric::parse_crypto_mode(opts_.fabric_crypto, fc.crypto);  // checked by parse_options
-        fc.lid_first = uint16_t(opts_.lid_base);
-        uint32_t count = opts_.lid_count ? opts_.lid_count : uint32_t(opts_.guests.size());
-        fc.lid_last = uint16_t(opts_.lid_base + count - 1);
-        fabric::random_bytes(fc.instance.data(), fc.instance.size());
-        fc.workers = nworkers;
-        // Worker 0 listens; a link it accepted for another worker goes to
-        // that worker's thread, which adopts it.
-        fc.hand_off = [this](uint32_t w, std::unique_ptr<fabric::Link> link) {
-            auto held = std::make_shared<std::unique_ptr<fabric::Link>>(std::move(link));
-            Worker* to = workers_[w].get();
-            to->post([to, held] { to->fabric().adopt(std::move(*held)); });
-        };
-        // Worker 0 reached a configured peer: the others dial its workers.
-        fc.learned = [this](const std::string& address, const sockaddr_in& addr, const fabric::InstanceId& id,
-                            uint8_t peer_workers) {
-            for (size_t w = 1; w < workers_.size(); ++w) {
-                Worker* to = workers_[w].get();
-                to->post([to, address, addr, id, peer_workers] { to->fabric().learn(address, addr, id, peer_workers); });
-            }
-        };
-        connect_cm_to_fabric(fc);
-        for (uint32_t w = 0; w < nworkers; ++w) {
-            fc.worker = w;
-            fc.accepts = w == 0;
-            if (!workers_[w]->start_fabric(fc, error)) return false;
-        }
-        line += " fabric lids " + std::to_string(fc.lid_first) + "-" + std::to_string(fc.lid_last);
+    if (!connect_cm_to_peers(error)) return false;
+    for (auto& t : transports_) {
+        if (!t->start(shim_facts_, error)) return false;
+        line += t->ready_words();
     }
-    if (!hcas_.empty()) line += " hca " + hcas_[0]->name() + ":" + std::to_string(hcas_[0]->port());
     if (!run_dir_.mark_ready(error)) return false;
     if (nworkers > 1) line += " workers " + std::to_string(nworkers);
     line += " run-dir " + run_dir_.path();
@@ -213,40 +175,8 @@ std::string Daemon::transports_report() {
                 text += l;
             }
         });
-    // The fabric's and the device's figures of every worker, added up (each
-    // read in its worker's thread; ask_workers asks them one at a time, and
-    // a late answer writes into these copies, not into freed memory).
-    struct Totals {
-        std::atomic<uint64_t> tcp{0}, sends{0}, send_bytes{0}, recvs{0}, completions{0}, errors{0}, ud_lost{0},
-            ud_unknown{0};
-    };
-    auto sum = std::make_shared<Totals>();
-    ask_workers([sum](Worker& w, std::string&, std::string&) {
-        const fabric::LinkStats t = w.fabric().totals();
-        sum->tcp += t.tx_payload + t.rx_payload;
-        if (const HcaDevice* dev = w.hca()) {
-            const HcaDevice::Stats& s = dev->stats();
-            sum->sends += s.sends;
-            sum->send_bytes += s.send_bytes;
-            sum->recvs += s.recvs;
-            sum->completions += s.completions;
-            sum->errors += s.errors;
-            sum->ud_lost += s.ud_lost;
-            sum->ud_unknown += s.ud_unknown;
-        }
-    });
-    std::snprintf(line, sizeof(line), "tcp copied_bytes %llu\n", (unsigned long long)sum->tcp.load());
-    report += line;
-    if (!hcas_.empty()) {
-        std::snprintf(line, sizeof(line),
-                      "hca %s:%u sends %llu send_bytes %llu recvs %llu completions %llu errors %llu copied_bytes 0"
-                      " ud_lost %llu ud_unknown %llu\n",
-                      hcas_[0]->name().c_str(), hcas_[0]->port(), (unsigned long long)sum->sends.load(),
-                      (unsigned long long)sum->send_bytes.load(), (unsigned long long)sum->recvs.load(),
-                      (unsigned long long)sum->completions.load(), (unsigned long long)sum->errors.load(),
-                      (unsigned long long)sum->ud_lost.load(), (unsigned long long)sum->ud_unknown.load());
-        report += line;
-    }
+    // Each transport's figures of every worker, added up.
+    for (auto& t : transports_) report += t->counters(ask_ports());
     return report;
 }
 
@@ -258,16 +188,19 @@ std::string Daemon::load_report_all() {
 }
 
 std::string Daemon::metrics_text() {
-    std::string samples = ask_workers([](Worker& w, std::string& text, std::string&) {
+    std::string samples = ask_workers([this](Worker& w, std::string& text, std::string&) {
         metrics_samples(w.engine(), w.index(), w.asleep_ns(), text);
-        if (w.fabric().enabled()) fabric_metrics_samples(w.fabric(), w.index(), text);
+        for (auto& t : transports_) t->metric_samples(w, text);
     });
-    return metrics_exposition(samples, monotonic_ns() - started_ns_);
+    std::vector<MetricFamily> families;
+    for (auto& t : transports_)
+        for (const MetricFamily& f : t->metric_families()) families.push_back(f);
+    return metrics_exposition(samples, monotonic_ns() - started_ns_, families);
 }
 
 bool Daemon::open_metrics(std::string& error) {
     sockaddr_in addr{};
-    if (!fabric::parse_endpoint(opts_.metrics_listen, addr, error)) return false;
+    if (!parse_endpoint(opts_.metrics_listen, addr, error)) return false;
     UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
     const int one = 1;
     if (!fd || ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
@@ -461,12 +394,9 @@ void Daemon::on_control(uint64_t id) {
         return set_weight(g, w, err);
     };
     actions.peers = [this] {
-        // Each worker's links, then the refusals of all of them together.
-        const std::string all = ask_workers([](Worker& w, std::string& text, std::string&) {
-            if (w.fabric().enabled()) text = w.fabric().status();
-            else if (w.index() == 0) text = "no fabric\n";
-        });
-        return fabric::merge_status(all);
+        std::string text;
+        for (auto& t : transports_) text += t->peers(ask_ports());
+        return text.empty() ? std::string("no fabric\n") : text;
     };
     actions.counters = [this] { return counters_report(); };
     actions.add_guest = [this](const std::string& spec, std::string& err) { return add_guest(spec, err); };
@@ -586,21 +516,57 @@ void Daemon::run_posted() {
     for (auto& t : tasks) t();
 }
 
-// The CM's messages to a peer shim leave through worker 0's fabric, and
-// what worker 0 receives for the CM comes back here (each message copied:
-// the link's buffer is reused).
-void Daemon::connect_cm_to_fabric(fabric::FabricConfig& fc) {
-    static_assert(cm::kMaxCmWire <= fabric::kMaxCmPayload, "a CM message fits one fabric segment");
-    cm_.set_outbox([this](uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len) {
+// The transports the options ask for (transport_registry.h), each opened
+// with every worker.
+bool Daemon::open_transports(std::string& error) {
+    shim_facts_.workers.clear();
+    for (auto& w : workers_) shim_facts_.workers.push_back(w.get());
+    shim_facts_.lid_first = uint16_t(opts_.lid_base);
+    const uint32_t count = opts_.lid_count ? opts_.lid_count : uint32_t(opts_.guests.size());
+    shim_facts_.lid_last = uint16_t(opts_.lid_base + count - 1);
+    for (const TransportFactory* f : transport_factories())
+        if (auto t = f->make(opts_.transport_args)) transports_.push_back(std::move(t));
+    std::vector<TransportPlugin*> all;
+    for (auto& t : transports_) {
+        if (!t->open(shim_facts_, error)) return false;
+        all.push_back(t.get());
+    }
+    for (auto& w : workers_) w->set_transports(all);
+    return true;
+}
+
+AskWorkers Daemon::ask_ports() {
+    return [this](const std::function<void(WorkerPort&, std::string&)>& f) {
+        return ask_workers([f](Worker& w, std::string& text, std::string&) { f(w, text); });
+    };
+}
+
+// rdma_cm across hosts: the CM's messages to a peer shim leave through
+// worker 0 on the transport that reaches peer shims (the fabric), and what
+// worker 0 receives for the CM comes back here (each message copied: the
+// link's buffer is reused).
+bool Daemon::connect_cm_to_peers(std::string& error) {
+    TransportPlugin* carrier = nullptr;
+    for (auto& t : transports_)
+        if (t->cm_capacity()) carrier = t.get();
+    if (!carrier) return true;
+    if (carrier->cm_capacity() < cm::kMaxCmWire) {
+        error = std::string("transport ") + carrier->name() + " carries CM messages of " +
+                std::to_string(carrier->cm_capacity()) + " bytes, fewer than rdma_cm's " +
+                std::to_string(cm::kMaxCmWire);
+        return false;
+    }
+    cm_.set_outbox([this, carrier](uint16_t peer_first, uint16_t src_lid, const uint8_t* msg, size_t len) {
         Worker* w0 = workers_[0].get();
         std::vector<uint8_t> copy(msg, msg + len);
-        w0->post([this, w0, peer_first, src_lid, copy] {
-            if (w0->fabric().send_cm(peer_first, src_lid, copy.data(), copy.size())) return;
+        w0->post([this, carrier, peer_first, src_lid, copy] {
+            if (carrier->send_cm(peer_first, src_lid, copy.data(), copy.size())) return;
             LOG_DEBUG("rdma_cm: a message for the peer of lids %u-: not sent (the peer is down or busy)", peer_first);
             post([this, copy] { cm_.undeliverable(copy.data(), copy.size()); });
         });
     });
-    fc.cm_received = [this](uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len) {
+    CmCarrierHooks hooks;
+    hooks.received = [this](uint16_t first, uint16_t last, uint16_t src_lid, const uint8_t* msg, size_t len) {
         if (posted_cm_.fetch_add(1) >= kMaxPostedCm) {  // the daemon's thread is behind: the peer floods
             posted_cm_.fetch_sub(1);
             if (posted_cm_dropped_.fetch_add(1) % 4096 == 0)
@@ -615,15 +581,18 @@ void Daemon::connect_cm_to_fabric(fabric::FabricConfig& fc) {
             cm_.from_peer(first, last, src_lid, copy.data(), copy.size());
         });
     };
-    fc.cm_peer = [this](uint16_t first, uint16_t last, bool up) {
+    hooks.peer = [this](uint16_t first, uint16_t last, bool up) {
         post([this, first, last, up] { up ? cm_.peer_up(first, last) : cm_.peer_down(first, last); });
     };
+    carrier->set_cm_hooks(std::move(hooks));
+    return true;
 }
 
 uint16_t Daemon::free_lid() const {
     // A shim in a fabric owns the LIDs its peers route to it; alone, any
     // unicast LID from --lid-base on will do.
-    const bool fabric = !opts_.fabric_listen.empty() || !opts_.fabric_peers.empty();
+    bool fabric = false;
+    for (auto& t : transports_) fabric |= t->reaches_peer_shims();
     const uint32_t last = fabric || opts_.lid_count
                               ? opts_.lid_base + (opts_.lid_count ? opts_.lid_count : uint32_t(lids_.size())) - 1
                               : RouteTable::kMaxLid;
@@ -802,6 +771,7 @@ void Daemon::shutdown() {
     for (auto& w : workers_) w->stop();
     for (auto& w : workers_) w->join();
     for (auto& w : workers_) w->drop_links();
+    for (auto& t : transports_) t->close();  // what refers to the engines, before they go
     workers_.clear();
     for (auto& [id, c] : metrics_conns_) epoll_del(c.fd.get());
     metrics_conns_.clear();

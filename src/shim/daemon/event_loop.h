@@ -26,12 +26,12 @@
 #include "cm_service.h"
 #include "control_socket.h"
 #include "epoll_set.h"
-#include "hca_device.h"
-#include "hca_transport.h"
 #include "options.h"
 #include "run_dir.h"
 #include "shared_tables.h"
 #include "sysfs_publisher.h"
+#include "transport_plugin.h"
+#include "transport_registry.h"
 #include "worker.h"
 #include "vrdma_common/unique_fd.h"
 
@@ -73,8 +73,13 @@ private:
     // worker 0's fabric received for the CM, and its peers coming and going).
     void post(std::function<void()> task);
     void run_posted();
-    // rdma_cm across the fabric: the CM's outbox, and worker 0's hooks.
-    void connect_cm_to_fabric(fabric::FabricConfig& fc);
+    // The transports the options ask for, opened with every worker.
+    bool open_transports(std::string& error);
+    // rdma_cm across hosts: the CM's outbox, and the hooks of the transport
+    // that carries its messages to peer shims (none: the CM is local).
+    bool connect_cm_to_peers(std::string& error);
+    // ask_workers for the transports' reports.
+    AskWorkers ask_ports();
     void arm_cm_timer();  // to the CM's next deadline, after anything it did
     // Accepts what waits on `listener` (the control socket, the metrics
     // port): each connection gets an id, is watched as `kind` and is handed
@@ -125,11 +130,11 @@ private:
     std::string metrics_text();
 
     Options opts_;
-    // With --hca: the device opened once per worker (each worker's guests'
-    // device objects, CQs and events are its own), and its transport;
-    // before the workers: they outlive the guests' device objects.
-    std::vector<std::unique_ptr<HcaDevice>> hcas_;
-    std::vector<std::unique_ptr<HcaTransport>> hca_transports_;
+    // The transports the options asked for (transport_registry.h), before
+    // the workers: what the guests' objects hold of them (a device)
+    // outlives the workers; what refers to an engine goes at close().
+    std::vector<std::unique_ptr<TransportPlugin>> transports_;
+    ShimFacts shim_facts_;
     SharedTables shared_;
     std::vector<std::unique_ptr<Worker>> workers_;
     std::vector<uint32_t> worker_of_;  // by guest index

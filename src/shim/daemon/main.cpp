@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     if (opts.help) {
-        std::fputs(shim::help_text(), stdout);
+        std::fputs(shim::help_text().c_str(), stdout);
         return 0;
     }
     set_log_prefix("vrdma-shim");

@@ -15,7 +15,8 @@ struct Family {
     const char* help;
 };
 
-// Every family the shim exposes, with its type and help.
+// The families of the shim's own samples, with their type and help (the
+// transports give theirs: TransportPlugin::metric_families).
 const std::map<std::string, Family>& families() {
     static const std::map<std::string, Family> f = {
         {"vrdma_up", {"gauge", "1 while the shim serves its guests."}},
@@ -45,56 +46,16 @@ const std::map<std::string, Family>& families() {
         {"vrdma_guest_throttled_requests_total",
          {"counter", "RDMA and atomic requests dropped from sources that keep guessing keys."}},
         {"vrdma_guest_qkey_violations_total", {"counter", "UD datagrams to the guest with a wrong qkey, dropped."}},
-        {"vrdma_fabric_peer_up", {"gauge", "1 while the link to the peer shim is up and authenticated."}},
-        {"vrdma_fabric_peer_tx_bytes_total", {"counter", "Bytes sent to the peer shim (its connections together)."}},
-        {"vrdma_fabric_peer_rx_bytes_total", {"counter", "Bytes received from the peer shim."}},
-        {"vrdma_fabric_peer_tx_messages_total", {"counter", "Messages sent to the peer shim."}},
-        {"vrdma_fabric_peer_rx_messages_total", {"counter", "Messages received from the peer shim."}},
-        {"vrdma_fabric_peer_retries_total", {"counter", "Requests sent to the peer again (RNR, timeouts)."}},
-        {"vrdma_fabric_peer_errors_total", {"counter", "Malformed or misrouted input from the peer, NAKs sent."}},
-        {"vrdma_fabric_peer_foreign_lid_total", {"counter", "Requests from the peer for LIDs it does not own, dropped."}},
-        {"vrdma_fabric_peer_foreign_pkey_total",
-         {"counter", "Requests from the peer with a P_Key its guest is not a member of, dropped."}},
-        {"vrdma_fabric_refusals_total",
-         {"counter", "Connections refused or closed by the fabric, by reason (handshake failed or timed out, "
-                     "crypto mode mismatch, tampered data, handshake flood, live link kept)."}},
         {"vrdma_guest_throttled_datagrams_total",
          {"counter", "UD datagrams dropped unexamined from sources that keep guessing the guest's qkeys."}},
     };
     return f;
 }
 
-void add(std::string& out, const char* name, const std::string& labels, double value) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%.17g", value);
-    out += name;
-    out += '\t';
-    out += labels;
-    out += '\t';
-    out += buf;
-    out += '\n';
+template <typename V>
+void add(std::string& out, const char* name, const std::string& labels, V value) {
+    add_sample(out, name, labels, value);
 }
-
-void add(std::string& out, const char* name, const std::string& labels, uint64_t value) {
-    out += std::string(name) + '\t' + labels + '\t' + std::to_string(value) + '\n';
-}
-
-// A label value: guest names are [A-Za-z0-9_.-], so nothing needs escaping,
-// but nothing else is trusted either.
-std::string label_value(const std::string& v) {
-    std::string out;
-    for (char c : v) {
-        if (c == '\\' || c == '"') out += '\\';
-        if (c == '\n') {
-            out += "\\n";
-            continue;
-        }
-        out += c;
-    }
-    return out;
-}
-
-double seconds(uint64_t ns) { return double(ns) / 1e9; }
 
 }  // namespace
 
@@ -140,32 +101,7 @@ void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::stri
     }
 }
 
-void fabric_metrics_samples(const fabric::Fabric& fab, uint32_t worker, std::string& out) {
-    const std::string wl = "worker=\"" + std::to_string(worker) + "\"";
-    for (const auto& p : fab.peer_info()) {
-        // One link per worker of each side.
-        const std::string pl = "peer=\"" + label_value(p.address) + "\"," + wl + ",peer_worker=\"" +
-                               std::to_string(p.peer_worker) + "\"";
-        const fabric::LinkStats& t = p.totals;
-        add(out, "vrdma_fabric_peer_up", pl, uint64_t(std::string(p.state) == "up"));
-        add(out, "vrdma_fabric_peer_tx_bytes_total", pl, t.tx_bytes);
-        add(out, "vrdma_fabric_peer_rx_bytes_total", pl, t.rx_bytes);
-        add(out, "vrdma_fabric_peer_tx_messages_total", pl, t.tx_msgs);
-        add(out, "vrdma_fabric_peer_rx_messages_total", pl, t.rx_msgs);
-        add(out, "vrdma_fabric_peer_retries_total", pl, t.retries);
-        add(out, "vrdma_fabric_peer_errors_total", pl, t.errors);
-        add(out, "vrdma_fabric_peer_foreign_lid_total", pl, t.foreign_lid);
-        add(out, "vrdma_fabric_peer_foreign_pkey_total", pl, t.foreign_pkey);
-    }
-    const fabric::FabricCounters& c = fab.counters();
-    const std::pair<const char*, uint64_t> reasons[] = {
-        {"handshake_failed", c.handshake_failed}, {"handshake_timeout", c.handshake_timeout},
-        {"mode_mismatch", c.mode_mismatch},       {"tampered", c.tampered},
-        {"flood_refused", c.flood_refused},       {"replace_refused", c.replace_refused}};
-    for (const auto& [reason, n] : reasons) add(out, "vrdma_fabric_refusals_total", std::string("reason=\"") + reason + "\"," + wl, n);
-}
-
-std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns) {
+std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns, const std::vector<MetricFamily>& more) {
     std::map<std::string, std::vector<std::string>> by_family;
     std::string all = samples;
     add(all, "vrdma_up", "", uint64_t(1));
@@ -179,9 +115,12 @@ std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns) {
     }
     std::string text;
     for (const auto& [name, lines] : by_family) {
-        auto f = families().find(name);
-        if (f != families().end())
-            text += "# HELP " + name + " " + f->second.help + "\n# TYPE " + name + " " + f->second.type + "\n";
+        Family fam{nullptr, nullptr};
+        if (auto f = families().find(name); f != families().end()) fam = f->second;
+        for (const MetricFamily& m : more)
+            if (name == m.name) fam = Family{m.type, m.help};
+        if (fam.type)
+            text += "# HELP " + name + " " + fam.help + "\n# TYPE " + name + " " + fam.type + "\n";
         for (const std::string& l : lines) text += l + "\n";
     }
     return text;

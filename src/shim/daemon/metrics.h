@@ -12,20 +12,20 @@
 #include <functional>
 #include <string>
 
+#include <vector>
+
 #include "engine.h"
-#include "fabric.h"
+#include "metric_samples.h"
 
 namespace vrdma::shim {
 
 // Appends worker `worker`'s samples, one "NAME\tLABELS\tVALUE" line each.
 void metrics_samples(Engine& eng, uint32_t worker, uint64_t asleep_ns, std::string& out);
-// Appends the fabric's samples (its peers' links and its refusals), in the
-// thread of the worker that drives it.
-void fabric_metrics_samples(const fabric::Fabric& fab, uint32_t worker, std::string& out);
-
 // The exposition of the samples of every worker: HELP and TYPE once per
-// family, then its samples, and the shim's own (vrdma_up, uptime).
-std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns);
+// family (the shim's own, and `more`: the transports'), then its samples,
+// and the shim's own (vrdma_up, uptime).
+std::string metrics_exposition(const std::string& samples, uint64_t uptime_ns,
+                               const std::vector<MetricFamily>& more = {});
 
 // The whole HTTP/1.0 response to the request whose head (request line and
 // headers) is `head`: 200 with `body()` for GET (or HEAD) /metrics, 404 for

@@ -9,13 +9,16 @@
 #include <cstring>
 
 #include "config_file.h"
-#include "fabric.h"
+#include "vrdma_common/ipv4_endpoint.h"
+#include "transport_registry.h"
 #include "quota.h"
 #include "vrdma_common/guest_paths.h"
 
 namespace vrdma::shim {
 
-const char* help_text() {
+namespace {
+
+const char* help_template() {
     return R"(NAME
     vrdma-shim - host daemon serving virtual RDMA devices (vrdma0) to local guests
 
@@ -27,10 +30,7 @@ SYNOPSIS
                [--rkey-guess-limit N] [--qkey-guess-limit N]
                [--quota KEY=VALUE ...] [--log-level error|warn|info|debug]
                [--metrics-listen ADDR:PORT]
-               [--fabric-listen ADDR:PORT] [--fabric-peer ADDR:PORT ...] [--fabric-key FILE]
-               [--fabric-crypto encrypt|integrity]
-               [--hca DEVICE[:PORT] [--hca-local]]
-    vrdma-shim --help
+@TRANSPORT_SYNOPSIS@    vrdma-shim --help
 
 DESCRIPTION
     vrdma-shim gives every guest (a tenant: a process, container or VM run
@@ -217,69 +217,7 @@ OPTIONS
         names are visible to whoever reaches the port: listen on
         127.0.0.1, or on an address only the monitoring network reaches.
 
-    --fabric-listen ADDR:PORT
-        Accept connections from peer shims on this IPv4 address and TCP
-        port (0.0.0.0 for every address).
-
-    --fabric-peer ADDR:PORT
-        A peer shim to connect to (its --fabric-listen address); repeat for
-        more. Peers may be named on either side or on both; an unreachable
-        peer is retried with backoff and reported (vrdmactl peers). Any shim
-        that completes the TLS handshake (it knows the key) may connect,
-        named or not; a new connection never replaces a live, talking link
-        to the same peer. Handshakes in progress are limited to 4 per source
-        address and 2 s each; a named peer's address always gets a slot.
-
-    --fabric-key FILE
-        The fabric's shared secret: the file's bytes (a trailing newline is
-        ignored), at least 16, the same file on every host (for example
-        head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE). Shims
-        speak TLS 1.3 to each other with a pre-shared key derived from it
-        (HKDF-SHA256) and an ephemeral Diffie-Hellman exchange (forward
-        secrecy); the dialer is the client, the listener the server, no
-        certificates. The key itself is never sent. A peer without it, or a
-        relay between two shims, cannot complete the handshake: refused,
-        logged and counted (vrdmactl peers). Required with --fabric-listen
-        or --fabric-peer.
-
-    --fabric-crypto encrypt|integrity
-        What protects the bytes between shims after the handshake; both
-        ends must use the same mode (a mismatch is refused and logged on
-        both sides). Both modes send frames of up to 64 KiB keyed from the
-        TLS session (its exporter; new keys every 2^20 frames) with
-        sequence-number nonces. encrypt (the default): AES-128-GCM
-        ciphertext: confidentiality, integrity and replay protection of
-        everything, payloads, QPNs, PSNs and keys included. integrity:
-        AES-128-GCM tags over cleartext: integrity and replay protection
-        only; payloads and headers are readable on the wire, for less
-        CPU. In both modes a changed byte closes the link and is
-        counted (vrdmactl peers: tampered), and nothing unauthenticated
-        reaches a guest.
-
-    --hca DEVICE[:PORT]
-        Carry guests' traffic to other hosts through this RDMA device (a
-        name as ibv_devices prints it; port 1 unless given; the port must
-        be active). Between two shims that both have a device, RC and UC
-        QPs of guests in the default partition go through the devices,
-        which move the data by DMA straight from and to the guests' memory:
-        the shim copies none of it (vrdmactl transports). Guest MRs are
-        registered on the device and their keys are the device's; guest
-        QPs get device QPs and their numbers, guest SRQs device SRQs.
-        Everything else (this host's traffic unless --hca-local, UD,
-        peers without a device) goes as without --hca. The device's GID
-        is sent to peer shims in the fabric handshake.
-
-    --hca-local
-        With --hca: RC and UC QPs between two guests of this shim go
-        through the device too (its loopback), under the same rule as
-        across hosts. The device's DMA then moves their data instead of
-        the shim's CPU, at the device's speed and latency: for an HCA
-        whose loopback DMA is cheap. On Soft-RoCE, which copies in
-        software, it is far slower than the default, where the shim
-        copies this host's traffic (docs/performance.md). scripts/test-hca.sh
-        runs the verbs test suite through the device this way.
-
-    --quota KEY=VALUE
+@TRANSPORT_OPTIONS@    --quota KEY=VALUE
         Limits what each guest (all of its processes together) may make the
         shim hold; repeat for several keys. VALUE is a number, optionally
         with a k, M, G or T suffix (powers of 1024). Past a limit the verb
@@ -339,6 +277,33 @@ EXIT STATUS
         that cannot be created, ...)
     2   wrong usage
 )";
+}
+
+void replace_marker(std::string& text, const std::string& marker, const std::string& with) {
+    const size_t at = text.find(marker);
+    if (at != std::string::npos) text.replace(at, marker.size(), with);
+}
+
+}  // namespace
+
+// The transports' options (transport_registry.h) go where the markers are:
+// a synopsis line each, and their paragraphs among the options.
+std::string help_text() {
+    std::string synopsis, paragraphs;
+    for (const TransportFactory* f : transport_factories()) {
+        std::string line = "               ";
+        for (const TransportOption& o : f->options) {
+            line += std::string(line.size() > 15 ? " " : "") + "[" + o.name;
+            if (o.value) line += std::string(" ") + o.value;
+            line += o.repeatable ? " ...]" : "]";
+            paragraphs += std::string("    ") + o.name + (o.value ? std::string(" ") + o.value : "") + "\n" + o.help + "\n";
+        }
+        synopsis += line + "\n";
+    }
+    std::string text = help_template();
+    replace_marker(text, "@TRANSPORT_SYNOPSIS@", synopsis);
+    replace_marker(text, "@TRANSPORT_OPTIONS@", paragraphs);
+    return text;
 }
 
 namespace {
@@ -622,28 +587,23 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
         } else if (a == "--metrics-listen") {
             if (!need_value(o.metrics_listen)) return false;
             sockaddr_in unused;
-            if (!fabric::parse_endpoint(o.metrics_listen, unused, error)) {
+            if (!parse_endpoint(o.metrics_listen, unused, error)) {
                 error = "--metrics-listen: " + error;
                 return false;
             }
-        } else if (a == "--fabric-listen") {
-            if (!need_value(o.fabric_listen)) return false;
-        } else if (a == "--fabric-peer") {
+        } else if (const TransportOption* t = find_transport_option(a)) {
+            std::vector<std::string>& values = o.transport_args[t->name];
             std::string v;
-            if (!need_value(v)) return false;
-            o.fabric_peers.push_back(v);
-        } else if (a == "--fabric-key") {
-            if (!need_value(o.fabric_key)) return false;
-        } else if (a == "--fabric-crypto") {
-            if (!need_value(o.fabric_crypto)) return false;
-            if (o.fabric_crypto != "encrypt" && o.fabric_crypto != "integrity") {
-                error = "--fabric-crypto must be encrypt or integrity, not '" + o.fabric_crypto + "'";
+            if (!t->value) {
+                if (has_eq) {
+                    error = "option " + a + " takes no value";
+                    return false;
+                }
+            } else if (!need_value(v)) {
                 return false;
             }
-        } else if (a == "--hca") {
-            if (!need_value(o.hca)) return false;
-        } else if (a == "--hca-local") {
-            o.hca_local = true;
+            if (!t->repeatable) values.clear();
+            values.push_back(v);
         } else if (a == "--quota") {
             std::string v;
             if (!need_value(v)) return false;
@@ -681,15 +641,8 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
         error = "--lid-base plus --lid-count goes past the unicast LIDs (0xbfff)";
         return false;
     }
-    const bool fabric = !o.fabric_listen.empty() || !o.fabric_peers.empty();
-    if (fabric && o.fabric_key.empty()) {
-        error = "--fabric-listen and --fabric-peer need --fabric-key FILE (the fabric's shared secret)";
-        return false;
-    }
-    if (!fabric && !o.fabric_key.empty()) {
-        error = "--fabric-key without --fabric-listen or --fabric-peer";
-        return false;
-    }
+    for (const TransportFactory* f : transport_factories())
+        if (!f->check(o.transport_args, error)) return false;
     if (!o.workers && !o.worker_cpus.empty()) o.workers = uint32_t(o.worker_cpus.size());
     if (!o.workers) o.workers = default_workers();
     if (!o.worker_cpus.empty()) {
@@ -715,10 +668,6 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
                     std::to_string(o.workers) + " worker" + (o.workers == 1 ? "" : "s") + " (--workers)";
             return false;
         }
-    if (o.hca_local && o.hca.empty()) {
-        error = "--hca-local needs --hca DEVICE (the device this host's traffic would go through)";
-        return false;
-    }
     // Unix socket paths are limited to 107 bytes.
     for (auto& g : o.guests) {
         if (guest_paths(o.run_dir, g).socket.size() > 107) {

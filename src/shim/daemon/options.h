@@ -9,6 +9,7 @@
 #include "device_model.h"
 #include "guess_throttle.h"
 #include "guest_access.h"
+#include "transport_plugin.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -22,7 +23,7 @@ struct Options {
     std::vector<bool> controlled_qkeys;  // parallel to guests: :controlled-qkeys given
     std::vector<std::vector<uint16_t>> pkeys;  // parallel to guests: :pkeys=..., empty: the default 0xffff
     std::vector<int> worker_of;  // parallel to guests: :worker=K, -1: round-robin
-    std::vector<uint32_t> weights;  // parallel to guests: :weight=W (Engine::set_weight), 1 by default
+    std::vector<uint32_t> weights;  // parallel to guests: :weight=W (GuestRegistry::set_weight), 1 by default
     std::vector<std::vector<cm::IpAddress>> addresses;  // parallel to guests: :ip=ADDR,... (rdma_cm)
     // --workers: worker threads (0: the default, default_workers()).
     uint32_t workers = 0;
@@ -32,13 +33,9 @@ struct Options {
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE
-    // The fabric (--fabric-*): empty listen and peers: this shim is alone.
-    std::string fabric_listen;
-    std::vector<std::string> fabric_peers;
-    std::string fabric_key;
-    std::string fabric_crypto = "encrypt";  // --fabric-crypto encrypt|integrity
-    std::string hca;  // --hca DEVICE[:PORT]: empty, none
-    bool hca_local = false;  // --hca-local
+    // The transports' options (transport_registry.h: --fabric-*, --hca),
+    // by name, as each transport's factory reads them.
+    TransportArgs transport_args;
     uint32_t attach_timeout_s = 10;  // an unattached connection is closed after this
     uint32_t rkey_guess_limit = GuessThrottle::kDefaultLimit;  // remote access errors a second per source
     uint32_t qkey_guess_limit = GuessThrottle::kDefaultLimit;  // wrong-qkey datagrams a second per source and guest
@@ -68,7 +65,7 @@ bool effective_args(const std::string& config, const std::vector<std::string>& c
 bool parse_weight(const std::string& text, uint32_t& weight);
 
 // The --help text.
-const char* help_text();
+std::string help_text();
 
 // The worker count when --workers is not given: half the CPUs this
 // process may run on (sched_getaffinity), at least 1 (docs/protocol.md

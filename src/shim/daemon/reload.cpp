@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 
+#include "config_file.h"
 #include "event_loop.h"
 #include "vrdma_common/log.h"
 
@@ -20,7 +21,7 @@ std::map<std::string, std::vector<std::string>> non_guest_options(const std::vec
         if (auto eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
             value = name.substr(eq + 1);
             name.resize(eq);
-        } else if (name != "--hca-local" && i + 1 < args.size()) {
+        } else if (option_takes_value(name) && i + 1 < args.size()) {
             value = args[++i];
         }
         if (name != "--guest") out[name].push_back(value);

@@ -46,7 +46,7 @@ const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_
     engine_.guests().set_weight(id, s.weight);
     guests_[guest_index] = &id;
     access_[guest_index] = s.access;
-    if (fabric_.enabled()) fabric_.announce_partitions(lid, id.pkeys);  // added at run time: peers that are up
+    for (TransportPlugin* t : transports_) t->guest_added(*this, id);
     return id;
 }
 
@@ -71,7 +71,8 @@ WorkerLink& Worker::link_to(uint32_t peer, uint32_t workers, WorkerInbox& peer_i
     }
     links_[peer] = std::make_unique<WorkerLink>(engine_, index_, peer, peer_inbox);
     link_ptrs_[peer] = links_[peer].get();
-    if (opts_.hca_local && engine_.device_gid()) links_[peer]->set_device_gid(engine_.device_gid());
+    // The device this host's traffic goes through (--hca-local), if any.
+    if (const uint8_t* gid = engine_.local_transport().device_gid()) links_[peer]->set_device_gid(gid);
     return *links_[peer];
 }
 
@@ -87,21 +88,6 @@ bool Worker::add_poll_group(PollGroup& group, bool first, std::string& error) {
     group_ids_.push_back(&group);
     groups_.insert(first ? groups_.begin() : groups_.end(), &group);
     return true;
-}
-
-bool Worker::start_fabric(const fabric::FabricConfig& cfg, std::string& error) {
-    // Polled first, whenever it starts: see set_hca.
-    return fabric_.start(cfg, error) && add_poll_group(fabric_, true, error);
-}
-
-bool Worker::set_hca(HcaDevice* dev, Transport* transport, std::string& error) {
-    hca_ = dev;
-    engine_.add_object_keeper(transport);
-    if (opts_.hca_local) engine_.local_transport().set_device_gid(dev->gid());
-    // After the fabric's: a peer's announcement of a UD QP (hca_ud.h), sent
-    // before that QP's first datagram, is read before the device delivers
-    // the datagram.
-    return add_poll_group(*dev, false, error);
 }
 
 bool Worker::start(std::string& error) {

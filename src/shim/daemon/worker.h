@@ -1,9 +1,9 @@
 // A worker: one thread that serves a share of the shim's guests
 // (docs/protocol.md "Workers"). It owns an engine with those guests'
 // contexts, their socket connections and kick eventfds, and the links to
-// the other workers (worker_link.h), and in a fabric its own connections
-// to each worker of each peer shim (fabric.h), and with an RDMA device its
-// own context of it (hca_device.h).
+// the other workers (worker_link.h). The transports (transport_plugin.h)
+// give it their poll groups: in a fabric its own connections to each
+// worker of each peer shim, with an RDMA device its own context of it.
 // Nothing a worker owns is touched by another thread: the daemon's thread
 // hands it accepted connections and operator requests as tasks (post, call),
 // and other workers reach its guests only through the links.
@@ -33,15 +33,15 @@
 #include "attach.h"
 #include "epoll_set.h"
 #include "engine.h"
-#include "fabric.h"
-#include "hca_device.h"
 #include "options.h"
+#include "poll_group.h"
+#include "transport_plugin.h"
 #include "worker_link.h"
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::shim {
 
-class Worker {
+class Worker final : public WorkerPort {
 public:
     Worker(uint32_t index, const Options& opts, SharedTables& shared);
     ~Worker();
@@ -50,8 +50,12 @@ public:
 
     // Setup, before start (single-threaded).
     bool init(std::string& error);
-    uint32_t index() const { return index_; }
-    Engine& engine() { return engine_; }
+    uint32_t index() const override { return index_; }
+    Engine& engine() override { return engine_; }
+    // The transports, told of each guest added (before start).
+    void set_transports(std::vector<TransportPlugin*> transports) { transports_ = std::move(transports); }
+    // WorkerPort: a transport's poll group (before start).
+    bool add_poll_group(PollGroup& group, bool first, std::string& error) override;
     WorkerInbox& inbox() { return inbox_; }
     // Serves guest `guest_index` (of the options), whose identity its
     // engine holds. Before start, or at run time in the worker's thread.
@@ -71,11 +75,6 @@ public:
     void route_to(uint16_t lid, uint32_t peer);
     // Each link, by the worker it reaches (null: this one).
     const std::vector<std::unique_ptr<WorkerLink>>& links() const { return links_; }
-    // The fabric and the device (every worker of a shim with them).
-    bool start_fabric(const fabric::FabricConfig& cfg, std::string& error);
-    fabric::Fabric& fabric() { return fabric_; }
-    bool set_hca(HcaDevice* dev, Transport* transport, std::string& error);
-    const HcaDevice* hca() const { return hca_; }  // null without --hca
 
     // Runs the loop in a thread of its own until stop(), pinned to its CPU
     // of --worker-cpus if given (false with `error` if that fails).
@@ -85,7 +84,7 @@ public:
 
     // From the daemon's thread: `task` runs in the worker's thread, between
     // two passes.
-    void post(std::function<void()> task);
+    void post(std::function<void()> task) override;
     // From the daemon's thread: runs `f` in the worker's thread and returns
     // its result, or "" with `answered` false when the worker did not answer
     // within `timeout_ms`.
@@ -106,8 +105,6 @@ private:
     enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kGroup = 4 };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
-    // `first`: polled before the groups added so far.
-    bool add_poll_group(PollGroup& group, bool first, std::string& error);
     void epoll_del(int fd);
     void run();
     bool pass();
@@ -124,8 +121,7 @@ private:
     uint32_t index_;
     const Options& opts_;
     Engine engine_;
-    HcaDevice* hca_ = nullptr;  // this worker's own context of the device
-    fabric::Fabric fabric_{engine_};
+    std::vector<TransportPlugin*> transports_;
     // The transports' poll groups (the fabric, the device), in the order
     // every pass polls them; and by the id their epoll tags carry (the
     // order they were added in).

@@ -31,6 +31,7 @@
 #include "poll_group.h"
 #include "tls_channel.h"
 #include "transport.h"
+#include "vrdma_common/ipv4_endpoint.h"
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::shim {
@@ -84,8 +85,7 @@ struct FabricCounters {
 // whose counters are the sums of theirs.
 std::string merge_status(const std::string& reports);
 
-// "a.b.c.d:port" (or "host:port", resolved once) into an IPv4 address.
-bool parse_endpoint(const std::string& text, sockaddr_in& out, std::string& error);
+using vrdma::parse_endpoint;
 
 class Peer final : public Transport {
 public:
