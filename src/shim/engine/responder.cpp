@@ -166,127 +166,6 @@ uint32_t take_recv_wqe(Context& ctx, Qp& qp, RecvQueue& rq, Delivery& d, uint64_
     return st;
 }
 
-void respond_ud(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
-    d.resp.syndrome = Syndrome::Drop;
-    QpRef dst = eng.qpns().find(req.dlid, req.dqpn);
-    if (!dst || dst.qp->type != IBV_QPT_UD || !qp_takes_requests(dst.qp->state)) return;
-    if (!dst.ctx->guest().port_active || !partition_ok(eng, req, *dst.ctx, *dst.qp)) return;
-    if (!qkey_admits(eng, req, *dst.ctx, *dst.qp)) return;
-    if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM) return;
-    if (dst.qp->carried) {
-        // Its receives are on the device (hca_ud.h): a datagram that came
-        // another way finds none, and is lost.
-        if (dst.qp->transport) dst.qp->transport->datagram_missed(*dst.qp);
-        return;
-    }
-    if (req.length > kPortMtuBytes) return;
-    RecvQueue rq;
-    if (!recv_available(*dst.ctx, *dst.qp, rq)) return;  // a datagram with no receive is lost
-    d.ctx = dst.ctx;
-    d.qp = dst.qp;
-    d.ctx_id = dst.ctx->id();
-    d.qp_handle = dst.handle;
-    d.qpn = dst.qp->qpn;
-    d.recv_cq = dst.qp->recv_cq;
-    uint64_t wr_id, cap;
-    uint32_t st = take_recv_wqe(*dst.ctx, *dst.qp, rq, d, wr_id, cap, pins);
-    if (st == IBV_WC_SUCCESS && cap < abi::kUdGrhBytes + req.length) st = IBV_WC_LOC_LEN_ERR;
-    if (st != IBV_WC_SUCCESS) {
-        d.nspans = 0;
-        set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV, 0);
-        return;
-    }
-    if (req.grh) {
-        uint8_t g[40];
-        make_grh(req, g);
-        Span gs{g, 40};
-        if (copy_sg(d.spans, d.nspans, 0, &gs, 1, 40) != CopyFault::None) {
-            d.nspans = 0;
-            set_recv_cqe(d, req, wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
-            return;
-        }
-    }
-    d.resp.syndrome = Syndrome::Ack;
-    d.skip = abi::kUdGrhBytes;
-    d.length = req.length;
-    set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(abi::kUdGrhBytes + req.length));
-}
-
-void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req);
-
-// UC: no acknowledgements, so nothing is ever answered and nothing waits.
-// What RC would NAK or RNR-NAK is dropped here (the message is lost, as on
-// a real fabric); the PSN only resynchronises (a gap is a lost message).
-void respond_uc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
-    d.resp.syndrome = Syndrome::Drop;
-    d.resp.psn = req.psn;
-    QpRef dst = eng.qpns().find(req.dlid, req.dqpn);
-    if (!dst || dst.qp->type != IBV_QPT_UC || !qp_takes_requests(dst.qp->state)) return;
-    Context& ctx = *dst.ctx;
-    Qp& qp = *dst.qp;
-    if (!ctx.guest().port_active) return;
-    if (!from_connected_peer(eng, req, qp)) return note_stranger(eng, ctx, qp, req);
-    if (!partition_ok(eng, req, ctx, qp)) return;
-    const uint32_t op = req.opcode;
-    const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM;
-    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-    if ((!is_send && !is_write) || req.length > kMaxMsgSize) return;
-    bind_remote_peer(qp, req);
-    qp.resp.epsn = psn_next(req.psn);
-    qp_request_arrived(ctx, qp);
-    d.ctx = &ctx;
-    d.qp = &qp;
-    d.ctx_id = ctx.id();
-    d.qp_handle = dst.handle;
-    d.qpn = qp.qpn;
-    d.recv_cq = qp.recv_cq;
-
-    RecvQueue rq;
-    const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-    if (consumes && !recv_available(ctx, qp, rq)) return;  // no receive posted: lost
-    if (is_send) {
-        uint64_t wr_id, cap;
-        uint32_t st = take_recv_wqe(ctx, qp, rq, d, wr_id, cap, pins);
-        if (st == IBV_WC_SUCCESS && cap < req.length) st = IBV_WC_LOC_LEN_ERR;
-        if (st != IBV_WC_SUCCESS) {
-            // The receive completes in error; a bad receive WQE (not a
-            // short buffer) also puts the QP in error.
-            d.nspans = 0;
-            set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV, 0);
-            if (st != IBV_WC_LOC_LEN_ERR) qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
-            return;
-        }
-        set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
-    } else {
-        // An rkey, range or access violation drops the message, leaving the
-        // receive queue untouched.
-        if (req.length > 0) {
-            if ((qp.attr.qp_access_flags & IBV_ACCESS_REMOTE_WRITE) == 0) return;
-            const std::shared_ptr<Mapping>* keep = nullptr;
-            uint8_t* p =
-                resolve_rkey(ctx, qp, qp.pd, req.rkey, req.remote_addr, req.length, IBV_ACCESS_REMOTE_WRITE, &keep);
-            if (!p) return;
-            if (pins && keep) pins->add(*keep);
-            d.spans[0] = Span{p, req.length};
-            d.nspans = 1;
-        }
-        if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-            uint64_t wr_id, cap;
-            Delivery scratch;  // the receive WQE's SGEs are not used by a write
-            uint32_t st = take_recv_wqe(ctx, qp, rq, scratch, wr_id, cap, nullptr);
-            if (st != IBV_WC_SUCCESS) {
-                d.nspans = 0;
-                set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV_RDMA_WITH_IMM, 0);
-                qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
-                return;
-            }
-            set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(req.length));
-        }
-    }
-    d.resp.syndrome = Syndrome::Ack;  // never sent: it tells the transport to move the payload
-    d.length = req.length;
-}
-
 // A request for `qp` from a QP it is not connected to: dropped, counted.
 void note_stranger(Engine& eng, Context& ctx, Qp& qp, const Request& req) {
     ++qp.stranger_requests;
@@ -370,191 +249,428 @@ void respond_tm(Engine& eng, const Request& req, Delivery& d, Context& ctx, Qp& 
     d.length = req.length;
 }
 
-void respond_rc(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
-    d.resp.syndrome = Syndrome::Drop;
-    d.resp.psn = req.psn;
-    d.resp.tm = is_tm_request(req.opcode);
-    QpRef dst = eng.qpns().find(req.dlid, req.dqpn);
-    // An XRC_SEND QP has no receive side: nothing is for it.
-    if (!dst || dst.qp->type != IBV_QPT_RC || dst.qp->xrc == XrcRole::Send || !qp_takes_requests(dst.qp->state))
-        return;
-    Context& ctx = *dst.ctx;
-    Qp& qp = *dst.qp;
-    if (!ctx.guest().port_active) return;
-    if (!from_connected_peer(eng, req, qp)) return note_stranger(eng, ctx, qp, req);
-    if (!partition_ok(eng, req, ctx, qp)) return;
-    if (req.opcode != IBV_WR_SEND && req.opcode != IBV_WR_SEND_WITH_IMM && eng.guess_throttle().anyone_throttled() &&
-        eng.guess_throttle().throttled(req.slid, eng.now()))
-        return note_throttled(eng, ctx, req);
-    d.ctx = &ctx;
-    d.qp = &qp;
-    d.ctx_id = ctx.id();
-    d.qp_handle = dst.handle;
-    d.qpn = qp.qpn;
-    d.recv_cq = qp.recv_cq;
-    d.resp.incarnation = qp.incarnation;
-    if (d.resp.tm) return respond_tm(eng, req, d, ctx, qp, pins);
+// The responder as an explicit state machine, as rxe's is: each step checks
+// one thing of the request against the target QP, or does one thing, and
+// names the next step; a request leaves at Done with d.resp set (and, where
+// it consumed a receive, the receive completion in d). Which steps a
+// request takes depends on its QP type:
+//   RC  FindQp CheckPeer CheckPartition CheckThrottle BindDelivery
+//       (Rendezvous | CheckPsn [Duplicate]) CheckOpcode ChooseQueue
+//       (StageTagged | CheckResource (TakeRecv | CheckRkey Execute)
+//       [TakeImmRecv] Acknowledge)
+//   UC  FindQp CheckPeer CheckPartition CheckOpcode BindDelivery
+//       CheckResource (TakeRecv | CheckRkey) [TakeImmRecv] Acknowledge
+//   UD  FindQp CheckPartition CheckQkey CheckOpcode CheckResource
+//       BindDelivery TakeRecv Acknowledge
+// Every step that refuses ends the request at once (dropped, NAKed, or
+// with the QP in error); none moves a payload byte: the transport moves
+// the payload after responder_begin returns, and one end,
+// responder_end, finishes it.
+enum class RespStep : uint8_t {
+    FindQp,
+    CheckPeer,
+    CheckPartition,
+    CheckQkey,
+    CheckThrottle,
+    BindDelivery,
+    Rendezvous,
+    CheckPsn,
+    Duplicate,
+    CheckOpcode,
+    ChooseQueue,
+    StageTagged,
+    CheckResource,
+    TakeRecv,
+    CheckRkey,
+    Execute,
+    TakeImmRecv,
+    Acknowledge,
+    Done,
+};
 
-    const uint32_t op = req.opcode;
-    const bool is_send = op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_SEND_WITH_INV;
-    // An atomic write is a write of 8 aligned bytes, stored at once.
-    const bool is_atomic_write = op == IBV_WR_ATOMIC_WRITE;
-    const bool is_write = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || is_atomic_write;
-    const bool is_read = op == IBV_WR_RDMA_READ;
-    const bool is_atomic = op == IBV_WR_ATOMIC_CMP_AND_SWP || op == IBV_WR_ATOMIC_FETCH_AND_ADD;
+class ResponderRun {
+public:
+    ResponderRun(Engine& eng, const Request& req, Delivery& d, Pins* pins)
+        : eng_(eng), req_(req), d_(d), pins_(pins), op_(req.opcode) {
+        type_ = req.qp_type == IBV_QPT_UD ? IBV_QPT_UD : req.qp_type == IBV_QPT_UC ? IBV_QPT_UC : IBV_QPT_RC;
+        const bool rc = type_ == IBV_QPT_RC;
+        is_send_ = op_ == IBV_WR_SEND || op_ == IBV_WR_SEND_WITH_IMM || (rc && op_ == IBV_WR_SEND_WITH_INV);
+        // An atomic write is a write of 8 aligned bytes, stored at once.
+        is_atomic_write_ = rc && op_ == IBV_WR_ATOMIC_WRITE;
+        is_write_ = op_ == IBV_WR_RDMA_WRITE || op_ == IBV_WR_RDMA_WRITE_WITH_IMM || is_atomic_write_;
+        is_read_ = rc && op_ == IBV_WR_RDMA_READ;
+        is_atomic_ = rc && (op_ == IBV_WR_ATOMIC_CMP_AND_SWP || op_ == IBV_WR_ATOMIC_FETCH_AND_ADD);
+    }
 
-    // Sequence: a duplicate (a resend after a lost response) is answered
-    // without executing it again, except READ (idempotent) and the last
-    // atomic (its original value is replayed); a request from the future
-    // means one was lost: NAK with the PSN expected.
-    bool duplicate = false;
-    if (req.psn != qp.resp.epsn) {
-        if (!psn_before(req.psn, qp.resp.epsn)) {
-            d.resp.syndrome = Syndrome::NakSeq;
-            d.resp.psn = qp.resp.epsn;
-            return;
+    void run() {
+        RespStep s = RespStep::FindQp;
+        while (s != RespStep::Done) s = step(s);
+    }
+
+private:
+    RespStep step(RespStep s) {
+        switch (s) {
+        case RespStep::FindQp: return find_qp();
+        case RespStep::CheckPeer: return check_peer();
+        case RespStep::CheckPartition: return check_partition();
+        case RespStep::CheckQkey: return check_qkey();
+        case RespStep::CheckThrottle: return check_throttle();
+        case RespStep::BindDelivery: return bind_delivery();
+        case RespStep::Rendezvous: return rendezvous();
+        case RespStep::CheckPsn: return check_psn();
+        case RespStep::Duplicate: return duplicate();
+        case RespStep::CheckOpcode: return check_opcode();
+        case RespStep::ChooseQueue: return choose_queue();
+        case RespStep::StageTagged: return stage_tagged();
+        case RespStep::CheckResource: return check_resource();
+        case RespStep::TakeRecv: return take_recv();
+        case RespStep::CheckRkey: return check_rkey();
+        case RespStep::Execute: return execute();
+        case RespStep::TakeImmRecv: return take_imm_recv();
+        case RespStep::Acknowledge: return acknowledge();
+        case RespStep::Done: break;
         }
-        duplicate = true;
-        if (is_send || is_write) {
-            d.resp.syndrome = Syndrome::Ack;
-            return;
+        return RespStep::Done;
+    }
+
+    bool rc() const { return type_ == IBV_QPT_RC; }
+    bool ud() const { return type_ == IBV_QPT_UD; }
+    // The request takes a receive WQE (a send, a write with immediate).
+    bool consumes() const { return is_send_ || op_ == IBV_WR_RDMA_WRITE_WITH_IMM; }
+
+    // Ends the request with `syndrome` to the requester, the QP in error.
+    RespStep fail(Syndrome syndrome, int event) {
+        nak(d_, *ctx_, *qp_, syndrome, event);
+        return RespStep::Done;
+    }
+
+    // The target: a QP of this worker of the request's type that takes
+    // requests, on a port that is up. Anything else is dropped, as a
+    // packet for no QP is. (An XRC_SEND QP has no receive side.)
+    RespStep find_qp() {
+        d_.resp.syndrome = Syndrome::Drop;
+        if (!ud()) d_.resp.psn = req_.psn;
+        if (rc()) d_.resp.tm = is_tm_request(op_);
+        dst_ = eng_.qpns().find(req_.dlid, req_.dqpn);
+        if (!dst_ || dst_.qp->type != type_ || dst_.qp->xrc == XrcRole::Send || !qp_takes_requests(dst_.qp->state))
+            return RespStep::Done;
+        ctx_ = dst_.ctx;
+        qp_ = dst_.qp;
+        if (!ctx_->guest().port_active) return RespStep::Done;
+        return ud() ? RespStep::CheckPartition : RespStep::CheckPeer;
+    }
+
+    // RC and UC: only the QP this one is connected to (from_connected_peer).
+    RespStep check_peer() {
+        if (!from_connected_peer(eng_, req_, *qp_)) {
+            note_stranger(eng_, *ctx_, *qp_, req_);
+            return RespStep::Done;
         }
-        if (is_atomic) {
-            if (qp.resp.atomic_replay_valid && qp.resp.atomic_replay_psn == req.psn) {
-                d.resp.syndrome = Syndrome::Ack;
-                d.resp.atomic_orig = qp.resp.atomic_replay_orig;
+        return RespStep::CheckPartition;
+    }
+
+    RespStep check_partition() {
+        if (!partition_ok(eng_, req_, *ctx_, *qp_)) return RespStep::Done;
+        return ud() ? RespStep::CheckQkey : rc() ? RespStep::CheckThrottle : RespStep::CheckOpcode;
+    }
+
+    RespStep check_qkey() { return qkey_admits(eng_, req_, *ctx_, *qp_) ? RespStep::CheckOpcode : RespStep::Done; }
+
+    // RC: the RDMA and atomic requests of a source that keeps guessing keys
+    // are dropped unexamined (guess_throttle.h); its sends are not.
+    RespStep check_throttle() {
+        GuessThrottle& t = eng_.guess_throttle();
+        if (op_ != IBV_WR_SEND && op_ != IBV_WR_SEND_WITH_IMM && t.anyone_throttled() &&
+            t.throttled(req_.slid, eng_.now())) {
+            note_throttled(eng_, *ctx_, req_);
+            return RespStep::Done;
+        }
+        return RespStep::BindDelivery;
+    }
+
+    // The delivery names its target from here on (responder_revalidate
+    // finds it again). UC resynchronises its PSN to the request's: a gap is
+    // a lost message, and nothing is ever answered.
+    RespStep bind_delivery() {
+        d_.ctx = ctx_;
+        d_.qp = qp_;
+        d_.ctx_id = ctx_->id();
+        d_.qp_handle = dst_.handle;
+        d_.qpn = qp_->qpn;
+        d_.recv_cq = qp_->recv_cq;
+        if (ud()) return RespStep::TakeRecv;
+        if (!rc()) {
+            bind_remote_peer(*qp_, req_);
+            qp_->resp.epsn = psn_next(req_.psn);
+            qp_request_arrived(*ctx_, *qp_);
+            return RespStep::CheckResource;
+        }
+        d_.resp.incarnation = qp_->incarnation;
+        return d_.resp.tm ? RespStep::Rendezvous : RespStep::CheckPsn;
+    }
+
+    RespStep rendezvous() {
+        respond_tm(eng_, req_, d_, *ctx_, *qp_, pins_);
+        return RespStep::Done;
+    }
+
+    // RC sequence: a request from the future means one was lost: NAK with
+    // the PSN expected; one from the past is a duplicate (a resend after a
+    // lost response).
+    RespStep check_psn() {
+        if (req_.psn == qp_->resp.epsn) return RespStep::CheckOpcode;
+        if (!psn_before(req_.psn, qp_->resp.epsn)) {
+            d_.resp.syndrome = Syndrome::NakSeq;
+            d_.resp.psn = qp_->resp.epsn;
+            return RespStep::Done;
+        }
+        duplicate_ = true;
+        return RespStep::Duplicate;
+    }
+
+    // A duplicate is answered without executing it again, except a READ
+    // (idempotent: executed again) and the last atomic (its original value
+    // is replayed).
+    RespStep duplicate() {
+        if (is_send_ || is_write_) {
+            d_.resp.syndrome = Syndrome::Ack;
+            return RespStep::Done;
+        }
+        if (is_atomic_) {
+            if (qp_->resp.atomic_replay_valid && qp_->resp.atomic_replay_psn == req_.psn) {
+                d_.resp.syndrome = Syndrome::Ack;
+                d_.resp.atomic_orig = qp_->resp.atomic_replay_orig;
             } else {
-                d.resp.syndrome = Syndrome::NakInvReq;
+                d_.resp.syndrome = Syndrome::NakInvReq;
             }
-            return;
+            return RespStep::Done;
         }
+        return RespStep::CheckOpcode;
     }
-    if (!is_send && !is_write && !is_read && !is_atomic) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-    if (req.length > kMaxMsgSize) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-    // XRC: the message names an XRC SRQ of the XRC_RECV QP's domain; it
-    // consumes from that SRQ, completes into its CQ, and that SRQ's PD holds
-    // the keys. Any other RC QP takes no SRQ number.
-    Srq* xsrq = nullptr;
-    if (qp.xrc == XrcRole::Recv || req.xrc_srqn) {
-        xsrq = xrc_target(ctx, qp, req.xrc_srqn);
-        if (!xsrq) return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-        d.recv_cq = xsrq->cq;
-    }
-    const uint32_t pd = xsrq ? xsrq->pd : qp.pd;
-    bind_remote_peer(qp, req);
-    qp_request_arrived(ctx, qp);
 
-    // A send to a QP on a TM SRQ is staged whole: the tag list decides
-    // where it goes once it is there (tag_matching.h). Whatever else takes
-    // one of its ordinary buffers completes into its CQ too.
-    Srq* tsrq = !xsrq && qp.srq ? ctx.srqs.get(qp.srq) : nullptr;
-    if (tsrq && !tsrq->tm) tsrq = nullptr;
-    if (tsrq) d.recv_cq = tsrq->cq;
-    if ((op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) && tsrq) {
-        switch (tm_begin(eng, req, ctx, qp, *tsrq, d, pins)) {
+    // What the QP type carries, and no longer than a message may be. RC
+    // NAKs what it cannot execute; UC and UD drop it.
+    RespStep check_opcode() {
+        if (ud()) {
+            if (!is_send_) return RespStep::Done;
+            if (qp_->carried) {
+                // Its receives are on the device (hca_ud.h): a datagram
+                // that came another way finds none, and is lost.
+                if (qp_->transport) qp_->transport->datagram_missed(*qp_);
+                return RespStep::Done;
+            }
+            return req_.length > kPortMtuBytes ? RespStep::Done : RespStep::CheckResource;
+        }
+        const bool valid = is_send_ || is_write_ || is_read_ || is_atomic_;
+        if (!rc()) return valid && req_.length <= kMaxMsgSize ? RespStep::BindDelivery : RespStep::Done;
+        if (!valid || req_.length > kMaxMsgSize) return fail(Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        return RespStep::ChooseQueue;
+    }
+
+    // RC: the queue the request consumes from and completes into, and the
+    // PD that holds the keys. XRC: the message names an XRC SRQ of the
+    // XRC_RECV QP's domain; it consumes from that SRQ, completes into its
+    // CQ, and that SRQ's PD holds the keys (any other RC QP takes no SRQ
+    // number). A send to a QP on a TM SRQ is staged whole: the tag list
+    // decides where it goes once it is there (tag_matching.h); whatever
+    // else takes one of its ordinary buffers completes into its CQ too.
+    RespStep choose_queue() {
+        if (qp_->xrc == XrcRole::Recv || req_.xrc_srqn) {
+            xsrq_ = xrc_target(*ctx_, *qp_, req_.xrc_srqn);
+            if (!xsrq_) return fail(Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+            d_.recv_cq = xsrq_->cq;
+        }
+        pd_ = xsrq_ ? xsrq_->pd : qp_->pd;
+        bind_remote_peer(*qp_, req_);
+        qp_request_arrived(*ctx_, *qp_);
+        tsrq_ = !xsrq_ && qp_->srq ? ctx_->srqs.get(qp_->srq) : nullptr;
+        if (tsrq_ && !tsrq_->tm) tsrq_ = nullptr;
+        if (tsrq_) d_.recv_cq = tsrq_->cq;
+        const bool plain_send = op_ == IBV_WR_SEND || op_ == IBV_WR_SEND_WITH_IMM;
+        return plain_send && tsrq_ ? RespStep::StageTagged : RespStep::CheckResource;
+    }
+
+    RespStep stage_tagged() {
+        switch (tm_begin(eng_, req_, *ctx_, *qp_, *tsrq_, d_, pins_)) {
         case TmBegin::Staged:
             break;
         case TmBegin::Rnr:
-            d.resp.syndrome = Syndrome::RnrNak;
-            d.resp.rnr_timer = qp.attr.min_rnr_timer;
-            return;
+            d_.resp.syndrome = Syndrome::RnrNak;
+            d_.resp.rnr_timer = qp_->attr.min_rnr_timer;
+            return RespStep::Done;
         case TmBegin::TooLong:
-            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+            return fail(Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
         case TmBegin::NoMemory:  // logged by the quota
-            return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+            return fail(Syndrome::NakOp, IBV_EVENT_QP_FATAL);
         case TmBegin::Error:
-            return;  // the QP just failed: the request is lost
+            return RespStep::Done;  // the QP just failed: the request is lost
         }
-        set_recv_cqe(d, req, 0, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
-        d.resp.syndrome = Syndrome::Ack;
-        d.length = req.length;
-        qp.resp.epsn = psn_next(qp.resp.epsn);
-        return;
+        set_recv_cqe(d_, req_, 0, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req_.length));
+        d_.resp.syndrome = Syndrome::Ack;
+        d_.length = req_.length;
+        qp_->resp.epsn = psn_next(qp_->resp.epsn);
+        return RespStep::Done;
     }
 
-    // A receive WQE first for what consumes one: no data moves before an RNR.
-    RecvQueue rq;
-    const bool consumes = is_send || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-    if (consumes && !recv_available(ctx, qp, rq, xsrq)) {
-        if (qp.state == IBV_QPS_ERR) return;  // it just failed: the request is lost
-        d.resp.syndrome = Syndrome::RnrNak;
-        d.resp.rnr_timer = qp.attr.min_rnr_timer;
-        return;
+    // A receive WQE first for what consumes one: no data moves before an
+    // RNR (RC), and without one a UC message or a datagram is lost.
+    RespStep check_resource() {
+        if (ud()) return recv_available(*ctx_, *qp_, rq_) ? RespStep::BindDelivery : RespStep::Done;
+        if (consumes() && !recv_available(*ctx_, *qp_, rq_, xsrq_)) {
+            if (!rc() || qp_->state == IBV_QPS_ERR) return RespStep::Done;  // lost (UC), or the QP just failed
+            d_.resp.syndrome = Syndrome::RnrNak;
+            d_.resp.rnr_timer = qp_->attr.min_rnr_timer;
+            return RespStep::Done;
+        }
+        return is_send_ ? RespStep::TakeRecv : RespStep::CheckRkey;
     }
 
-    if (is_send) {
-        uint64_t wr_id, cap;
-        uint32_t st = take_recv_wqe(ctx, qp, rq, d, wr_id, cap, pins);
+    // A send's receive WQE: where the payload goes. A bad WQE or a buffer
+    // too short completes the receive in error; RC also NAKs and fails the
+    // QP, UC fails it for a bad WQE only, UD loses just the datagram.
+    RespStep take_recv() {
+        uint64_t cap;
+        uint32_t st = take_recv_wqe(*ctx_, *qp_, rq_, d_, wr_id_, cap, pins_);
+        const uint64_t need = ud() ? abi::kUdGrhBytes + req_.length : req_.length;
+        if (rc()) {
+            if (st != IBV_WC_SUCCESS) {
+                set_recv_cqe(d_, req_, wr_id_, st, IBV_WC_RECV, 0);
+                return fail(Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+            }
+            if (cap < need) {
+                set_recv_cqe(d_, req_, wr_id_, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
+                return fail(Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+            }
+            // Send with Invalidate frees a type 2 window of this QP before
+            // the receive completes; an rkey that names none is a class J
+            // error, as in rxe: both sides see a remote invalid request.
+            if (op_ == IBV_WR_SEND_WITH_INV && !invalidate_remote(*ctx_, *qp_, pd_, req_.rkey)) {
+                note_access_error(eng_, *ctx_, *qp_, req_);
+                set_recv_cqe(d_, req_, wr_id_, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
+                return fail(Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+            }
+            set_recv_cqe(d_, req_, wr_id_, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req_.length));
+            return RespStep::Acknowledge;
+        }
+        if (st == IBV_WC_SUCCESS && cap < need) st = IBV_WC_LOC_LEN_ERR;
+        if (st == IBV_WC_SUCCESS && ud() && req_.grh) {
+            uint8_t g[40];
+            make_grh(req_, g);
+            Span gs{g, 40};
+            if (copy_sg(d_.spans, d_.nspans, 0, &gs, 1, 40) != CopyFault::None) st = IBV_WC_LOC_PROT_ERR;
+        }
         if (st != IBV_WC_SUCCESS) {
-            set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV, 0);
-            return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+            d_.nspans = 0;
+            set_recv_cqe(d_, req_, wr_id_, st, IBV_WC_RECV, 0);
+            if (!ud() && st != IBV_WC_LOC_LEN_ERR) qp_set_error(*ctx_, *qp_, IBV_EVENT_QP_FATAL);
+            return RespStep::Done;
         }
-        if (cap < req.length) {
-            set_recv_cqe(d, req, wr_id, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
-            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-        }
-        // Send with Invalidate frees a type 2 window of this QP before the
-        // receive completes; an rkey that names none is a class J error, as
-        // in rxe: both sides see a remote invalid request and fail.
-        if (op == IBV_WR_SEND_WITH_INV && !invalidate_remote(ctx, qp, pd, req.rkey)) {
-            note_access_error(eng, ctx, qp, req);
-            set_recv_cqe(d, req, wr_id, IBV_WC_REM_INV_REQ_ERR, IBV_WC_RECV, 0);
-            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-        }
-        set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req.length));
-    } else {
-        // RDMA and atomics: an rkey of the responder's context, in the QP's
-        // PD, with the access both the QP and the MR grant.
-        uint32_t need = is_write ? IBV_ACCESS_REMOTE_WRITE : is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_ATOMIC;
-        if ((is_atomic || is_atomic_write) && (req.length != 8 || (req.remote_addr & 7)))
-            return nak(d, ctx, qp, Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
-        if (req.length > 0) {
+        if (!ud()) set_recv_cqe(d_, req_, wr_id_, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(req_.length));
+        return RespStep::Acknowledge;
+    }
+
+    // RDMA and atomics: an rkey of the responder's context, in the QP's PD,
+    // with the access both the QP and the MR grant. RC counts and NAKs a
+    // refusal (the QP fails); UC drops the message, its receive queue
+    // untouched.
+    RespStep check_rkey() {
+        const uint32_t need = is_write_  ? IBV_ACCESS_REMOTE_WRITE
+                              : is_read_ ? IBV_ACCESS_REMOTE_READ
+                                         : IBV_ACCESS_REMOTE_ATOMIC;
+        if ((is_atomic_ || is_atomic_write_) && (req_.length != 8 || (req_.remote_addr & 7)))
+            return fail(Syndrome::NakInvReq, IBV_EVENT_QP_REQ_ERR);
+        if (req_.length > 0) {
             const std::shared_ptr<Mapping>* keep = nullptr;
-            uint8_t* p = (qp.attr.qp_access_flags & need) == need
-                             ? resolve_rkey(ctx, qp, pd, req.rkey, req.remote_addr, req.length, need, &keep)
+            const uint32_t pd = rc() ? pd_ : qp_->pd;
+            uint8_t* p = (qp_->attr.qp_access_flags & need) == need
+                             ? resolve_rkey(*ctx_, *qp_, pd, req_.rkey, req_.remote_addr, req_.length, need, &keep)
                              : nullptr;
             if (!p) {
-                note_access_error(eng, ctx, qp, req);
-                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+                if (!rc()) return RespStep::Done;
+                note_access_error(eng_, *ctx_, *qp_, req_);
+                return fail(Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
             }
-            if (pins && keep) pins->add(*keep);
-            d.spans[0] = Span{p, req.length};
-            d.nspans = 1;
+            if (pins_ && keep) pins_->add(*keep);
+            d_.spans[0] = Span{p, req_.length};
+            d_.nspans = 1;
         }
-        if (is_atomic) {
-            auto* target = reinterpret_cast<uint64_t*>(d.spans[0].p);
-            uint64_t old = 0;
-            bool ok = op == IBV_WR_ATOMIC_FETCH_AND_ADD
-                          ? guarded_fetch_add(target, req.compare_add, &old)
-                          : guarded_compare_swap(target, req.compare_add, req.swap, &old);
-            if (!ok) return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
-            d.resp.atomic_orig = old;
-            d.nspans = 0;
-            qp.resp.atomic_replay_valid = true;
-            qp.resp.atomic_replay_psn = req.psn;
-            qp.resp.atomic_replay_orig = old;
-        }
-        if (is_atomic_write) {
-            if (!guarded_atomic_store(reinterpret_cast<uint64_t*>(d.spans[0].p), req.compare_add))
-                return nak(d, ctx, qp, Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
-            d.nspans = 0;
-        }
-        if (op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-            uint64_t wr_id, cap;
-            Delivery scratch;  // the receive WQE's SGEs are not used by a write
-            uint32_t st = take_recv_wqe(ctx, qp, rq, scratch, wr_id, cap, nullptr);
-            if (st != IBV_WC_SUCCESS) {
-                set_recv_cqe(d, req, wr_id, st, IBV_WC_RECV_RDMA_WITH_IMM, 0);
-                return nak(d, ctx, qp, Syndrome::NakOp, IBV_EVENT_QP_FATAL);
-            }
-            set_recv_cqe(d, req, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(req.length));
-        }
+        if (rc()) return RespStep::Execute;
+        return op_ == IBV_WR_RDMA_WRITE_WITH_IMM ? RespStep::TakeImmRecv : RespStep::Acknowledge;
     }
-    d.resp.syndrome = Syndrome::Ack;
-    d.length = is_atomic || is_atomic_write ? 0 : req.length;
-    if (!duplicate) qp.resp.epsn = psn_next(qp.resp.epsn);
-}
 
+    // RC atomics run here, at once; the original value of the last one is
+    // kept to answer its duplicate.
+    RespStep execute() {
+        if (is_atomic_) {
+            auto* target = reinterpret_cast<uint64_t*>(d_.spans[0].p);
+            uint64_t old = 0;
+            const bool ok = op_ == IBV_WR_ATOMIC_FETCH_AND_ADD
+                                ? guarded_fetch_add(target, req_.compare_add, &old)
+                                : guarded_compare_swap(target, req_.compare_add, req_.swap, &old);
+            if (!ok) return fail(Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            d_.resp.atomic_orig = old;
+            d_.nspans = 0;
+            qp_->resp.atomic_replay_valid = true;
+            qp_->resp.atomic_replay_psn = req_.psn;
+            qp_->resp.atomic_replay_orig = old;
+        }
+        if (is_atomic_write_) {
+            if (!guarded_atomic_store(reinterpret_cast<uint64_t*>(d_.spans[0].p), req_.compare_add))
+                return fail(Syndrome::NakAccess, IBV_EVENT_QP_ACCESS_ERR);
+            d_.nspans = 0;
+        }
+        return op_ == IBV_WR_RDMA_WRITE_WITH_IMM ? RespStep::TakeImmRecv : RespStep::Acknowledge;
+    }
+
+    // A write with immediate takes a receive WQE for its completion; its
+    // SGEs are not used. A bad one fails the QP.
+    RespStep take_imm_recv() {
+        uint64_t cap;
+        Delivery scratch;
+        const uint32_t st = take_recv_wqe(*ctx_, *qp_, rq_, scratch, wr_id_, cap, nullptr);
+        if (st != IBV_WC_SUCCESS) {
+            set_recv_cqe(d_, req_, wr_id_, st, IBV_WC_RECV_RDMA_WITH_IMM, 0);
+            if (rc()) return fail(Syndrome::NakOp, IBV_EVENT_QP_FATAL);
+            d_.nspans = 0;
+            qp_set_error(*ctx_, *qp_, IBV_EVENT_QP_FATAL);
+            return RespStep::Done;
+        }
+        set_recv_cqe(d_, req_, wr_id_, IBV_WC_SUCCESS, IBV_WC_RECV_RDMA_WITH_IMM, uint32_t(req_.length));
+        return RespStep::Acknowledge;
+    }
+
+    // Executed: the transport moves the payload (UC's Ack is never sent:
+    // it tells the transport to move it). RC expects the next PSN.
+    RespStep acknowledge() {
+        d_.resp.syndrome = Syndrome::Ack;
+        if (ud()) {
+            d_.skip = abi::kUdGrhBytes;
+            d_.length = req_.length;
+            set_recv_cqe(d_, req_, wr_id_, IBV_WC_SUCCESS, IBV_WC_RECV, uint32_t(abi::kUdGrhBytes + req_.length));
+            return RespStep::Done;
+        }
+        d_.length = is_atomic_ || is_atomic_write_ ? 0 : req_.length;
+        if (rc() && !duplicate_) qp_->resp.epsn = psn_next(qp_->resp.epsn);
+        return RespStep::Done;
+    }
+
+    Engine& eng_;
+    const Request& req_;
+    Delivery& d_;
+    Pins* pins_;
+    const uint32_t op_;
+    uint32_t type_;
+    bool is_send_ = false, is_write_ = false, is_read_ = false, is_atomic_ = false, is_atomic_write_ = false;
+    bool duplicate_ = false;
+    QpRef dst_;
+    Context* ctx_ = nullptr;
+    Qp* qp_ = nullptr;
+    Srq* xsrq_ = nullptr;  // the XRC SRQ the request names
+    Srq* tsrq_ = nullptr;  // the QP's tag-matching SRQ
+    uint32_t pd_ = 0;
+    RecvQueue rq_;
+    uint64_t wr_id_ = 0;
+};
 }  // namespace
 
 void make_grh(const Request& req, uint8_t out40[40]) {
@@ -572,12 +688,7 @@ void make_grh(const Request& req, uint8_t out40[40]) {
 
 void responder_begin(Engine& eng, const Request& req, Delivery& d, Pins* pins) {
     d.opcode = req.opcode;
-    if (req.qp_type == IBV_QPT_UD)
-        respond_ud(eng, req, d, pins);
-    else if (req.qp_type == IBV_QPT_UC)
-        respond_uc(eng, req, d, pins);
-    else
-        respond_rc(eng, req, d, pins);
+    ResponderRun(eng, req, d, pins).run();
 }
 
 bool responder_revalidate(Engine& eng, Delivery& d) {

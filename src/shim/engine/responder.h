@@ -8,8 +8,9 @@
 // them at its own pace (the local transport: one memcpy; tcp: socket reads
 // straight into the target memory, over several turns):
 //   responder_begin  decides, before any payload byte moves, and says where
-//                    the payload goes (SEND, WRITE) or comes from (READ);
-//   responder_finish writes the receive completion once the payload landed.
+//                    the payload goes (SEND, WRITE) or comes from (READ):
+//                    a state machine of one step per check (responder.cpp);
+//   responder_end    finishes the request however its payload ended.
 #pragma once
 
 #include <cstdint>
