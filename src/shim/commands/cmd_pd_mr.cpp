@@ -101,7 +101,7 @@ int cmd_reg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     uint32_t made_key = 0;
     for (Transport* t : eng.object_keepers()) {
         const Transport::MrShape shape{mr->mem.host, r.length, r.iova, mr->access};
-        if (int err = t->mr_made(eng, *pd, *mr, shape, false, mr->dev, made_key)) return err;
+        if (int err = t->mr_made(eng, *pd, *mr, shape, false, mr->kept, made_key)) return err;
     }
     Mr* m = mr.get();
     uint32_t h = ctx.mrs.insert(std::move(mr));
@@ -171,7 +171,7 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
         if (!pd) return EINVAL;
         const Transport::MrShape shape{moved ? mem.host : mr->mem.host, moved ? r.length : mr->length,
                                        moved ? r.addr : mr->addr, access};
-        std::shared_ptr<DeviceMr> made;
+        Kept made;
         uint32_t key = 0;
         if (int err = t->mr_made(eng, *pd, *mr, shape, true, made, key)) return err;
         if (!made) continue;
@@ -180,7 +180,7 @@ int cmd_rereg_mr(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
             ctx.keys.release(mr->key);
             mr->key = key;
         }
-        mr->dev = std::move(made);  // the old one goes here
+        mr->kept = std::move(made);  // the old one goes here
     }
     if (r.flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
         ctx.charges.give(Res::MrBytes, mr->charged_bytes);
@@ -217,14 +217,14 @@ int cmd_alloc_mw(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     uint32_t h = ctx.mws.insert(std::move(mw));
     if (!h) return ENOMEM;
     for (Transport* t : eng.object_keepers()) {
-        std::shared_ptr<DeviceMw> made;
+        Kept made;
         uint32_t key = 0;
         t->mw_made(eng, *pd, r.type, made, key);
         // A key whose index is live already (a key of the shim's own) is
         // not taken twice: the window is then the shim's only.
         if (made && !w->key && ctx.keys.insert(key, h, KeyKind::Mw)) {
             w->key = key;
-            w->dev = std::move(made);
+            w->kept = std::move(made);
         }
     }
     if (!w->key) w->key = ctx.keys.alloc(h, KeyKind::Mw);

@@ -149,7 +149,14 @@ public:
     // The transports that keep objects of their own beside the guests'
     // (transport.h, "The guest's objects"): the device's, with --hca. The
     // command handlers go through them. A keeper outlives the engine.
-    void add_object_keeper(Transport* t) { keepers_.push_back(t); }
+    // A shim has at most one: the objects it keeps go in the guest
+    // objects' one slot (resources.h, KeptObject). False when another
+    // transport keeps objects here already.
+    bool add_object_keeper(Transport* t) {
+        if (!keepers_.empty() && keepers_[0] != t) return false;
+        if (keepers_.empty()) keepers_.push_back(t);
+        return true;
+    }
     const std::vector<Transport*>& object_keepers() const { return keepers_; }
     // The GID of the shim's RDMA device (a keeper's), null without one.
     const uint8_t* device_gid() const;

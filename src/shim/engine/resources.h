@@ -13,21 +13,21 @@
 
 namespace vrdma::shim {
 
-// On a shim with an RDMA device (hca_device.h), the device objects that
-// mirror a guest's PD, MR, QP and SRQ; defined there.
-struct DevicePd;
-struct DeviceSrq;
-struct DeviceMr;
-struct DeviceQp;
-struct DeviceAh;
-struct DeviceMw;
-// A transport's own objects beside the guest's (the `dev` slots; transport.h,
-// "The guest's objects") are of types the engine never sees whole: each is
-// held by a shared_ptr, whose deleter the transport's code made with it.
+// What an object keeper (transport.h, "The guest's objects") keeps beside a
+// guest's PD, MR, window, SRQ, QP or AH: an object of the keeper's own type
+// (the device's PD for the guest's, on a shim with a device), derived from
+// this, in the guest object's `kept` slot. It goes with the guest object
+// and its destructor is the keeper's code; the engine never sees it whole,
+// and only the keeper that made it reads it (a shim has at most one keeper:
+// Engine::add_object_keeper).
+struct KeptObject {
+    virtual ~KeptObject() = default;
+};
+using Kept = std::shared_ptr<KeptObject>;
 
 struct Pd {
     uint32_t users = 0;  // MRs, QPs, SRQs, AHs created in it
-    std::shared_ptr<DevicePd> dev;  // with a device: its device PD
+    Kept kept;  // with a device: its device PD
 };
 
 struct Mr {
@@ -51,7 +51,7 @@ struct Mr {
     uint32_t bound_windows = 0;  // memory windows bound to it: it cannot change or go
     // With a device: the registration whose key is `key` (null if the
     // device refused the memory: the MR then serves local and TCP only).
-    std::shared_ptr<DeviceMr> dev;
+    Kept kept;
 };
 
 // A memory window (memory_windows.h). Bound, it grants remote access to
@@ -69,7 +69,7 @@ struct Mw {
     uint64_t length = 0;
     // With a device: its device window, whose rkey `key` is (null if the
     // device refused: the window then serves this host and TCP only).
-    std::shared_ptr<DeviceMw> dev;
+    Kept kept;
 };
 
 struct Cq {
@@ -171,7 +171,7 @@ struct Srq {
     uint64_t user_handle = 0;
     uint32_t users = 0;           // QPs attached
     uint32_t async_events = 0;    // records written (reported at DestroySrq)
-    std::shared_ptr<DeviceSrq> dev;  // with a device: its device SRQ (hca_bind.h)
+    Kept kept;                       // with a device: its device SRQ (hca_bind.h)
     bool feeds_device = false;       // its WQEs go to the device SRQ; the shim takes none
     std::unique_ptr<TagList> tm;     // a TM SRQ: its tag list (null otherwise)
 };
@@ -273,7 +273,7 @@ struct Qp {
     Transport* transport = nullptr;
     uint32_t route_gen = 0;
     // With a device: the device QP whose QPN is `qpn` (hca_bind.h).
-    std::shared_ptr<DeviceQp> dev;
+    Kept kept;
     // A transport carries the QP whole, `transport`, until RESET (the
     // device, once bound: hca_bind.h): it posts the QP's WQEs as they are
     // and does what the requester's timers and the peer's responder do
@@ -296,7 +296,7 @@ struct Ah {
     abi::AhAttr attr{};
     // With a device: the path its datagrams take through the device, made
     // at the first one that goes there (hca_ud.h).
-    std::shared_ptr<DeviceAh> dev;
+    Kept kept;
 };
 
 }  // namespace vrdma::shim

@@ -122,7 +122,7 @@ public:
     // Its MR for `mr` (new, or `rereg`: instead of the one it has), with
     // the memory, addresses and access `shape` gives, into `made`, and the
     // key the MR must take in `key` (0: none made). The command puts `made`
-    // in mr.dev once the key is the MR's.
+    // in mr.kept once the key is the MR's.
     struct MrShape {
         uint8_t* host = nullptr;
         uint64_t length = 0;
@@ -130,13 +130,12 @@ public:
         uint32_t access = 0;
     };
     virtual int mr_made(Engine& eng, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
-                        std::shared_ptr<DeviceMr>& made, uint32_t& key) {
+                        Kept& made, uint32_t& key) {
         (void)eng, (void)pd, (void)mr, (void)shape, (void)rereg, (void)made, (void)key;
         return 0;
     }
     // Its window of `type` in `pd` (none: `made` stays empty), its rkey in `key`.
-    virtual void mw_made(Engine& eng, const Pd& pd, uint32_t type, std::shared_ptr<DeviceMw>& made,
-                         uint32_t& key) {
+    virtual void mw_made(Engine& eng, const Pd& pd, uint32_t type, Kept& made, uint32_t& key) {
         (void)eng, (void)pd, (void)type, (void)made, (void)key;
     }
     // A basic SRQ of `pd` (srq.wq and srq.max_sge set).

@@ -40,11 +40,11 @@ const uint8_t* device_path(const HcaDevice& dev, Engine& eng, const Context& ctx
 int srq_admits_bound(Context& ctx, Qp& qp) {
     if (!qp.srq) return 0;
     Srq* srq = ctx.srqs.get(qp.srq);
-    if (!srq || !srq->dev) return EOPNOTSUPP;
+    if (!srq || !srq->kept) return EOPNOTSUPP;
     if (srq->feeds_device) {
-        if (srq->dev->ud == (qp.type == IBV_QPT_UD)) return 0;
+        if (dev_of(*srq)->ud == (qp.type == IBV_QPT_UD)) return 0;
         LOG_WARN("guest %s: QP %u: its SRQ feeds the device for %s QPs; it cannot also serve a %s QP there",
-                 ctx.guest().name.c_str(), qp.qpn, srq->dev->ud ? "UD" : "connected",
+                 ctx.guest().name.c_str(), qp.qpn, dev_of(*srq)->ud ? "UD" : "connected",
                  qp.type == IBV_QPT_UD ? "UD" : "connected");
         return EOPNOTSUPP;
     }
@@ -73,13 +73,13 @@ int srq_admits_unbound(Context& ctx, const Qp& qp) {
 int bind(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t state, const uint8_t* gid) {
     HcaDevice& dev = hca.device();
     if (int rc = srq_admits_bound(ctx, qp)) return rc;
-    if (int rc = dev.to_rtr(*qp.dev, qp.attr, gid)) return rc;
+    if (int rc = dev.to_rtr(*dev_of(qp), qp.attr, gid)) return rc;
     if (state == IBV_QPS_RTS || state == IBV_QPS_SQD)
-        if (int rc = dev.to_rts(*qp.dev, qp.attr)) return rc;
-    qp.dev->rq_posted = qp.rq.cons;
+        if (int rc = dev.to_rts(*dev_of(qp), qp.attr)) return rc;
+    dev_of(qp)->rq_posted = qp.rq.cons;
     if (Srq* srq = qp.srq ? ctx.srqs.get(qp.srq) : nullptr; srq && !srq->feeds_device) {
         // The first QP bound on the SRQ: UD receives get header slots.
-        DeviceSrq& d = *srq->dev;
+        DeviceSrq& d = *dev_of(*srq);
         d.ud = qp.type == IBV_QPT_UD;
         int err = 0;
         if (d.ud && !(d.headers = dev.make_header_slots(d.pd, uint32_t(d.wr_ids.size()), err))) return err;
@@ -106,8 +106,8 @@ int bind(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t state, c
 // device (DeviceSrq).
 void forward_srq_recvs(HcaDevice& dev, Context& ctx, Qp& qp) {
     Srq* srq = ctx.srqs.get(qp.srq);
-    if (!srq || !srq->dev || !srq->feeds_device) return;
-    DeviceSrq& d = *srq->dev;
+    if (!srq || !srq->kept || !srq->feeds_device) return;
+    DeviceSrq& d = *dev_of(*srq);
     uint32_t n;
     if (!wq_pending(srq->wq, n)) {
         qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
@@ -134,7 +134,7 @@ void forward_recvs(HcaDevice& dev, Context& ctx, Qp& qp) {
         forward_srq_recvs(dev, ctx, qp);
         return;
     }
-    DeviceQp& d = *qp.dev;
+    DeviceQp& d = *dev_of(qp);
     uint32_t n;
     if (!wq_pending(qp.rq, n)) {
         qp_set_error(ctx, qp, IBV_EVENT_QP_FATAL);
@@ -158,16 +158,16 @@ void forward_recvs(HcaDevice& dev, Context& ctx, Qp& qp) {
 std::shared_ptr<DeviceQp> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& pd, const Srq* srq, uint32_t type,
                                                          uint32_t send_wr, uint32_t recv_wr, uint32_t send_sge,
                                                          uint32_t recv_sge, uint32_t max_inline) {
-    if (!pd.dev) return nullptr;
-    if (srq && !srq->dev) return nullptr;
+    if (!pd.kept) return nullptr;
+    if (srq && !srq->kept) return nullptr;
     if (srq) recv_wr = srq->wq.entries;  // the CQ's room for its receives
     // A QPN this shim already gave a QP without a device QP is not taken
     // twice: the device gives another.
     for (int attempt = 0; attempt < 4; ++attempt) {
         int err = 0;
         std::unique_ptr<DeviceQp> q =
-            dev.create_qp(pd.dev, type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
-                                 srq ? srq->dev : nullptr, err);
+            dev.create_qp(shared_dev_of(pd), type, send_wr, recv_wr, send_sge, recv_sge, max_inline,
+                                 srq ? shared_dev_of(*srq) : nullptr, err);
         if (!q) return nullptr;
         if (!eng.qpns().taken(q->qp->qp_num)) return std::shared_ptr<DeviceQp>(q.release());
     }
@@ -175,16 +175,16 @@ std::shared_ptr<DeviceQp> hca_create_qp(HcaDevice& dev, Engine& eng, const Pd& p
 }
 
 std::shared_ptr<DeviceSrq> hca_create_srq(HcaDevice& dev, const Pd& pd, uint32_t entries, uint32_t max_sge) {
-    if (!pd.dev) return nullptr;
+    if (!pd.kept) return nullptr;
     int err = 0;
-    return dev.create_srq(pd.dev, entries, max_sge, err);
+    return dev.create_srq(shared_dev_of(pd), entries, max_sge, err);
 }
 
 int hca_follow(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
     HcaDevice& dev = hca.device();
     if (next == IBV_QPS_RESET) {
         if (qp.carried) {
-            qp.dev->to_reset();
+            dev_of(qp)->to_reset();
             // What the device completed before the reset reaches the guest
             // now, as of the QP's old life (SRQ receives carry no
             // generation: drained here, they cannot reach the next life).
@@ -195,14 +195,14 @@ int hca_follow(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t ne
     }
     if (next != IBV_QPS_RTR && next != IBV_QPS_RTS) return 0;
     if (qp.carried) {
-        if (qp.type == IBV_QPT_UD && qp.attr.qkey != qp.dev->qkey && dev.set_qkey(*qp.dev, qp.attr.qkey))
+        if (qp.type == IBV_QPT_UD && qp.attr.qkey != dev_of(qp)->qkey && dev.set_qkey(*dev_of(qp), qp.attr.qkey))
             return EINVAL;
-        if (next == IBV_QPS_RTS && qp.state == IBV_QPS_RTR) return dev.to_rts(*qp.dev, qp.attr) ? EINVAL : 0;
+        if (next == IBV_QPS_RTS && qp.state == IBV_QPS_RTR) return dev.to_rts(*dev_of(qp), qp.attr) ? EINVAL : 0;
         return 0;
     }
     const uint8_t* gid = device_path(dev, eng, ctx, qp);
     if (!gid) return next == IBV_QPS_RTR ? srq_admits_unbound(ctx, qp) : 0;
-    if (!qp.dev) {
+    if (!qp.kept) {
         LOG_WARN("guest %s: QP %u to lid %u needs the device and has no device QP (%s)", ctx.guest().name.c_str(),
                  qp.qpn, qp.attr.ah.dlid,
                  qp.xrc != XrcRole::None ? "XRC does not run on the device" : "the device refused it");
@@ -213,12 +213,12 @@ int hca_follow(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp, uint32_t ne
 }
 
 void hca_service(HcaTransport& hca, Engine& eng, Context& ctx, Qp& qp) {
-    if (!qp.dev || !qp_takes_requests(qp.state)) return;
+    if (!qp.kept || !qp_takes_requests(qp.state)) return;
     if (!qp.carried) {
         // The route to the peer appeared (or changed) since the QP was
         // connected: bind it now if the peer has a device.
-        if (qp.dev->route_gen == eng.routes().generation()) return;
-        qp.dev->route_gen = eng.routes().generation();
+        if (dev_of(qp)->route_gen == eng.routes().generation()) return;
+        dev_of(qp)->route_gen = eng.routes().generation();
         const uint8_t* gid = device_path(hca.device(), eng, ctx, qp);
         if (!gid) return;
         if (bind(hca, eng, ctx, qp, qp.state, gid)) {

@@ -26,6 +26,8 @@ class Engine;
 class Context;
 class HcaDevice;
 class HcaTransport;
+struct DeviceQp;
+struct DeviceSrq;
 
 // The device QP for a new guest QP, on the device SRQ of its SRQ if it
 // has one (null: the shim has no device, the QP cannot have one, or the

@@ -50,7 +50,7 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
     // The device freed the window a Send with Invalidate named: the
     // shim's view of it follows.
     if (c.status == IBV_WC_SUCCESS && (c.wc_flags & IBV_WC_WITH_INV)) {
-        if (Mw* mw = ctx.mws.get(ctx.keys.lookup(c.imm_data, KeyKind::Mw)); mw && mw->dev) mw->dev->bound = false;
+        if (Mw* mw = ctx.mws.get(ctx.keys.lookup(c.imm_data, KeyKind::Mw)); mw && mw->kept) dev_of(*mw)->bound = false;
         invalidate_remote(ctx, qp, c.imm_data);
     }
     // The device does not say whether the message was solicited: every
@@ -68,15 +68,15 @@ void push_receive(Context& ctx, Qp& qp, const abi::Cqe& c) {
 }
 
 void receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
-    if (dc.idx != qp.rq.cons || dc.idx == qp.dev->rq_posted) return;  // flushed by the shim already
+    if (dc.idx != qp.rq.cons || dc.idx == dev_of(qp)->rq_posted) return;  // flushed by the shim already
     abi::Cqe c;
-    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && qp.dev->headers) {
+    if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && dev_of(qp)->headers) {
         // The scatter list too (the GRH goes there), read again from the
         // ring as the device got it (or as the guest changed it since).
         RecvWork w;
         read_recv_wqe(qp.rq, qp.rq.cons, qp.max_recv_sge, w);
         c = receive_cqe(qp, *dc.wc, w.wr_id);
-        hca_ud_received(dev, eng, ctx, qp, *dc.wc, qp.dev->headers->at(dc.idx), w.sge, w.num_sge, c);
+        hca_ud_received(dev, eng, ctx, qp, *dc.wc, dev_of(qp)->headers->at(dc.idx), w.sge, w.num_sge, c);
     } else {
         abi::RecvWqe hdr;
         std::memcpy(&hdr, qp.rq.slot(qp.rq.cons), sizeof(hdr));
@@ -92,7 +92,7 @@ void receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const Devic
 // flush only while the QP is in error.
 void srq_receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const DeviceCompletion& dc) {
     Srq* srq = ctx.srqs.get(qp.srq);
-    if (!srq || srq->dev.get() != dc.srq || !qp.carried) return;
+    if (!srq || dev_of(*srq) != dc.srq || !qp.carried) return;
     if (dc.wc->status == IBV_WC_WR_FLUSH_ERR && qp.state != IBV_QPS_ERR) return;
     abi::Cqe c = receive_cqe(qp, *dc.wc, dc.srq_wr_id);
     if (qp.type == IBV_QPT_UD && dc.wc->status == IBV_WC_SUCCESS && dc.srq->headers) {
@@ -108,12 +108,12 @@ void srq_receive_done(HcaDevice& dev, Engine& eng, Context& ctx, Qp& qp, const D
 
 void deliver_device_completion(HcaDevice& dev, Engine& eng, const DeviceCompletion& dc) {
     QpRef ref = eng.qpns().find_by_qpn(dc.qpn);
-    if (!ref || !ref.qp->dev) return;
+    if (!ref || !ref.qp->kept) return;
     Qp& qp = *ref.qp;
     Context& ctx = *ref.ctx;
     if (dc.srq)
         srq_receive_done(dev, eng, ctx, qp, dc);
-    else if (!qp.carried || qp.dev->gen != dc.gen)
+    else if (!qp.carried || dev_of(qp)->gen != dc.gen)
         return;  // of an earlier life of the QP
     else if (dc.recv)
         receive_done(dev, eng, ctx, qp, dc);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "poll_group.h"
+#include "resources.h"
 #include "vrdma/abi.h"
 
 namespace vrdma::shim {
@@ -31,20 +32,20 @@ class HcaDevice;
 struct SendWork;
 struct RecvWork;
 
-struct DevicePd {
+struct DevicePd final : KeptObject {
     ibv_pd* pd = nullptr;
     // A one-byte MR of the shim's, made at the first unbind of a type 1
     // window: a provider may read the MR of an unbind (rxe's does), which
     // names none.
     ibv_mr* unbind_mr = nullptr;
     uint8_t unbind_byte = 0;
-    ~DevicePd();
+    ~DevicePd() override;
 };
 
-struct DeviceMr {
+struct DeviceMr final : KeptObject {
     ibv_mr* mr = nullptr;
     std::shared_ptr<DevicePd> pd;  // deallocated after its last MR and QP
-    ~DeviceMr();
+    ~DeviceMr() override;
 };
 // The guest's lkey and rkey: the device's lkey (a device gives an MR with
 // remote access the same rkey; one without has no rkey to use).
@@ -54,23 +55,23 @@ inline uint32_t device_mr_key(const DeviceMr& m) { return m.mr->lkey; }
 // with a device): its rkey is the guest's, the guest's binds and
 // invalidations on QPs bound to the device are posted as they are, and a
 // remote request through it is checked by the device.
-struct DeviceMw {
+struct DeviceMw final : KeptObject {
     ibv_mw* mw = nullptr;
     std::shared_ptr<DevicePd> pd;
     // Bound on the device (a bind posted, no invalidation since): only
     // then is a local invalidation posted to the device.
     bool bound = false;
-    ~DeviceMw();
+    ~DeviceMw() override;
 };
 
 // The device address handle of a guest AH (UD through the device): the
 // path to the device GID of the shim that serves the AH's LID, made at the
 // first datagram and again when that GID changes (hca_ud.h).
-struct DeviceAh {
+struct DeviceAh final : KeptObject {
     ibv_ah* ah = nullptr;
     std::shared_ptr<DevicePd> pd;
     uint8_t gid[16] = {};  // where it goes
-    ~DeviceAh();
+    ~DeviceAh() override;
 };
 
 // UD: where the device puts the 40 bytes before each datagram's payload
@@ -101,7 +102,7 @@ int ud_receive_sges(const ibv_sge& header, const abi::Sge* in, uint32_t n, ibv_s
 // then on only bound QPs may use the SRQ (hca_bind.cpp). Its work request
 // ids name it (`id`, HcaDevice's table), so a completion gives its slot
 // back whatever became of the QP that took the WQE.
-struct DeviceSrq {
+struct DeviceSrq final : KeptObject {
     ibv_srq* srq = nullptr;
     HcaDevice* owner = nullptr;
     uint32_t id = 0;
@@ -120,7 +121,7 @@ struct DeviceSrq {
     std::vector<uint8_t> nsge;
     std::vector<uint8_t> on_device;  // by shadow slot
     std::vector<uint32_t> free;      // shadow slots not on the device
-    ~DeviceSrq();
+    ~DeviceSrq() override;
     uint32_t outstanding() const { return uint32_t(wr_ids.size() - free.size()); }
     // A completion gives its slot back; false if the slot was not on the
     // device (a completion the device cannot have made).
@@ -136,7 +137,7 @@ struct DeviceSrq {
 // an earlier life (a RESET, or a QP destroyed whose completions are still
 // in the shared CQ): it is in every work request id. Whether the QP is
 // bound is the guest QP's `carried`.
-struct DeviceQp {
+struct DeviceQp final : KeptObject {
     ibv_qp* qp = nullptr;
     HcaDevice* owner = nullptr;
     std::shared_ptr<DevicePd> pd;
@@ -149,7 +150,7 @@ struct DeviceQp {
     uint32_t cq_entries = 0;
     uint32_t qkey = 0;       // UD: the Q_Key the device QP has
     std::unique_ptr<HeaderSlots> headers;  // UD without an SRQ: by guest ring slot
-    ~DeviceQp();
+    ~DeviceQp() override;
     // ERR: the device flushes what was posted (the guest QP's flush answers
     // for it: hca_completions.h). RESET: a new life.
     int to_error();
@@ -158,6 +159,20 @@ struct DeviceQp {
 
 // The vendor id Soft-RoCE (rdma_rxe) reports (and vrdma itself).
 constexpr uint32_t kRxeVendorId = 0xffffff;
+
+// The device object a guest object keeps (resources.h, KeptObject): the
+// HCA transport is its shim's one object keeper, so what a guest object
+// keeps is the device's.
+inline DevicePd* dev_of(const Pd& o) { return static_cast<DevicePd*>(o.kept.get()); }
+inline DeviceMr* dev_of(const Mr& o) { return static_cast<DeviceMr*>(o.kept.get()); }
+inline DeviceMw* dev_of(const Mw& o) { return static_cast<DeviceMw*>(o.kept.get()); }
+inline DeviceSrq* dev_of(const Srq& o) { return static_cast<DeviceSrq*>(o.kept.get()); }
+inline DeviceQp* dev_of(const Qp& o) { return static_cast<DeviceQp*>(o.kept.get()); }
+inline DeviceAh* dev_of(const Ah& o) { return static_cast<DeviceAh*>(o.kept.get()); }
+// The same, shared: a device object that outlives the guest's (a device
+// QP holds its PD and SRQ).
+inline std::shared_ptr<DevicePd> shared_dev_of(const Pd& o) { return std::static_pointer_cast<DevicePd>(o.kept); }
+inline std::shared_ptr<DeviceSrq> shared_dev_of(const Srq& o) { return std::static_pointer_cast<DeviceSrq>(o.kept); }
 
 class HcaDevice final : public PollGroup {
 public:

@@ -37,7 +37,10 @@ public:
             HcaDevice& dev = *devices_.back();
             transports_.push_back(std::make_unique<HcaTransport>(dev));
             Engine& eng = w->engine();
-            eng.add_object_keeper(transports_.back().get());
+            if (!eng.add_object_keeper(transports_.back().get())) {
+                error = "hca: another transport keeps objects beside the guests' already";
+                return false;
+            }
             // --hca-local: the local transport (and the links between
             // workers, which take it from there) hands this host's RC and
             // UC traffic to the device.

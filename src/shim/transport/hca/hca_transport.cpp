@@ -31,8 +31,8 @@ bool device_targets(HcaDevice& dev, Engine& eng, Context& ctx, const Qp& qp, con
         // The shim's own bind (bind_window) already checked it.
         const Mw* mw = ctx.mws.get(h.mw_handle);
         const Mr* mr = ctx.mrs.get(ctx.keys.lookup(h.mr_lkey, KeyKind::Mr));
-        to.mw = mw && mw->dev ? mw->dev->mw : nullptr;
-        to.mr = mr && mr->dev ? mr->dev->mr : nullptr;
+        to.mw = mw && mw->kept ? dev_of(*mw)->mw : nullptr;
+        to.mr = mr && mr->kept ? dev_of(*mr)->mr : nullptr;
         return to.mw && (to.mr || (h.mr_lkey == 0 && h.compare_add == 0));
     }
     return true;
@@ -55,7 +55,7 @@ SendResult HcaTransport::send(Engine& eng, Context& ctx, Qp& qp, const Request& 
         if (QpRef peer = eng.qpns().find(req.dlid, req.dqpn); peer && peer.qp->carried)
             hca_service(*this, eng, *peer.ctx, *peer.qp);
     HcaDevice::SendTargets to;
-    if (!device_targets(dev_, eng, ctx, qp, req, to) || dev_.post_send(*qp.dev, *req.wqe, qp.req.sq_next, to)) {
+    if (!device_targets(dev_, eng, ctx, qp, req, to) || dev_.post_send(*dev_of(qp), *req.wqe, qp.req.sq_next, to)) {
         resp.syndrome = Syndrome::LocalFault;
         return SendResult::Done;
     }
@@ -73,8 +73,8 @@ void HcaTransport::limit_device(abi::DeviceAttr& a) const {
 // The guest's memory and QPs on the device are in the device PD.
 int HcaTransport::pd_made(Engine&, Pd& pd) {
     int err = 0;
-    pd.dev = dev_.alloc_pd(err);
-    return pd.dev ? 0 : err;
+    pd.kept = dev_.alloc_pd(err);
+    return pd.kept ? 0 : err;
 }
 
 // Memory the device refuses at registration (an iova whose offset in its
@@ -82,35 +82,35 @@ int HcaTransport::pd_made(Engine&, Pd& pd) {
 // this host and TCP; an MR that is on the device stays there, or its
 // re-registration fails.
 int HcaTransport::mr_made(Engine&, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
-                          std::shared_ptr<DeviceMr>& made, uint32_t& key) {
-    if (rereg ? !mr.dev : (!shape.length || mr.on_demand)) return 0;
-    if (!pd.dev) return rereg ? EINVAL : 0;
+                          Kept& made, uint32_t& key) {
+    if (rereg ? !mr.kept : (!shape.length || mr.on_demand)) return 0;
+    if (!pd.kept) return rereg ? EINVAL : 0;
     int err = 0;
-    std::unique_ptr<DeviceMr> d = dev_.reg_mr(pd.dev, shape.host, shape.length, shape.iova, shape.access, err);
+    std::unique_ptr<DeviceMr> d = dev_.reg_mr(shared_dev_of(pd), shape.host, shape.length, shape.iova, shape.access, err);
     if (!d) return rereg ? err : 0;
     key = device_mr_key(*d);
     made.reset(d.release());
     return 0;
 }
 
-void HcaTransport::mw_made(Engine&, const Pd& pd, uint32_t type, std::shared_ptr<DeviceMw>& made,
+void HcaTransport::mw_made(Engine&, const Pd& pd, uint32_t type, Kept& made,
                            uint32_t& key) {
-    if (!pd.dev || !dev_.takes_windows(type)) return;
+    if (!pd.kept || !dev_.takes_windows(type)) return;
     int err = 0;
-    std::unique_ptr<DeviceMw> d = dev_.alloc_mw(pd.dev, type, err);
+    std::unique_ptr<DeviceMw> d = dev_.alloc_mw(shared_dev_of(pd), type, err);
     if (!d) return;
     key = d->mw->rkey;
     made.reset(d.release());
 }
 
 void HcaTransport::srq_made(Engine&, const Pd& pd, Srq& srq) {
-    srq.dev = hca_create_srq(dev_, pd, srq.wq.entries, srq.max_sge);
+    srq.kept = hca_create_srq(dev_, pd, srq.wq.entries, srq.max_sge);
 }
 
 uint32_t HcaTransport::qp_made(Engine& eng, const Pd& pd, const Srq* srq, Qp& qp, const abi::CmdCreateQpReq& r) {
-    qp.dev = hca_create_qp(dev_, eng, pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
+    qp.kept = hca_create_qp(dev_, eng, pd, srq, r.qp_type, r.sq_entries, r.rq_entries, r.max_send_sge, r.max_recv_sge,
                            r.max_inline_data);
-    return qp.dev ? qp.dev->qp->qp_num : 0;
+    return qp.kept ? dev_of(qp)->qp->qp_num : 0;
 }
 
 int HcaTransport::qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
@@ -120,7 +120,7 @@ int HcaTransport::qp_moving(Engine& eng, Context& ctx, Qp& qp, uint32_t next) {
 // The receives its device QP holds must not take data the guest was told
 // were flushed.
 void HcaTransport::qp_failed(Qp& qp) {
-    if (qp.carried) qp.dev->to_error();
+    if (qp.carried) dev_of(qp)->to_error();
 }
 
 void HcaTransport::datagram_missed(const Qp&) { ++dev_.stats().ud_lost; }
@@ -138,11 +138,11 @@ bool HcaTransport::carries_datagram(Engine& eng, uint16_t dlid, uint32_t dqpn) {
 // bind through the device needs a device window; an invalidation goes to
 // the device only if the device holds the window bound.
 uint32_t HcaTransport::check_local_op(const Qp&, const Mw* mw, bool bind) const {
-    return bind && (!mw || !mw->dev) ? uint32_t(IBV_WC_MW_BIND_ERR) : uint32_t(IBV_WC_SUCCESS);
+    return bind && (!mw || !mw->kept) ? uint32_t(IBV_WC_MW_BIND_ERR) : uint32_t(IBV_WC_SUCCESS);
 }
 
 LocalOp HcaTransport::post_local_op(Engine& eng, Context& ctx, Qp& qp, Mw* mw, SendWork& w, bool bind) {
-    DeviceMw* dmw = mw ? mw->dev.get() : nullptr;
+    DeviceMw* dmw = mw ? dev_of(*mw) : nullptr;
     if (!dmw || !(bind || dmw->bound)) return LocalOp::Shim;
     dmw->bound = bind && mw->bound;
     Request req;

@@ -48,8 +48,8 @@ public:
     void limit_device(abi::DeviceAttr& a) const override;
     int pd_made(Engine& eng, Pd& pd) override;
     int mr_made(Engine& eng, const Pd& pd, const Mr& mr, const MrShape& shape, bool rereg,
-                std::shared_ptr<DeviceMr>& made, uint32_t& key) override;
-    void mw_made(Engine& eng, const Pd& pd, uint32_t type, std::shared_ptr<DeviceMw>& made,
+                Kept& made, uint32_t& key) override;
+    void mw_made(Engine& eng, const Pd& pd, uint32_t type, Kept& made,
                  uint32_t& key) override;
     void srq_made(Engine& eng, const Pd& pd, Srq& srq) override;
     uint32_t qp_made(Engine& eng, const Pd& pd, const Srq* srq, Qp& qp, const abi::CmdCreateQpReq& r) override;

@@ -66,13 +66,13 @@ const uint8_t* hca_ud_destination(const HcaDevice& dev, Engine& eng, uint16_t dl
 }
 
 ibv_ah* hca_ud_ah(HcaDevice& dev, const Pd& pd, Ah& ah, const uint8_t* gid) {
-    if (ah.dev && std::memcmp(ah.dev->gid, gid, 16) == 0) return ah.dev->ah;
-    if (!pd.dev) return nullptr;
+    if (ah.kept && std::memcmp(dev_of(ah)->gid, gid, 16) == 0) return dev_of(ah)->ah;
+    if (!pd.kept) return nullptr;
     int err = 0;
-    std::unique_ptr<DeviceAh> d = dev.create_ah(pd.dev, gid, ah.attr, err);
+    std::unique_ptr<DeviceAh> d = dev.create_ah(shared_dev_of(pd), gid, ah.attr, err);
     if (!d) return nullptr;
-    ah.dev.reset(d.release());
-    return ah.dev->ah;
+    ah.kept.reset(d.release());
+    return dev_of(ah)->ah;
 }
 
 void hca_ud_received(HcaDevice& dev, Engine& eng, Context& ctx, const Qp& qp, const ibv_wc& wc, const uint8_t* header,
