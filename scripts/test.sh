@@ -11,10 +11,12 @@
 #   4. builds build-tsan/ with -DVRDMA_TSAN=ON and runs the unit tests and
 #      the integration suite there but MPI and perftest (scripts/test-tsan.sh);
 #   5. runs scripts/fuzz.sh's bounded smoke (seeds, then 20 s per target);
-#   6. runs scripts/test-hca.sh (below).
+#   6. runs scripts/test-hca.sh (below);
+#   7. runs scripts/test-vm.sh (VM guests: QEMU VMs served by the shim).
 # Arguments go to the ctest of step 2 only. VRDMA_SKIP_ASAN=1,
-# VRDMA_SKIP_TSAN=1, VRDMA_SKIP_FUZZ=1 and VRDMA_SKIP_HCA=1 leave out steps
-# 3, 4, 5 and 6 (local runs; CI runs all).
+# VRDMA_SKIP_TSAN=1, VRDMA_SKIP_FUZZ=1, VRDMA_SKIP_HCA=1 and
+# VRDMA_SKIP_VM=1 leave out steps 3, 4, 5, 6 and 7 (local runs; CI runs
+# all).
 # A failing test step does not stop the later ones; the summary names it and
 # the exit status is non-zero. A failing build stops at once.
 set -euo pipefail
@@ -93,6 +95,13 @@ if [ "${VRDMA_SKIP_HCA:-0}" != 1 ]; then
     rc=0
     VRDMA_BUILD_DIR="$build" "$src/scripts/test-hca.sh" || rc=$?
     done_section "test-hca" "$rc"
+fi
+
+if [ "${VRDMA_SKIP_VM:-0}" != 1 ]; then
+    section "VM guests: QEMU VMs served by the shim (scripts/test-vm.sh)"
+    rc=0
+    VRDMA_BUILD_DIR="$build" "$src/scripts/test-vm.sh" || rc=$?
+    done_section "test-vm" "$rc"
 fi
 
 section "summary"

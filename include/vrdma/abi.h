@@ -43,6 +43,12 @@ enum class SockOp : uint32_t {
     RemoveSegment = 3,  // no fds
     CreateChannel = 4,  // fds: [write end of the completion channel's pipe]
     DestroyChannel = 5, // no fds
+    // Inside a VM (docs/protocol.md "VM tenants"), to the VM's agent only:
+    // a region of the VM device's memory for the arena, before Attach. The
+    // reply's `arg` is its offset in BAR2, in pages; fds: [BAR2, BAR0] (the
+    // device's sysfs resource files, opened by the agent). Attach then
+    // carries no fds: the arena is that region, mapped at arena_gva.
+    VmOpen = 6,         // no fds; SockAttach's arena_len is the region's size
 };
 
 struct SockHeader {
@@ -92,7 +98,7 @@ struct SockReply {
     uint32_t magic;
     int32_t status;     // 0 or a positive errno
     uint32_t guest_lid; // Attach only
-    uint32_t reserved;
+    uint32_t arg;       // VmOpen: the region's offset in pages
     char message[112];  // NUL-terminated human-readable reason when status != 0
 };
 static_assert(sizeof(SockReply) == 128);
@@ -612,6 +618,7 @@ constexpr uint32_t kCompVectors = 1;    // ibv_context::num_comp_vectors; a CQ's
 // per connection, each answered by one CmSockReply.
 // ---------------------------------------------------------------------------
 constexpr const char* kCmSocketName = "rdma_cm.sock";  // beside the guest's vrdma.sock
+constexpr const char* kVmSocketName = "ivshmem.sock";  // a VM guest's: its QEMU connects (vm_abi.h)
 constexpr uint32_t kCmMaxCommand = 512;   // a UCMA command, with SET_OPTION's value after it
 constexpr uint32_t kCmMaxResponse = 512;  // the largest response the shim writes
 

@@ -28,6 +28,9 @@
 #      VM_MEM        MiB per VM (1024)
 #      VM_SMP        vCPUs per VM (1)
 #      VM_PEER_GRACE seconds, see above (30)
+#      VM_QEMU_ARGS1, VM_QEMU_ARGS2
+#                    more QEMU arguments for VM 1 and VM 2 (split on spaces;
+#                    e.g. a VM guest's ivshmem-doorbell device)
 # Only one run-pair at a time per WORK (flock on WORK/.run-pair.lock).
 set -euo pipefail
 
@@ -108,6 +111,8 @@ for i in 1 2; do
     me=${ports[$((i - 1))]} peer=${ports[$((2 - i))]}
     append="console=ttyS0 panic=-1 loglevel=4 vmid=$i vmwork=$work gscript=${scripts[$((i - 1))]} wdt=$timeout"
     [ -z "$gargs" ] || append+=" gargs=$gargs"
+    extra_var=VM_QEMU_ARGS$i
+    read -r -a extra <<<"${!extra_var:-}"
     qemu-system-x86_64 -accel tcg -cpu max -m "${VM_MEM:-1024}" -smp "${VM_SMP:-1}" -display none -monitor none \
         -serial "file:$work/vm$i.serial" -no-reboot -kernel "$kernel" -initrd "$work/initrd.gz" \
         -append "$append" \
@@ -115,6 +120,7 @@ for i in 1 2; do
         -virtfs "local,path=$share,mount_tag=share,security_model=passthrough,multidevs=remap" \
         -netdev "socket,id=w,udp=127.0.0.1:$peer,localaddr=127.0.0.1:$me" \
         -device "virtio-net-pci,netdev=w,mac=52:54:00:00:00:0$i" \
+        "${extra[@]}" \
         </dev/null >"$work/vm$i.qemu.err" 2>&1 9>&- &
     pid[$i]=$!
 done

@@ -42,10 +42,10 @@ namespace {
 }  // namespace
 
 bool open_guest_socket(int dir_fd, const std::string& path, const GuestAccess& access, UniqueFd& out,
-                       std::string& error) {
+                       std::string& error, int type) {
     const std::string name = path.substr(path.rfind('/') + 1);
     UniqueFd fd;
-    if (!bind_socket_at(dir_fd, path, name, 0177, 64, fd, error)) return false;
+    if (!bind_socket_at(dir_fd, path, name, 0177, 64, fd, error, type)) return false;
     if (!access.apply_socket(dir_fd, name, path, error)) return false;
     out = std::move(fd);
     return true;

@@ -2,6 +2,7 @@
 // AddSegment, RemoveSegment; docs/protocol.md, Attach).
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -18,7 +19,7 @@ namespace vrdma::shim {
 // guest's directory `dir_fd` (`path` names it in errors), owned and moded as
 // `access` says: the one file of the tree the guest's owner is given.
 bool open_guest_socket(int dir_fd, const std::string& path, const GuestAccess& access, UniqueFd& out,
-                       std::string& error);
+                       std::string& error, int type = SOCK_SEQPACKET);
 
 struct Connection {
     uint64_t id = 0;

@@ -53,22 +53,23 @@ bool guest_arg(const toml::value& g, std::string& out, std::string& error) {
         return false;
     }
     out = g.at("name").as_string().str;
-    static const std::set<std::string> kKeys = {"name",   "owner",  "group", "pkeys",
-                                                "worker", "weight", "controlled-qkeys", "ip"};
+    static const std::set<std::string> kKeys = {"name",   "owner",  "group",     "pkeys", "worker",
+                                                "weight", "controlled-qkeys", "ip", "vm",    "vm-memory"};
     for (const auto& [key, v] : g.as_table()) {
         if (!kKeys.count(key)) {
             error = toml::format_error("a [[guest]] has no key '" + key +
-                                           "' (name, owner, group, pkeys, controlled-qkeys, worker, weight, ip)",
+                                           "' (name, owner, group, pkeys, controlled-qkeys, worker, weight, ip, vm, "
+                                           "vm-memory)",
                                        v, "here");
             return false;
         }
         if (key == "name") continue;
-        if (key == "controlled-qkeys") {
+        if (key == "controlled-qkeys" || key == "vm") {
             if (!v.is_boolean()) {
-                error = toml::format_error("controlled-qkeys is true or false", v, "here");
+                error = toml::format_error(key + " is true or false", v, "here");
                 return false;
             }
-            if (v.as_boolean()) out += ":controlled-qkeys";
+            if (v.as_boolean()) out += ":" + key;
             continue;
         }
         std::string text;

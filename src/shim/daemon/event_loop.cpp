@@ -326,6 +326,9 @@ void Daemon::poll_events(int timeout_ms) {
         case kCmListen:
             accept_cm(id);
             break;
+        case kVmListen:
+            accept_vm(id);
+            break;
         case kCmConn:
             on_cm(id);
             break;
@@ -442,6 +445,19 @@ bool Daemon::publish_guest(size_t i, const GuestIdentity& id, std::string& error
         return false;
     }
     cm_listeners_[i] = std::move(cfd);
+    if (vm_listeners_.size() <= i) vm_listeners_.resize(i + 1);
+    if (i < opts_.vm_memory.size() && opts_.vm_memory[i]) {
+        // A VM guest: its QEMU connects here (vm_port.h).
+        UniqueFd vfd;
+        const std::string vm_path = guest_paths(run_dir_.path(), id.name).dir + "/" + abi::kVmSocketName;
+        if (!open_guest_socket(published_[i]->guest_dir_fd(), vm_path, opts_.access[i], vfd, error, SOCK_STREAM))
+            return false;
+        if (!epoll_add(vfd.get(), EPOLLIN, tag(kVmListen, i))) {
+            error = std::string("epoll: ") + strerror(errno);
+            return false;
+        }
+        vm_listeners_[i] = std::move(vfd);
+    }
     cm::CmGuest g;
     g.name = id.name;
     g.lid = id.lid;
@@ -450,6 +466,21 @@ bool Daemon::publish_guest(size_t i, const GuestIdentity& id, std::string& error
     if (i < opts_.addresses.size()) g.addrs = opts_.addresses[i];
     cm_.set_guest(i, std::move(g));
     return true;
+}
+
+// A QEMU for VM guest `guest_index`: handed to the guest's worker, which
+// checks who it is and serves the VM (vm_port.h).
+void Daemon::accept_vm(size_t guest_index) {
+    if (guest_index >= vm_listeners_.size() || !vm_listeners_[guest_index]) return;
+    for (;;) {
+        int fd = ::accept4(vm_listeners_[guest_index].get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR) LOG_WARN("accept (ivshmem): %s", strerror(errno));
+            return;
+        }
+        Worker& w = *workers_[worker_of_[guest_index]];
+        w.post([&w, guest_index, fd] { w.adopt_vm(guest_index, UniqueFd(fd)); });
+    }
 }
 
 void Daemon::accept_cm(size_t guest_index) {
@@ -690,6 +721,10 @@ void Daemon::forget_guest(size_t i) {
         epoll_del(cm_listeners_[i].get());
         cm_listeners_[i].reset();
     }
+    if (i < vm_listeners_.size() && vm_listeners_[i]) {
+        epoll_del(vm_listeners_[i].get());
+        vm_listeners_[i].reset();
+    }
     cm_.remove_guest(i);
     opts_.guests[i].clear();
     lids_[i] = 0;
@@ -705,6 +740,10 @@ bool Daemon::remove_guest(const std::string& name, std::string& error) {
     if (listeners_[i]) {
         epoll_del(listeners_[i].get());
         listeners_[i].reset();
+    }
+    if (i < vm_listeners_.size() && vm_listeners_[i]) {
+        epoll_del(vm_listeners_[i].get());
+        vm_listeners_[i].reset();
     }
     Worker& worker = *workers_[worker_of_[i]];
     auto closed = std::make_shared<size_t>(0);
@@ -785,6 +824,7 @@ void Daemon::shutdown() {
         if (run_dir_.fd() >= 0) ::unlinkat(run_dir_.fd(), kControlSocketName, 0);
     }
     listeners_.clear();
+    vm_listeners_.clear();
     published_.clear();  // unpublishes each guest
     run_dir_.release();
 }

@@ -59,6 +59,7 @@ private:
         kCmConn = 8,    // one of its connections (a channel of the CM)
         kInbox = 9,     // tasks the workers give this thread
         kCmTimer = 10,  // the CM's next timeout
+        kVmListen = 11, // a VM guest's ivshmem.sock
     };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
@@ -68,6 +69,7 @@ private:
     // rdma_cm (cm/): connections to guest `i`'s rdma_cm.sock, served in
     // this thread by cm_.
     void accept_cm(size_t guest_index);
+    void accept_vm(size_t guest_index);
     void on_cm(uint64_t channel);
     // From a worker's thread: `task` runs in the daemon's (rdma_cm: what
     // worker 0's fabric received for the CM, and its peers coming and going).
@@ -144,6 +146,7 @@ private:
     std::vector<std::unique_ptr<GuestPublication>> published_;
     std::vector<UniqueFd> listeners_;
     std::vector<UniqueFd> cm_listeners_;  // by guest index: RUN_DIR/NAME/rdma_cm.sock
+    std::vector<UniqueFd> vm_listeners_;  // by guest index: RUN_DIR/NAME/ivshmem.sock of a VM guest
     cm::CmService cm_;
     std::mutex posted_mutex_;
     std::vector<std::function<void()>> posted_;

@@ -21,8 +21,8 @@ bool set_path(sockaddr_un& addr, const std::string& path) {
 }  // namespace
 
 bool bind_socket_at(int dir_fd, const std::string& shown, const std::string& name, mode_t mask, int backlog,
-                    UniqueFd& out, std::string& error) {
-    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+                    UniqueFd& out, std::string& error, int type) {
+    UniqueFd fd(::socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) {
         error = std::string("socket: ") + std::strerror(errno);
         return false;

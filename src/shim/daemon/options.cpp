@@ -12,6 +12,7 @@
 #include "vrdma_common/ipv4_endpoint.h"
 #include "transport_registry.h"
 #include "quota.h"
+#include "vrdma/vm_abi.h"
 #include "vrdma_common/guest_paths.h"
 
 namespace vrdma::shim {
@@ -394,6 +395,7 @@ bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
     bool qkeys = false;
     int worker = -1;
     uint32_t weight = 1;
+    uint64_t vm_memory = 0;  // :vm, :vm-memory=SIZE: a VM guest
     std::vector<uint16_t> table;
     std::vector<cm::IpAddress> addrs;
     std::string rest;  // the spec without :controlled-qkeys, for GuestAccess
@@ -403,7 +405,8 @@ bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
         // An IPv6 address has colons of its own: ip= runs on to the next
         // part that starts as one of the other keys.
         if (spec.compare(start, 3, "ip=") == 0) {
-            static const char* const kKeys[] = {"owner=", "group=", "pkeys=", "controlled-qkeys", "worker=", "weight=", "ip="};
+            static const char* const kKeys[] = {"owner=", "group=",  "pkeys=",     "controlled-qkeys", "worker=",
+                                                "weight=", "ip=",    "vm-memory=", "vm"};
             while (end < spec.size()) {
                 bool key = false;
                 for (const char* k : kKeys) key = key || spec.compare(end + 1, std::strlen(k), k) == 0;
@@ -422,6 +425,15 @@ bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
             }
         } else if (part == "controlled-qkeys") {
             qkeys = true;
+        } else if (part == "vm") {
+            if (!vm_memory) vm_memory = abi::kVmDefaultMemory;
+        } else if (part.rfind("vm-memory=", 0) == 0) {
+            if (!parse_size(part.substr(10), vm_memory) || vm_memory < abi::kVmMinMemory ||
+                vm_memory > abi::kVmMaxMemory || (vm_memory & (vm_memory - 1))) {
+                error = "--guest " + g + ": vm-memory= wants a power of two from 4M to 64G (the VM's PCI BAR), "
+                        "not '" + part.substr(10) + "'";
+                return false;
+            }
         } else if (part.rfind("worker=", 0) == 0) {
             uint32_t k;
             if (!parse_u32(part.substr(7).c_str(), k) || k >= kMaxWorkers) {
@@ -475,6 +487,7 @@ bool parse_guest_arg(const std::string& arg, Options& o, std::string& error) {
     o.worker_of.push_back(worker);
     o.weights.push_back(weight);
     o.addresses.push_back(addrs);
+    o.vm_memory.push_back(vm_memory);
     return true;
 }
 
@@ -485,6 +498,7 @@ GuestSettings guest_settings(const Options& o, size_t i) {
     s.controlled_qkeys = i < o.controlled_qkeys.size() && o.controlled_qkeys[i];
     if (i < o.pkeys.size()) s.pkeys = o.pkeys[i];
     if (i < o.weights.size()) s.weight = o.weights[i];
+    if (i < o.vm_memory.size()) s.vm_memory = o.vm_memory[i];
     return s;
 }
 

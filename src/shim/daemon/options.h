@@ -25,6 +25,7 @@ struct Options {
     std::vector<int> worker_of;  // parallel to guests: :worker=K, -1: round-robin
     std::vector<uint32_t> weights;  // parallel to guests: :weight=W (GuestRegistry::set_weight), 1 by default
     std::vector<std::vector<cm::IpAddress>> addresses;  // parallel to guests: :ip=ADDR,... (rdma_cm)
+    std::vector<uint64_t> vm_memory;  // parallel to guests: :vm, :vm-memory=SIZE (0: not a VM guest)
     // --workers: worker threads (0: the default, default_workers()).
     uint32_t workers = 0;
     // --worker-cpus: the CPU each worker is pinned to, by worker (empty:
@@ -79,6 +80,7 @@ struct GuestSettings {
     bool controlled_qkeys = false;
     std::vector<uint16_t> pkeys;  // empty: the default partition
     uint32_t weight = 1;
+    uint64_t vm_memory = 0;  // a VM guest: its device's memory (vm_port.h); 0: none
 };
 GuestSettings guest_settings(const Options& o, size_t i);
 

@@ -46,6 +46,7 @@ const GuestIdentity& Worker::add_guest(size_t guest_index, uint16_t lid, uint64_
     engine_.guests().set_weight(id, s.weight);
     guests_[guest_index] = &id;
     access_[guest_index] = s.access;
+    if (s.vm_memory) vms_[guest_index] = std::make_unique<VmPort>(engine_, id, s.vm_memory);
     for (TransportPlugin* t : transports_) t->guest_added(*this, id);
     return id;
 }
@@ -59,6 +60,8 @@ size_t Worker::remove_guest(size_t guest_index) {
     for (auto& [cid, c] : conns_)
         if (c.guest == id) gone.push_back(cid);
     for (uint64_t cid : gone) close_connection(cid);
+    drop_vm(guest_index, "the guest was removed");
+    vms_.erase(guest_index);
     guests_.erase(g);
     access_.erase(guest_index);
     return gone.size();
@@ -253,6 +256,9 @@ void Worker::poll_events(int timeout_ms) {
         case kConn:
             on_connection(id, events);
             break;
+        case kVm:
+            on_vm(size_t(id >> 1), id & 1, events);
+            break;
         case kGroup:
             if ((id >> 8) < group_ids_.size()) group_ids_[id >> 8]->on_event(engine_, id & 0xff);
             break;
@@ -297,6 +303,47 @@ void Worker::adopt_connection(size_t guest_index, uint64_t id, UniqueFd fd) {
         LOG_WARN("epoll: %s", strerror(errno));
         conns_.erase(id);
     }
+}
+
+void Worker::adopt_vm(size_t guest_index, UniqueFd fd) {
+    auto v = vms_.find(guest_index);
+    if (v == vms_.end()) return;  // removed meanwhile: closed
+    Connection c;  // for its peer's credentials and the refusal's counts
+    c.guest = guests_.at(guest_index);
+    c.sock = std::move(fd);
+    read_peer_credentials(c);
+    const GuestAccess& access = access_[guest_index];
+    if (!access.allows(c.uid, c.gid)) {
+        refuse_connection(c, access, engine_.guests().security_of(*c.guest));
+        return;
+    }
+    VmPort& vm = *v->second;
+    if (!vm.adopt(std::move(c.sock), c.pid)) return;
+    if (!epoll_add(vm.socket_fd(), EPOLLRDHUP, tag(kVm, guest_index << 1)) ||
+        !epoll_add(vm.kick_fd(), EPOLLIN, tag(kVm, (guest_index << 1) | 1))) {
+        LOG_WARN("epoll: %s", strerror(errno));
+        drop_vm(guest_index, "the shim could not watch it");
+    }
+}
+
+void Worker::on_vm(size_t guest_index, bool bell, uint32_t events) {
+    auto v = vms_.find(guest_index);
+    if (v == vms_.end() || !v->second->connected()) return;
+    if (bell) {
+        v->second->on_kick();
+        return;
+    }
+    // QEMU never writes to the socket: anything but its closing is a
+    // protocol error, which ends the VM's device too.
+    drop_vm(guest_index, events & (EPOLLRDHUP | EPOLLHUP) ? "its socket closed" : "it wrote to its socket");
+}
+
+void Worker::drop_vm(size_t guest_index, const char* why) {
+    auto v = vms_.find(guest_index);
+    if (v == vms_.end() || !v->second->connected()) return;
+    epoll_del(v->second->socket_fd());
+    epoll_del(v->second->kick_fd());
+    v->second->disconnect(why);
 }
 
 void Worker::on_connection(uint64_t conn_id, uint32_t events) {
@@ -367,6 +414,7 @@ void Worker::reap_dead_contexts() {
 // told through the links, which outlive this).
 void Worker::shutdown() {
     engine_.mark_all_fatal();
+    for (auto& [i, vm] : vms_) drop_vm(i, "the shim stops");
     while (!conns_.empty()) close_connection(conns_.begin()->first);
     run_tasks();  // a task posted meanwhile (its caller waits for its answer)
 }

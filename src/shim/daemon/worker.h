@@ -36,6 +36,7 @@
 #include "options.h"
 #include "poll_group.h"
 #include "transport_plugin.h"
+#include "vm_port.h"
 #include "worker_link.h"
 #include "vrdma_common/unique_fd.h"
 
@@ -93,6 +94,9 @@ public:
     // In the worker's thread (tasks): a connection to guest `guest_index`
     // the daemon accepted, with a shim-wide id.
     void adopt_connection(size_t guest_index, uint64_t id, UniqueFd fd);
+    // In the worker's thread (tasks): a QEMU connected to VM guest
+    // `guest_index`'s ivshmem.sock (vm_port.h).
+    void adopt_vm(size_t guest_index, UniqueFd fd);
     // Seconds asleep since the start (vrdmactl load).
     uint64_t asleep_ns() const { return asleep_ns_; }
     // After stop (single-threaded again): the links go (they hold pins of
@@ -102,7 +106,7 @@ public:
     static constexpr uint64_t kIdleSpinNs = 100'000;
 
 private:
-    enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kGroup = 4 };
+    enum Kind : uint64_t { kConn = 1, kKick = 2, kWake = 3, kGroup = 4, kVm = 5 };
     static uint64_t tag(Kind k, uint64_t id) { return epoll_tag(k, id); }
     bool epoll_add(int fd, uint32_t events, uint64_t data);
     void epoll_del(int fd);
@@ -116,6 +120,9 @@ private:
     void close_connection(uint64_t conn_id);
     void close_stale_connections();
     void reap_dead_contexts();
+    // VM guest `guest_index`'s QEMU socket (`bell` false) or kick eventfd.
+    void on_vm(size_t guest_index, bool bell, uint32_t events);
+    void drop_vm(size_t guest_index, const char* why);
     void shutdown();
 
     uint32_t index_;
@@ -130,6 +137,7 @@ private:
     std::vector<WorkerLink*> link_ptrs_;             // the same, for receive_messages
     std::map<size_t, const GuestIdentity*> guests_;  // by index in the options
     std::map<size_t, GuestAccess> access_;           // who may use each of them
+    std::map<size_t, std::unique_ptr<VmPort>> vms_;  // the VM guests among them
     std::map<uint64_t, Connection> conns_;
     UniqueFd epoll_;
     WorkerInbox inbox_;

@@ -63,7 +63,7 @@ const GuestIdentity& Engine::add_guest(const std::string& name, uint16_t lid, ui
 }
 
 Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
-                        UniqueFd cmd_done, UniqueFd async, int& err, std::string* why) {
+                        UniqueFd cmd_done, UniqueFd async, int& err, std::string* why, uint64_t arena_offset) {
     err = 0;
     if (len < abi::kControlBlockBytes) {
         err = EINVAL;
@@ -72,7 +72,7 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
     }
     GuestUsage* usage = guests_.usage_of(guest);
     std::shared_ptr<Mapping> map;
-    if ((err = map_segment(std::move(arena), gva, len, 0, map, usage, why, true))) return nullptr;
+    if ((err = map_segment(std::move(arena), gva, len, arena_offset, map, usage, why, true))) return nullptr;
     const uint64_t id = shared_->new_context_id();
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
                                          std::move(async), usage);

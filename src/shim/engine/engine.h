@@ -86,8 +86,12 @@ public:
 
     // Attaches a process: maps its arena (validated) and creates its context.
     // Returns null with a positive errno in `err` on failure.
+    // `arena_offset`: where in `arena` it starts (a VM guest's arena is a
+    // region of its device's memory: vm_port.h). A VM's context has no
+    // cmd_done or async fd (-1).
     Context* attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva, uint64_t len, UniqueFd kick,
-                    UniqueFd cmd_done, UniqueFd async, int& err, std::string* why = nullptr);
+                    UniqueFd cmd_done, UniqueFd async, int& err, std::string* why = nullptr,
+                    uint64_t arena_offset = 0);
     // Destroys a context and every resource it owns.
     void detach(uint64_t ctx_id);
     Context* find_context(uint64_t ctx_id);

@@ -24,6 +24,9 @@ static_assert(sizeof(kKeys) / sizeof(kKeys[0]) == kResCount);
 
 constexpr uint64_t kLogIntervalNs = 1'000'000'000;
 
+
+}  // namespace
+
 bool parse_size(const std::string& s, uint64_t& out) {
     if (s.empty() || s[0] == '-') return false;
     char* end;
@@ -45,8 +48,6 @@ bool parse_size(const std::string& s, uint64_t& out) {
     out = v << shift;
     return true;
 }
-
-}  // namespace
 
 const char* res_key(Res r) {
     for (const Key& k : kKeys)

@@ -37,6 +37,9 @@ enum class Res : uint8_t {
 };
 constexpr unsigned kResCount = unsigned(Res::kCount);
 
+// A size as the operator writes it: decimal or 0x hex, optional k/M/G/T
+// suffix (powers of 1024). False for anything else, or past 64 bits.
+bool parse_size(const std::string& s, uint64_t& out);
 // The --quota KEY of a resource ("qp", "mr_bytes", ...).
 const char* res_key(Res r);
 // Reads KEY=VALUE (VALUE: decimal or 0x hex, optional k/M/G/T suffix, powers

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Usage: scripts/test-vm.sh [--help]
+#
+# VM guests (docs/protocol.md "VM tenants"), so far their device: starts a
+# vrdma-shim on this host serving guest h and the VM guests vm1 and vm2,
+# boots two QEMU VMs (TCG, scripts/vm/) each with an ivshmem-doorbell
+# device whose server is the shim (vmN's RUN_DIR/vmN/ivshmem.sock), and
+# runs test/vm/vm-device.sh in each: with the VM's stock kernel and no
+# vrdma module, the VM finds the device, reads the device page the shim
+# wrote (its guest's name and LID) and rings the shim through the
+# device's Doorbell register, which the shim counts. Then checks that the
+# shim saw each QEMU connect and go when its VM powered off, and stops
+# cleanly. Each check prints "ok NAME" or "FAIL NAME: why"; exit status 0
+# when all pass.
+#
+# A command beside ./scripts/test.sh (README), as scripts/test-hca.sh is:
+# the VMs need a kernel package download and emulated CPU.
+#
+# Env: VRDMA_BUILD_DIR  the build to test (default: build/; built if missing)
+#      VRDMA_VM_WORK    where the kernel, initramfs and results go
+#                       (default: /var/tmp/vrdma-vm; kept for the next run)
+set -euo pipefail
+
+case "${1:-}" in
+    -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    "") ;;
+    *) echo "test-vm: unknown argument $1 (see --help)" >&2; exit 2 ;;
+esac
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(realpath -m "${VRDMA_BUILD_DIR:-$root/build}")
+work=$(realpath -m "${VRDMA_VM_WORK:-/var/tmp/vrdma-vm}")
+
+"$root/scripts/install-deps.sh"
+"$root/scripts/vm/install-deps.sh"
+[ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$root/scripts/build.sh"
+echo "test-vm: preparing the VM kernel and initramfs in $work"
+"$root/scripts/vm/prepare.sh" "$work"
+mkdir -p "$work/share"
+rm -f "$work"/share/vm*.results
+
+run=$(mktemp -d /tmp/vrdma-test-vm.XXXXXX)
+log=$run.log
+"$build/src/shim/vrdma-shim" --run-dir "$run" --guest h --guest vm1:vm --guest vm2:vm:vm-memory=16M >"$log" 2>&1 &
+shim=$!
+cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log"; }
+trap cleanup EXIT
+for _ in $(seq 100); do [ -e "$run/ready" ] && break; sleep 0.1; done
+[ -e "$run/ready" ] || { cat "$log" >&2; echo "test-vm: the shim did not start" >&2; exit 1; }
+
+device() { echo "-chardev socket,path=$run/vm$1/ivshmem.sock,id=vrdma -device ivshmem-doorbell,chardev=vrdma,vectors=2"; }
+echo "test-vm: booting two VMs, each with its VM guest's device; each runs test/vm/vm-device.sh"
+status=0
+VM_QEMU_ARGS1=$(device 1) VM_QEMU_ARGS2=$(device 2) \
+    "$root/scripts/vm/run-pair.sh" --timeout 300 "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" ||
+    status=1
+for n in 1 2; do
+    echo "--- VM $n"
+    cat "$work/share/vm$n.results" 2>/dev/null || echo "(no results: see $work/share/vm$n.log)"
+done
+
+echo "--- the shim"
+check() {
+    if grep -q "$2" "$log"; then echo "ok $1"; else echo "FAIL $1: no '$2' in the shim's log"; status=1; fi
+}
+check "vm1 connected" 'guest vm1: QEMU pid [0-9]* connected: the VM.s device has 64 MiB of memory, 2 vectors'
+check "vm2 connected" 'guest vm2: QEMU pid [0-9]* connected: the VM.s device has 16 MiB of memory, 2 vectors'
+check "vm1 gone" 'guest vm1: QEMU pid [0-9]* gone (its socket closed)'
+check "vm2 gone" 'guest vm2: QEMU pid [0-9]* gone (its socket closed)'
+kill -TERM "$shim"
+if wait "$shim"; then echo "ok shim stopped cleanly"; else echo "FAIL shim exit: see $log"; status=1; fi
+if [ "$status" = 0 ]; then echo "test-vm: all passed"; else
+    sed 's/^/  shim| /' "$log" | tail -n 30
+    echo "test-vm: FAILED"
+fi
+exit "$status"

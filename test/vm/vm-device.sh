@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One VM's half of scripts/test-vm.sh: run inside VM N (1 or 2) booted by
+# scripts/vm/run-pair.sh with an ivshmem-doorbell device whose server is the
+# host's vrdma-shim (VM guest vmN). With the VM's stock kernel and no
+# driver: finds the device (1af4:1110) in sysfs, enables it, and through
+# its BARs (the sysfs resource files, as root):
+#   - reads the device page at the start of BAR2 (vm_abi.h): the magic, the
+#     version, the guest's name and LID, the memory's size;
+#   - reads its own peer ID from BAR0 (IVPosition);
+#   - rings the shim through BAR0's Doorbell register (peer 0, vector 0)
+#     three times and sees the shim count each ring in the device page.
+# Prints "ok NAME" or "FAIL NAME: why" per check into
+# $VM_SHARE/vmN.results; exits 1 if any failed.
+set -uo pipefail
+results="$VM_SHARE/vm$VMID.results"
+: >"$results"
+status=0
+ok() { echo "ok $1" | tee -a "$results"; }
+fail() { echo "FAIL $1: $2" | tee -a "$results"; status=1; }
+
+dev=
+for d in /sys/bus/pci/devices/*; do
+    [ "$(cat "$d/vendor")" = 0x1af4 ] && [ "$(cat "$d/device")" = 0x1110 ] && dev=$d
+done
+if [ -z "$dev" ]; then
+    fail device "no ivshmem device (1af4:1110) in /sys/bus/pci/devices"
+    exit 1
+fi
+ok "device $(basename "$dev")"
+echo 1 >"$dev/enable" 2>/dev/null || true
+
+out=$(python3 - "$dev" "vm$VMID" "$((VMID + 1))" <<'PY'
+import ctypes, mmap, os, sys, time
+dev, want_name, want_lid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def region(n, size):
+    fd = os.open("%s/resource%d" % (dev, n), os.O_RDWR | os.O_SYNC)
+    return mmap.mmap(fd, size)
+bar2, bar0 = region(2, 4096), region(0, 256)
+u32 = lambda m, off: ctypes.c_uint32.from_buffer(m, off)
+u64 = lambda m, off: ctypes.c_uint64.from_buffer(m, off)
+u16 = lambda m, off: ctypes.c_uint16.from_buffer(m, off)
+magic, version, memory, lid = u64(bar2, 0).value, u32(bar2, 8).value, u64(bar2, 16).value, u16(bar2, 32).value
+name = bytes(bar2[40:104]).split(b"\0")[0].decode()
+print("page magic %#x version %d memory %d MiB guest %s lid %d" % (magic, version, memory >> 20, name, lid))
+if magic != 0x4d562d414d445276 or version != 1 or name != want_name or lid != want_lid:
+    sys.exit("the device page is not the shim's for %s lid %d" % (want_name, want_lid))
+print("ivposition %d" % u32(bar0, 8).value)
+kicks = u64(bar2, 136)
+for ring in range(3):
+    before = kicks.value
+    u32(bar0, 12).value = (0 << 16) | 0  # Doorbell: peer 0 (the shim), vector 0
+    deadline = time.time() + 10
+    while kicks.value == before:
+        if time.time() > deadline:
+            sys.exit("ring %d: the shim did not count it within 10 s" % ring)
+        time.sleep(0.01)
+print("rings 3 counted %d" % kicks.value)
+PY
+) && rc=0 || rc=$?
+echo "$out"
+if [ "$rc" = 0 ]; then
+    ok "page: $(grep '^page' <<<"$out")"
+    [ "$(sed -n 's/^ivposition //p' <<<"$out")" = 1 ] && ok "ivposition 1" || fail ivposition "$out"
+    ok "doorbell: $(grep '^rings' <<<"$out")"
+else
+    fail page-and-doorbell "$out"
+fi
+exit "$status"
