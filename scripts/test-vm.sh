@@ -8,7 +8,9 @@
 # runs test/vm/vm-device.sh in each: with the VM's stock kernel and no
 # vrdma module, the VM finds the device, reads the device page the shim
 # wrote (its guest's name and LID) and rings the shim through the
-# device's Doorbell register, which the shim counts. Then checks that the
+# device's Doorbell register, which the shim counts; then the VM's agent
+# (vrdma-vm-agent) serves the device in the VM and `vrdma-run --
+# ibv_devinfo -v` shows vrdma0 with the guest's LID. Then checks that the
 # shim saw each QEMU connect and go when its VM powered off, and stops
 # cleanly. Each check prints "ok NAME" or "FAIL NAME: why"; exit status 0
 # when all pass.
@@ -52,7 +54,7 @@ device() { echo "-chardev socket,path=$run/vm$1/ivshmem.sock,id=vrdma -device iv
 echo "test-vm: booting two VMs, each with its VM guest's device; each runs test/vm/vm-device.sh"
 status=0
 VM_QEMU_ARGS1=$(device 1) VM_QEMU_ARGS2=$(device 2) \
-    "$root/scripts/vm/run-pair.sh" --timeout 300 "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" ||
+    "$root/scripts/vm/run-pair.sh" --timeout 300 --gargs "$build" "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" ||
     status=1
 for n in 1 2; do
     echo "--- VM $n"

@@ -29,6 +29,10 @@ constexpr uint32_t kCacheLine = 64;
 // Name of the attribute file in class/infiniband/vrdma0/ that holds the
 // absolute path of the guest's shim socket.
 constexpr const char* kSocketAttr = "vrdma_socket";
+// Present (content "1") in the tree of a device inside a VM, published by
+// the VM's agent: the provider then takes its memory from the VM device's
+// (docs/protocol.md "VM tenants").
+constexpr const char* kVmAttr = "vrdma_vm";
 constexpr const char* kDeviceName = "vrdma0";
 
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include "context.h"
 #include "events.h"
 #include "vrdma/ring.h"
+#include "vrdma/vm_abi.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/log.h"
 
@@ -41,6 +42,11 @@ bool shim_gone(Context& ctx, short revents) {
 }
 
 }  // namespace
+
+void ring_vm_doorbell(Context& ctx) {
+    auto* doorbell = reinterpret_cast<volatile uint32_t*>(static_cast<uint8_t*>(ctx.vm_regs) + abi::kIvshmemDoorbell);
+    *doorbell = (uint32_t(abi::kVmShimPeer) << 16) | abi::kVmVectorKick;
+}
 
 const char* shim_state_reason(uint32_t state) {
     return state == abi::kGuestRemoved ? "the operator removed this guest (vrdmactl guest remove)"
@@ -94,7 +100,9 @@ int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* 
             return EIO;
         }
         pollfd pfd[2] = {{ctx.cmd_done.get(), POLLIN, 0}, {ctx.sock.get(), POLLIN, 0}};
-        int n = ::poll(pfd, 2, 100);
+        // In a VM nothing rings cmd_done: the slot is looked at every
+        // millisecond instead.
+        int n = ::poll(pfd, 2, ctx.in_vm ? 1 : 100);
         if (n < 0 && errno != EINTR) {
             mark_dead(ctx, std::strerror(errno));
             return EIO;
@@ -117,7 +125,7 @@ int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* 
 }
 
 int sock_request(Context& ctx, const void* msg, size_t len, std::span<const int> fds,
-                 abi::SockReply* reply) {
+                 abi::SockReply* reply, std::vector<UniqueFd>* reply_fds) {
     std::lock_guard lock(ctx.cmd_mu);
     if (ctx.dead.load(std::memory_order_relaxed)) return EIO;
     int rc = send_with_fds(ctx.sock.get(), msg, len, fds);
@@ -141,6 +149,7 @@ int sock_request(Context& ctx, const void* msg, size_t len, std::span<const int>
             return EIO;
         }
         reply->message[sizeof(reply->message) - 1] = 0;
+        if (reply_fds) *reply_fds = std::move(got);
         return reply->status < 0 ? EIO : reply->status;
     }
 }

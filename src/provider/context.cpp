@@ -27,6 +27,9 @@ namespace vrdma::prov {
 namespace {
 
 constexpr size_t kArenaBytes = 64u << 20;  // sparse: pages appear as rings use them
+// Inside a VM the arena is a region of the VM device's memory, which the
+// operator sized (vrdma-shim --guest NAME:vm-memory=SIZE): smaller.
+constexpr size_t kVmArenaBytes = 2u << 20;
 
 void free_context(ibv_context* ibctx);
 
@@ -103,6 +106,57 @@ bool read_socket_attr(const char* ibdev_path, std::string& out) {
     return !out.empty();
 }
 
+// Inside a VM: the agent gives a region of the VM device's memory for the
+// arena and the device's BARs (VmOpen); the arena is that region, mapped
+// here, and Attach names where.
+int attach_in_vm(Context& ctx) {
+    const char* path = ctx.socket_path.c_str();
+    abi::SockAttach msg{};
+    msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::VmOpen, 0};
+    msg.arena_len = kVmArenaBytes;
+    abi::SockReply reply{};
+    std::vector<UniqueFd> bars;
+    int rc = sock_request(ctx, &msg, sizeof(msg), {}, &reply, &bars);
+    if (rc || bars.size() != 2) {
+        LOG_ERR("the VM's vrdma agent at %s gave no arena: %s", path,
+                reply.message[0] ? reply.message : std::strerror(rc ? rc : EPROTO));
+        return rc ? rc : EPROTO;
+    }
+    ctx.vm_bar2 = std::move(bars[0]);
+    ctx.vm_bar0 = std::move(bars[1]);
+    void* base = ::mmap(nullptr, kVmArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.vm_bar2.get(),
+                        off_t(uint64_t(reply.arg) * abi::kPageSize));
+    if (base == MAP_FAILED) return errno;
+    ctx.arena_base = base;
+    ctx.arena_len = kVmArenaBytes;
+    ctx.cb = static_cast<abi::ControlBlock*>(base);
+    void* regs = ::mmap(nullptr, abi::kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.vm_bar0.get(), 0);
+    if (regs == MAP_FAILED) return errno;
+    ctx.vm_regs = regs;
+    ctx.cmd_done.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // never written: the shim cannot reach it
+    int ap[2];
+    if (!ctx.cmd_done || ::pipe2(ap, O_CLOEXEC) != 0) return errno;
+    ctx.vm_async_w.reset(ap[1]);  // no async events in a VM yet: an empty pipe
+    msg.hdr.op = abi::SockOp::Attach;
+    msg.arena_gva = reinterpret_cast<uintptr_t>(base);
+    if ((rc = sock_request(ctx, &msg, sizeof(msg), {}, &reply))) {
+        ::close(ap[0]);
+        LOG_ERR("the VM's vrdma agent at %s refused to attach: %s", path,
+                reply.message[0] ? reply.message : std::strerror(rc));
+        return rc;
+    }
+    ctx.lid = reply.guest_lid;
+    ctx.arena.add_region(msg.arena_gva + abi::kControlBlockBytes, kVmArenaBytes - abi::kControlBlockBytes);
+    rc = command(ctx, abi::CmdOp::QueryDevice, nullptr, 0, &ctx.dev_attr, sizeof(ctx.dev_attr));
+    if (rc) {
+        ::close(ap[0]);
+        LOG_ERR("querying the vrdma device at %s failed: %s", path, std::strerror(rc));
+        return rc;
+    }
+    ctx.vctx->context.async_fd = ap[0];
+    return 0;
+}
+
 int attach(Context& ctx) {
     const char* path = ctx.socket_path.c_str();
     // Nothing (the arena, eventfds, memory) goes to a socket before it is
@@ -122,6 +176,7 @@ int attach(Context& ctx) {
         return err ? err : ECONNREFUSED;
     }
 
+    if (ctx.in_vm) return attach_in_vm(ctx);
     if (int rc = create_shared_memfd("vrdma-arena", kArenaBytes, ctx.arena_fd)) return rc;
     void* base = ::mmap(nullptr, kArenaBytes, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.arena_fd.get(), 0);
     if (base == MAP_FAILED) return errno;
@@ -183,6 +238,7 @@ Context::~Context() {
     for (auto& [id, s] : segments.segs)
         if (s.arena && id != 0) ::munmap(reinterpret_cast<void*>(s.gva), s.len);
     if (arena_base) ::munmap(arena_base, arena_len);
+    if (vm_regs) ::munmap(vm_regs, abi::kPageSize);
 }
 
 verbs_context* alloc_context(ibv_device* device, int cmd_fd, void* private_data) {
@@ -210,6 +266,7 @@ verbs_context* alloc_context(ibv_device* device, int cmd_fd, void* private_data)
         shell->impl = ctx;
         ctx->vctx = vctx;
         ctx->socket_path = sock_path;
+        ctx->in_vm = ::access((std::string(vdev->sysfs->ibdev_path) + "/" + abi::kVmAttr).c_str(), F_OK) == 0;
         if (const char* s = std::getenv("VRDMA_POLL_SPIN")) ctx->poll_spin = uint32_t(std::strtoul(s, nullptr, 0));
         rc = attach(*ctx);
     }

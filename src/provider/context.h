@@ -39,6 +39,15 @@ struct Context {
     size_t arena_len = 0;
     UniqueFd arena_fd;
 
+    // Inside a VM (docs/protocol.md "VM tenants"): the arena is a region of
+    // the VM device's memory (BAR2), and the shim is rung through the
+    // device's Doorbell register (BAR0) instead of the kick eventfd; no
+    // eventfd says a command is done.
+    bool in_vm = false;
+    void* vm_regs = nullptr;        // BAR0, mapped
+    UniqueFd vm_bar0, vm_bar2;      // the device's resource files, from the agent
+    UniqueFd vm_async_w;            // the write end of the async event pipe (empty)
+
     // Commands and socket requests (one outstanding at a time).
     std::mutex cmd_mu;
     uint32_t cmd_prod = 0;
@@ -105,12 +114,15 @@ int command(Context& ctx, abi::CmdOp op, const void* req, size_t req_len, void* 
 
 // Sends one socket request with fds and waits for its SockReply. Returns 0 or
 // a positive errno (reply->message says why when the shim refused).
+// `reply_fds` (if given) gets the fds the reply carried.
 int sock_request(Context& ctx, const void* msg, size_t len, std::span<const int> fds,
-                 abi::SockReply* reply);
+                 abi::SockReply* reply, std::vector<UniqueFd>* reply_fds = nullptr);
 
 // Kicks the shim if it sleeps (after it was told where the work is).
+void ring_vm_doorbell(Context& ctx);
 inline void kick_if_sleeping(Context& ctx) {
     if (ctx.cb->shim_sleeping.load(std::memory_order_seq_cst)) {
+        if (ctx.vm_regs) return ring_vm_doorbell(ctx);
         uint64_t one = 1;
         ssize_t r = ::write(ctx.kick.get(), &one, sizeof(one));
         (void)r;  // EAGAIN: the counter is already nonzero, the shim will wake

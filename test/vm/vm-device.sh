@@ -9,6 +9,9 @@
 #   - reads its own peer ID from BAR0 (IVPosition);
 #   - rings the shim through BAR0's Doorbell register (peer 0, vector 0)
 #     three times and sees the shim count each ring in the device page.
+# Then starts the VM's agent (vrdma-vm-agent, from the build in $1) and
+# runs `vrdma-run -- ibv_devinfo -v` as an application would: vrdma0 with
+# the guest's LID, its port ACTIVE.
 # Prints "ok NAME" or "FAIL NAME: why" per check into
 # $VM_SHARE/vmN.results; exits 1 if any failed.
 set -uo pipefail
@@ -42,7 +45,7 @@ u16 = lambda m, off: ctypes.c_uint16.from_buffer(m, off)
 magic, version, memory, lid = u64(bar2, 0).value, u32(bar2, 8).value, u64(bar2, 16).value, u16(bar2, 32).value
 name = bytes(bar2[40:104]).split(b"\0")[0].decode()
 print("page magic %#x version %d memory %d MiB guest %s lid %d" % (magic, version, memory >> 20, name, lid))
-if magic != 0x4d562d414d445276 or version != 1 or name != want_name or lid != want_lid:
+if magic != 0x4d562d414d445276 or version != 2 or name != want_name or lid != want_lid:
     sys.exit("the device page is not the shim's for %s lid %d" % (want_name, want_lid))
 print("ivposition %d" % u32(bar0, 8).value)
 kicks = u64(bar2, 136)
@@ -65,4 +68,25 @@ if [ "$rc" = 0 ]; then
 else
     fail page-and-doorbell "$out"
 fi
+build=${1:-${VM_GARGS:-}}
+if [ -z "$build" ] || [ ! -x "$build/src/shim/vrdma-vm-agent" ]; then
+    fail agent "no build given (scripts/test-vm.sh passes it)"
+    exit 1
+fi
+"$build/src/shim/vrdma-vm-agent" --run-dir /run/vrdma >/tmp/agent.log 2>&1 &
+agent=$!
+for _ in $(seq 100); do [ -e /run/vrdma/ready ] && break; sleep 0.1; done
+if [ -e /run/vrdma/ready ]; then ok "agent: $(head -1 /tmp/agent.log)"; else fail agent "$(cat /tmp/agent.log)"; fi
+devinfo=$("$build/tools/vrdma-run" --run-dir /run/vrdma --guest "vm$VMID" -- ibv_devinfo -v 2>&1) && rc=0 || rc=$?
+echo "$devinfo"
+lid=$(awk '$1 == "port_lid:" { print $2 }' <<<"$devinfo")
+if [ "$rc" = 0 ] && grep -q 'hca_id:[[:space:]]*vrdma0' <<<"$devinfo" && [ "$lid" = "$((VMID + 1))" ] &&
+    grep -q 'state:[[:space:]]*PORT_ACTIVE' <<<"$devinfo"; then
+    ok "ibv_devinfo in the VM: vrdma0, port_lid $lid, PORT_ACTIVE"
+else
+    fail ibv_devinfo "exit $rc: $(tail -5 <<<"$devinfo")"
+fi
+kill "$agent" 2>/dev/null
+wait "$agent" 2>/dev/null
+[ -e /run/vrdma/ready ] && fail agent-stop "the agent left its ready file" || ok "agent stopped"
 exit "$status"

@@ -29,7 +29,7 @@ std::string uverbs_name(const std::string& run_dir, const std::string& guest) {
 }
 
 bool GuestPublication::publish(int run_fd, const std::string& run_dir, const std::string& dev_dir,
-                               const GuestIdentity& id, std::string& error) {
+                               const GuestIdentity& id, std::string& error, bool in_vm) {
     GuestPaths p = guest_paths(run_dir, id.name);
     run_fd_.reset(::fcntl(run_fd, F_DUPFD_CLOEXEC, 0));
     if (!run_fd_) {
@@ -90,6 +90,7 @@ bool GuestPublication::publish(int run_fd, const std::string& run_dir, const std
         {port + "/gids", "0", format_gid(pa.gid)},
         {port + "/gid_attrs/types", "0", "IB/RoCE v1"},
     };
+    if (in_vm) files.push_back({dev, abi::kVmAttr, "1"});
     for (uint32_t i = 1; i < kGidTableLen; ++i) {  // the empty entries
         files.push_back({port + "/gids", std::to_string(i), "0000:0000:0000:0000:0000:0000:0000:0000"});
         files.push_back({port + "/gid_attrs/types", std::to_string(i), "IB/RoCE v1"});

@@ -22,8 +22,9 @@ class GuestPublication {
 public:
     // Replaces stale leftovers (RUN_DIR/NAME, a /dev link to /dev/null).
     // `run_fd` is the run directory's fd, `run_dir` its path.
+    // `in_vm`: the tree a VM's agent publishes inside the VM (abi::kVmAttr).
     bool publish(int run_fd, const std::string& run_dir, const std::string& dev_dir, const GuestIdentity& id,
-                 std::string& error);
+                 std::string& error, bool in_vm = false);
     // Removes everything publish() created (including the guest's socket,
     // which lives in RUN_DIR/NAME).
     void unpublish();
