@@ -53,6 +53,12 @@ enum class SockOp : uint32_t {
     // device's sysfs resource files, opened by the agent). Attach then
     // carries no fds: the arena is that region, mapped at arena_gva.
     VmOpen = 6,         // no fds; SockAttach's arena_len is the region's size
+    // Inside a VM: a region of the device's memory to put a segment on
+    // (SockAddSegment's len; the reply's `arg` is its offset in pages), and
+    // one given back that never became a segment (SockAddSegment's offset).
+    // A segment's region goes back with RemoveSegment.
+    VmAlloc = 7,
+    VmFree = 8,
 };
 
 struct SockHeader {

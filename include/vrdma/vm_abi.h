@@ -67,14 +67,18 @@ enum class VmOp : uint32_t {
     Free = 2,    // `owner`'s region at `offset`
     Attach = 3,  // `owner`'s context: its arena is its region at `offset`, `len` bytes, mapped at `gva`
     Close = 4,   // everything of `owner`
+    // A segment of `owner`'s context (docs/protocol.md "Guest memory"):
+    // [gva, gva + len) is [offset, offset + len) of one of its regions.
+    AddSegment = 5,
+    RemoveSegment = 6,  // `owner`'s segment `seg_id`
 };
 struct VmRequest {
     VmOp op;
-    uint32_t reserved;
+    uint32_t seg_id;  // AddSegment, RemoveSegment: the provider's id, nonzero
     uint64_t owner;   // nonzero
-    uint64_t offset;  // Free, Attach: a region's offset in BAR2
-    uint64_t len;     // Alloc, Attach
-    uint64_t gva;     // Attach
+    uint64_t offset;  // Free, Attach, AddSegment: an offset in BAR2
+    uint64_t len;     // Alloc, Attach, AddSegment
+    uint64_t gva;     // Attach, AddSegment
 };
 static_assert(sizeof(VmRequest) == 40);
 struct VmReply {

@@ -41,8 +41,13 @@ bool backed_by(const MapEntry& e, const Segment& s) {
            e.offset == s.offset + uint64_t(e.start - s.gva);
 }
 
-bool still_mapped(const std::vector<MapEntry>& maps, const Segment& s) {
-    return std::any_of(maps.begin(), maps.end(), [&](const MapEntry& e) { return same_file(e, s); });
+// Inside a VM every segment is on the device's one memory file: a mapping
+// of it counts only where it covers the segment's own part.
+bool still_mapped(const std::vector<MapEntry>& maps, const Segment& s, bool in_vm) {
+    return std::any_of(maps.begin(), maps.end(), [&](const MapEntry& e) {
+        return same_file(e, s) &&
+               (!in_vm || (e.offset < s.offset + s.len && e.offset + uint64_t(e.end - e.start) > s.offset));
+    });
 }
 
 // Memfds this library moved application pages onto, process-wide: another
@@ -152,6 +157,16 @@ const char* why_not_movable(const MapEntry& e) {
 int share_object(Context& ctx, const MapEntry& e, uintptr_t addr, size_t len, uint32_t* seg_id, const char* verb) {
     Segment s;
     std::string why;
+    if (ctx.in_vm) {
+        // The shim reaches only the VM device's memory, and a shared
+        // mapping's pages cannot move there without unsharing them.
+        if (verb)
+            LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                    " is shared memory (%s), which a process inside a VM cannot register: register private "
+                    "memory (docs/protocol.md \"VM tenants\")",
+                    verb, addr, len, e.start, e.path.empty() ? "anonymous" : e.path.c_str());
+        return EINVAL;
+    }
     if (int rc = open_mapped_object(e, s.fd, why)) {
         if (verb)
             LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
@@ -207,7 +222,7 @@ void sweep(Context& ctx, const std::vector<MapEntry>& maps) {
     sweep_moved(maps);
     for (auto it = ctx.segments.segs.begin(); it != ctx.segments.segs.end();) {
         Segment& s = it->second;
-        if (!s.arena && s.refs == 0 && !still_mapped(maps, s)) {
+        if (!s.arena && s.refs == 0 && !still_mapped(maps, s, ctx.in_vm)) {
             remove_segment(ctx, s.id);
             it = ctx.segments.segs.erase(it);
         } else {
@@ -233,12 +248,63 @@ int create_hugetlb_memfd(uint64_t size, size_t page_size, UniqueFd& out) {
     return sized_memfd("vrdma-mr-huge", flags, size, out);
 }
 
+// Inside a VM: a region of the device's memory, from the agent (`fd`: the
+// device's memory file, `offset`: where the region starts).
+int vm_region(Context& ctx, uint64_t len, UniqueFd& fd, uint64_t& offset) {
+    abi::SockAddSegment msg{};
+    msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::VmAlloc, 0};
+    msg.len = len;
+    abi::SockReply reply{};
+    if (int rc = sock_request(ctx, &msg, sizeof(msg), {}, &reply)) {
+        LOG_ERR("no room for %zu bytes in the VM device's memory: %s", size_t(len),
+                reply.message[0] ? reply.message : std::strerror(rc));
+        return rc;
+    }
+    offset = uint64_t(reply.arg) * kPage;
+    fd.reset(::fcntl(ctx.vm_bar2.get(), F_DUPFD_CLOEXEC, 0));
+    return fd ? 0 : errno;
+}
+
+void vm_region_free(Context& ctx, uint64_t offset) {
+    abi::SockAddSegment msg{};
+    msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::VmFree, 0};
+    msg.offset = offset;
+    abi::SockReply reply{};
+    (void)sock_request(ctx, &msg, sizeof(msg), {}, &reply);
+}
+
+// move_run inside a VM: onto a region of the device's memory, as large as
+// the run (the region is the VM's, sized by its operator: no headroom),
+// hugetlb pieces included. Not remembered for fork(): a child keeps the
+// device's pages mapped shared.
+int move_run_in_vm(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) {
+    const uintptr_t start = run.front().start;
+    const size_t len = run.back().end - start;
+    Segment s;
+    if (int rc = vm_region(ctx, len, s.fd, s.offset)) return rc;
+    int rc = move_private_pages(run.data(), run.size(), s.fd.get(), s.offset);
+    if (!rc) rc = fill_identity(s);
+    if (!rc) {
+        s.id = ctx.segments.next_id++;
+        s.gva = start;
+        s.len = len;
+        rc = announce_segment(ctx, s);
+    }
+    // On failure the region stays the process's until it goes: pages of the
+    // run may be on it already.
+    if (rc) return rc;
+    *seg_id = s.id;
+    ctx.segments.segs.emplace(s.id, std::move(s));
+    return 0;
+}
+
 // Moves a run of adjacent private pieces onto one new memfd segment,
 // contents preserved (page_move.h). Returns 0 or a positive errno.
 int move_run(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) {
     uintptr_t run_start = run.front().start, run_end = run.back().end;
     size_t len = run_end - run_start;
     Segment s;
+    if (ctx.in_vm) return move_run_in_vm(ctx, run, seg_id);
     // The file is longer than the run (sparse, costs nothing): if the
     // application later grows the mapping in place (realloc -> mremap), the
     // new pages exist instead of raising SIGBUS. Hugetlb pages move onto
@@ -283,8 +349,12 @@ void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len) {
 
 int add_arena_segment(Context& ctx, size_t len, void** base) {
     Segment s;
-    if (int rc = create_shared_memfd("vrdma-arena", len, s.fd)) return rc;
-    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), 0);
+    if (ctx.in_vm) {
+        if (int rc = vm_region(ctx, len, s.fd, s.offset)) return rc;
+    } else if (int rc = create_shared_memfd("vrdma-arena", len, s.fd)) {
+        return rc;
+    }
+    void* p = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, s.fd.get(), off_t(s.offset));
     if (p == MAP_FAILED) return errno;
     if (int rc = fill_identity(s)) {
         ::munmap(p, len);
@@ -296,6 +366,7 @@ int add_arena_segment(Context& ctx, size_t len, void** base) {
     s.arena = true;
     if (int rc = announce_segment(ctx, s)) {
         ::munmap(p, len);
+        if (ctx.in_vm) vm_region_free(ctx, s.offset);
         return rc;
     }
     ctx.segments.segs.emplace(s.id, std::move(s));

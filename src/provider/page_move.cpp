@@ -61,6 +61,7 @@ struct Job {
     const MovePiece* pieces;
     size_t n;
     int fd;
+    off_t offset;          // where in fd the run starts
     int uffd;              // -1: copy and remap everything
     unsigned char* tmp;    // the memfd, mapped for copying
     unsigned char* scratch;  // where anonymous pages are moved to (reserved)
@@ -115,7 +116,7 @@ void run_job(Job* job) {
     for (size_t i = 0; i < moved; ++i) {
         const MovePiece& p = job->pieces[i];
         void* at = reinterpret_cast<void*>(p.start);
-        if (raw_mmap(at, p.end - p.start, p.prot, MAP_SHARED | MAP_FIXED, job->fd, off_t(p.start - base)) ==
+        if (raw_mmap(at, p.end - p.start, p.prot, MAP_SHARED | MAP_FIXED, job->fd, job->offset + off_t(p.start - base)) ==
             MAP_FAILED) {
             if (!job->err) job->err = errno;  // (not expected: the range was mapped a moment ago)
             continue;
@@ -136,7 +137,7 @@ void run_job(Job* job) {
 
 }  // namespace
 
-int move_private_pages(const MovePiece* pieces, size_t n, int fd) {
+int move_private_pages(const MovePiece* pieces, size_t n, int fd, uint64_t offset) {
     if (n == 0) return 0;
     const uintptr_t base = pieces[0].start;
     const size_t len = pieces[n - 1].end - base;
@@ -151,13 +152,14 @@ int move_private_pages(const MovePiece* pieces, size_t n, int fd) {
     job->pieces = copy;
     job->n = n;
     job->fd = fd;
+    job->offset = off_t(offset);
     job->err = 0;
     job->uffd = -1;
     job->tmp = nullptr;
     job->scratch = nullptr;
     job->registered = reinterpret_cast<bool*>(reinterpret_cast<unsigned char*>(jm) + sizeof(Job));
     int err = 0;
-    void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* tmp = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, off_t(offset));
     void* scratch = ::mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (tmp == MAP_FAILED || scratch == MAP_FAILED) err = errno;
     bool any_anon = false;

@@ -29,10 +29,10 @@ struct MovePiece {
     size_t huge_page;      // a hugetlb piece's page size (its bounds are aligned to it); 0 otherwise
 };
 
-// Moves `n` adjacent pieces onto `fd`, whose offset 0 stands for
-// pieces[0].start and which is at least as long as the run. 0 or a positive
-// errno; on error no piece is left unmapped (each holds either its old pages
-// or the moved ones).
-int move_private_pages(const MovePiece* pieces, size_t n, int fd);
+// Moves `n` adjacent pieces onto `fd`, whose offset `offset` stands for
+// pieces[0].start and which is at least that long past it (a memfd; inside
+// a VM, the device's memory). 0 or a positive errno; on error no piece is
+// left unmapped (each holds either its old pages or the moved ones).
+int move_private_pages(const MovePiece* pieces, size_t n, int fd, uint64_t offset = 0);
 
 }  // namespace vrdma::prov

@@ -11,7 +11,10 @@
 #     three times and sees the shim count each ring in the device page.
 # Then starts the VM's agent (vrdma-vm-agent, from the build in $1) and
 # runs `vrdma-run -- ibv_devinfo -v` as an application would: vrdma0 with
-# the guest's LID, its port ACTIVE.
+# the guest's LID, its port ACTIVE. Then ibv_rc_pingpong between the two
+# VMs (VM 1 serves, VM 2 connects over the VMs' own network, 10.10.0.N,
+# for the connection data only), its data checked (--chk): the messages
+# go VM memory -> shim -> VM memory.
 # Prints "ok NAME" or "FAIL NAME: why" per check into
 # $VM_SHARE/vmN.results; exits 1 if any failed.
 set -uo pipefail
@@ -85,6 +88,43 @@ if [ "$rc" = 0 ] && grep -q 'hca_id:[[:space:]]*vrdma0' <<<"$devinfo" && [ "$lid
     ok "ibv_devinfo in the VM: vrdma0, port_lid $lid, PORT_ACTIVE"
 else
     fail ibv_devinfo "exit $rc: $(tail -5 <<<"$devinfo")"
+fi
+net_up() {
+    local kver moddir m rel
+    read -r kver </proc/sys/kernel/osrelease
+    moddir=$VM_WORK/root/lib/modules/$kver
+    for m in failover net_failover virtio_net; do
+        rel=$(awk -F: -v m="$m" '{ n = $1; sub(".*/", "", n); sub("[.]ko.*", "", n); gsub("-", "_", n)
+                                   if (n == m) { print $1; exit } }' "$moddir/modules.dep")
+        [ -n "$rel" ] && insmod "$moddir/$rel" 2>/dev/null
+    done
+    ip link set eth0 up && ip addr add "10.10.0.$VMID/24" dev eth0
+}
+pp=(ibv_rc_pingpong -d vrdma0 -n 200 -s 4096 --chk)
+if ! net_up; then
+    fail network "eth0 did not come up"
+elif [ "$VMID" = 1 ]; then
+    out=$(timeout 120 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- "${pp[@]}" 2>&1) && rc=0 || rc=$?
+    echo "$out"
+    if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
+        ok "ibv_rc_pingpong between the VMs (server): $(grep 'bytes in' <<<"$out")"
+    else
+        fail rc_pingpong "exit $rc: $(tail -3 <<<"$out")"
+    fi
+else
+    rc=1
+    for _ in $(seq 60); do
+        out=$(timeout 120 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm2 -- "${pp[@]}" 10.10.0.1 2>&1) &&
+            rc=0 && break
+        grep -q "Couldn't connect" <<<"$out" || break
+        sleep 1
+    done
+    echo "$out"
+    if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
+        ok "ibv_rc_pingpong between the VMs (client): $(grep 'bytes in' <<<"$out")"
+    else
+        fail rc_pingpong "exit $rc: $(tail -3 <<<"$out")"
+    fi
 fi
 kill "$agent" 2>/dev/null
 wait "$agent" 2>/dev/null

@@ -152,6 +152,14 @@ void VmPort::handle(const abi::VmRequest& q, abi::VmReply& r) {
         case abi::VmOp::Close:
             close_owner(q.owner);
             break;
+        case abi::VmOp::AddSegment:
+            r.status = add_segment(q, long_why);
+            why = long_why.c_str();
+            break;
+        case abi::VmOp::RemoveSegment:
+            r.status = remove_segment(q, long_why);
+            why = long_why.c_str();
+            break;
         default:
             r.status = EINVAL;
             why = "unknown request";
@@ -252,6 +260,53 @@ int VmPort::attach(uint64_t owner, uint64_t offset, uint64_t len, uint64_t gva, 
     LOG_INFO("guest %s: %s: context %llu attached (owner %llu, arena %llu KiB at 0x%llx)", guest_.name.c_str(),
              qemu_.c_str(), (unsigned long long)ctx->id(), (unsigned long long)owner,
              (unsigned long long)(len >> 10), (unsigned long long)offset);
+    return 0;
+}
+
+Context* VmPort::context_of(uint64_t owner) {
+    auto o = owners_.find(owner);
+    return o == owners_.end() || !o->second.ctx_id ? nullptr : eng_.find_context(o->second.ctx_id);
+}
+
+// As a host process's AddSegment (attach.cpp), with the device's memory for
+// the memfd: the range must lie in one region of the same owner.
+int VmPort::add_segment(const abi::VmRequest& q, std::string& why) {
+    Context* ctx = context_of(q.owner);
+    if (!ctx) {
+        why = "no attached context of this owner";
+        return EINVAL;
+    }
+    auto u = used_.upper_bound(q.offset);
+    if (u == used_.begin() || q.len == 0 || q.offset + q.len < q.offset) {
+        why = "the range is in no region of this owner";
+        return EINVAL;
+    }
+    --u;
+    if (u->second.owner != q.owner || q.offset + q.len > u->first + u->second.len) {
+        why = "the range is in no region of this owner";
+        return EINVAL;
+    }
+    if (q.seg_id == 0 || ctx->segments.has(q.seg_id)) {
+        why = "segment id 0 or in use";
+        return EEXIST;
+    }
+    if (ctx->segments.piece_count() >= 65536) {
+        why = "too many segments";
+        return ENOMEM;
+    }
+    UniqueFd fd(::fcntl(memory_.get(), F_DUPFD_CLOEXEC, 0));
+    std::shared_ptr<Mapping> map;
+    if (int err = map_segment(std::move(fd), q.gva, q.len, q.offset, map, ctx->charges.usage(), &why)) return err;
+    ctx->segments.insert(q.seg_id, std::move(map));
+    return 0;
+}
+
+int VmPort::remove_segment(const abi::VmRequest& q, std::string& why) {
+    Context* ctx = context_of(q.owner);
+    if (!ctx || q.seg_id == 0 || !ctx->segments.remove(q.seg_id)) {
+        why = "no such segment of this owner";
+        return ENOENT;
+    }
     return 0;
 }
 

@@ -75,6 +75,10 @@ private:
     int alloc(uint64_t owner, uint64_t len, uint64_t& offset, const char*& why);
     int free_region(uint64_t owner, uint64_t offset, const char*& why);
     int attach(uint64_t owner, uint64_t offset, uint64_t len, uint64_t gva, std::string& why);
+    int add_segment(const abi::VmRequest& q, std::string& why);
+    int remove_segment(const abi::VmRequest& q, std::string& why);
+    // `owner`'s attached context, or null.
+    Context* context_of(uint64_t owner);
     void close_owner(uint64_t owner);
     // The bytes of [offset, offset + len) read as zeros again (the pages go
     // back to the host).

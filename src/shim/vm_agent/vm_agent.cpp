@@ -80,6 +80,7 @@ struct Client {
     uint64_t owner = 0;
     uint64_t arena_offset = 0, arena_len = 0;  // after VmOpen
     bool attached = false;
+    std::map<uint32_t, uint64_t> segments;  // by id: the region each lies in
 };
 
 class Agent {
@@ -178,6 +179,22 @@ bool Agent::on_message(Client& c) {
         if (size_t(n) != sizeof(a)) return false;
         std::memcpy(&a, buf, sizeof(a));
     }
+    abi::SockAddSegment sg{};
+    if (h.op == abi::SockOp::VmAlloc || h.op == abi::SockOp::VmFree || h.op == abi::SockOp::AddSegment) {
+        if (size_t(n) != sizeof(sg)) return false;
+        std::memcpy(&sg, buf, sizeof(sg));
+    }
+    if (h.op == abi::SockOp::RemoveSegment) {
+        abi::SockRemoveSegment rs;
+        if (size_t(n) != sizeof(rs)) return false;
+        std::memcpy(&rs, buf, sizeof(rs));
+        sg.seg_id = rs.seg_id;
+    }
+    const bool needs_context = h.op == abi::SockOp::AddSegment || h.op == abi::SockOp::RemoveSegment;
+    if (needs_context && !c.attached) {
+        reply(c, EINVAL, "not attached");
+        return true;
+    }
     abi::VmReply r{};
     switch (h.op) {
     case abi::SockOp::VmOpen: {
@@ -207,6 +224,44 @@ bool Agent::on_message(Client& c) {
         c.attached = true;
         reply(c, 0, "", r.lid);
         return true;
+    case abi::SockOp::VmAlloc:
+        if (int rc = mailbox(abi::VmRequest{abi::VmOp::Alloc, 0, c.owner, 0, sg.len, 0}, r)) {
+            reply(c, rc, r.message);
+            return !device_gone_;
+        }
+        reply(c, 0, "", 0, uint32_t(r.offset / abi::kPageSize));
+        return true;
+    case abi::SockOp::VmFree:
+        if (int rc = mailbox(abi::VmRequest{abi::VmOp::Free, 0, c.owner, sg.offset, 0, 0}, r)) {
+            reply(c, rc, r.message);
+            return !device_gone_;
+        }
+        reply(c, 0, "");
+        return true;
+    case abi::SockOp::AddSegment:
+        // The fd the provider sent is the device's own memory: the offset
+        // says where.
+        if (int rc = mailbox(abi::VmRequest{abi::VmOp::AddSegment, sg.seg_id, c.owner, sg.offset, sg.len, sg.gva}, r)) {
+            reply(c, rc, r.message);
+            return !device_gone_;
+        }
+        c.segments[sg.seg_id] = sg.offset;
+        reply(c, 0, "");
+        return true;
+    case abi::SockOp::RemoveSegment: {
+        if (int rc = mailbox(abi::VmRequest{abi::VmOp::RemoveSegment, sg.seg_id, c.owner, 0, 0, 0}, r)) {
+            reply(c, rc, r.message);
+            return !device_gone_;
+        }
+        // Its region goes back with it.
+        auto it = c.segments.find(sg.seg_id);
+        if (it != c.segments.end()) {
+            mailbox(abi::VmRequest{abi::VmOp::Free, 0, c.owner, it->second, 0, 0}, r);
+            c.segments.erase(it);
+        }
+        reply(c, 0, "");
+        return true;
+    }
     default:
         reply(c, ENOTSUP, "not yet inside a VM (docs/protocol.md \"VM tenants\")");
         return true;
