@@ -45,22 +45,49 @@ run=$(mktemp -d /tmp/vrdma-test-vm.XXXXXX)
 log=$run.log
 "$build/src/shim/vrdma-shim" --run-dir "$run" --guest h --guest vm1:vm --guest vm2:vm:vm-memory=16M >"$log" 2>&1 &
 shim=$!
-cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log"; }
+cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log" "$run.host"; }
 trap cleanup EXIT
 for _ in $(seq 100); do [ -e "$run/ready" ] && break; sleep 0.1; done
 [ -e "$run/ready" ] || { cat "$log" >&2; echo "test-vm: the shim did not start" >&2; exit 1; }
 
 device() { echo "-chardev socket,path=$run/vm$1/ivshmem.sock,id=vrdma -device ivshmem-doorbell,chardev=vrdma,vectors=2"; }
+# VM 1's second NIC: QEMU's user network, its port 18516 forwarded from the
+# host, for the connection data of the host guest's pingpong.
+hp=$((30000 + $$ % 20000))
+user_nic="-netdev user,id=u,hostfwd=tcp:127.0.0.1:$hp-10.0.2.15:18516 -device virtio-net-pci,netdev=u,mac=52:54:00:00:01:01"
 echo "test-vm: booting two VMs, each with its VM guest's device; each runs test/vm/vm-device.sh"
 status=0
-VM_QEMU_ARGS1=$(device 1) VM_QEMU_ARGS2=$(device 2) \
+# Guest h of this host, the client of VM 1's second server: tried until VM
+# 1 listens (the forwarded port accepts before it does).
+(
+    for _ in $(seq 200); do
+        if out=$("$build/tools/vrdma-run" --run-dir "$run" --guest h -- ibv_rc_pingpong -d vrdma0 -n 200 -s 4096 \
+            --chk -p "$hp" 127.0.0.1 2>&1); then
+            echo "$out" >"$run.host"
+            exit 0
+        fi
+        sleep 1
+    done
+    echo "$out" >"$run.host"
+) &
+client=$!
+VM_QEMU_ARGS1="$(device 1) $user_nic" VM_QEMU_ARGS2=$(device 2) \
     "$root/scripts/vm/run-pair.sh" --timeout 300 --gargs "$build" "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" ||
     status=1
+kill "$client" 2>/dev/null || true
+wait "$client" 2>/dev/null || true
 for n in 1 2; do
     echo "--- VM $n"
     cat "$work/share/vm$n.results" 2>/dev/null || echo "(no results: see $work/share/vm$n.log)"
 done
 
+echo "--- host guest h"
+if grep -q '1638400 bytes in' "$run.host" 2>/dev/null; then
+    echo "ok ibv_rc_pingpong with VM 1 (client): $(grep 'bytes in' "$run.host")"
+else
+    echo "FAIL rc_pingpong_host: $(tail -3 "$run.host" 2>/dev/null)"
+    status=1
+fi
 echo "--- the shim"
 check() {
     if grep -q "$2" "$log"; then echo "ok $1"; else echo "FAIL $1: no '$2' in the shim's log"; status=1; fi

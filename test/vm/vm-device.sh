@@ -14,7 +14,10 @@
 # the guest's LID, its port ACTIVE. Then ibv_rc_pingpong between the two
 # VMs (VM 1 serves, VM 2 connects over the VMs' own network, 10.10.0.N,
 # for the connection data only), its data checked (--chk): the messages
-# go VM memory -> shim -> VM memory.
+# go VM memory -> shim -> VM memory. Then VM 1 serves once more, on port
+# 18516, for guest h of the host (scripts/test-vm.sh runs the client; the
+# connection data crosses QEMU's user network, eth1, forwarded from the
+# host).
 # Prints "ok NAME" or "FAIL NAME: why" per check into
 # $VM_SHARE/vmN.results; exits 1 if any failed.
 set -uo pipefail
@@ -110,6 +113,15 @@ elif [ "$VMID" = 1 ]; then
         ok "ibv_rc_pingpong between the VMs (server): $(grep 'bytes in' <<<"$out")"
     else
         fail rc_pingpong "exit $rc: $(tail -3 <<<"$out")"
+    fi
+    ip link set eth1 up && ip addr add 10.0.2.15/24 dev eth1
+    out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- "${pp[@]}" -p 18516 2>&1) &&
+        rc=0 || rc=$?
+    echo "$out"
+    if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
+        ok "ibv_rc_pingpong with host guest h (server): $(grep 'bytes in' <<<"$out")"
+    else
+        fail rc_pingpong_host "exit $rc: $(tail -3 <<<"$out")"
     fi
 else
     rc=1
