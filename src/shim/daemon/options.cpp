@@ -87,7 +87,7 @@ OPTIONS
         fds opened without following links.
 
     --guest NAME[:owner=USER|UID][:group=GROUP|GID][:pkeys=P[,P...]][:controlled-qkeys][:worker=K][:weight=W]
-            [:ip=ADDR[,ADDR...]]
+            [:ip=ADDR[,ADDR...]][:vm[:vm-memory=SIZE]]
         Serve a guest named NAME (1-32 characters of A-Z a-z 0-9 _ . -, not
         "." or ".."). Repeat for more guests; names must be unique. At least
         one is required. Guests get LIDs in the order given. More can be
@@ -141,6 +141,18 @@ OPTIONS
         (127.0.0.1, ::1) and the wildcard, which mean the guest itself. A
         guest may bind only its own addresses. Example:
             vrdma-shim --guest a:ip=10.0.0.1 --guest b:ip=10.0.0.2,fd00::2
+        :vm makes the guest a QEMU virtual machine's (docs/protocol.md "VM
+        tenants"): the shim serves its device on DIR/NAME/ivshmem.sock,
+        which one QEMU at a time connects to with
+            -chardev socket,path=DIR/NAME/ivshmem.sock,id=vrdma
+            -device ivshmem-doorbell,chardev=vrdma,vectors=2
+        and vrdma-vm-agent inside the VM (as root, no kernel module) serves
+        vrdma0 to the VM's processes. :vm-memory=SIZE (implies :vm) is the
+        device's memory, which holds every ring and registered buffer of
+        the VM: a power of two from 4M to 64G (suffix k, M or G), default
+        64M. The owner and group apply to ivshmem.sock: QEMU's user must be
+        allowed. The VM's going (QEMU exits or is killed) frees everything
+        it held.
 
     --workers N
         Worker threads that serve the guests (1..64). Each worker serves
