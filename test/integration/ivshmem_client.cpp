@@ -4,7 +4,7 @@
 // shim wrote (vm_abi.h), rings the shim as the VM would (vector
 // kVmVectorKick of peer kVmShimPeer) and waits for the shim to count it.
 //
-//   vrdma-ivshmem-client SOCKET [--hold SECONDS] [--rings N] [--contexts N]
+//   vrdma-ivshmem-client SOCKET [--hold SECONDS] [--rings N] [--contexts N] [--hostile N]
 //
 // With --contexts N, it then plays the VM's agent and N processes through
 // the mailbox: for each, a region for its arena and a context attached on
@@ -12,6 +12,14 @@
 // answer names the guest's LID; then it asks for what the mailbox must
 // refuse (a region of another owner, an arena twice, a length past the
 // memory) and closes every owner.
+//
+// With --hostile N, it then plays a hostile VM: N rounds of random
+// mailbox requests (any op, owner, offset, length, address and segment id,
+// biased towards the edges of what is valid), random bytes over the
+// control blocks and command slots of the contexts it got attached,
+// replayed and half-written requests, each followed by a ring; then it
+// checks that the shim still serves a well-formed owner (Alloc, Attach,
+// QueryPort). Run under ASan, the shim must neither crash nor hang.
 //
 // Prints what it saw, one line each; exits 0 when everything was as the
 // protocol says, 3 when the shim refused it (closed the connection before
@@ -23,6 +31,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <random>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -137,15 +146,97 @@ void play_agent(void* bar2, int bell, int contexts) {
     std::printf("closed: every owner's context and regions freed, the memory whole again\n");
 }
 
+void play_hostile(void* bar2, int bell, int rounds) {
+    using namespace vrdma::abi;
+    vrdma::VmMailboxClient mb(bar2, [bell] { ring(bell); });
+    auto* page = static_cast<VmDevicePage*>(bar2);
+    auto* box = reinterpret_cast<VmMailbox*>(static_cast<uint8_t*>(bar2) + kVmMailboxOffset);
+    const uint64_t mem = page->memory_bytes;
+    std::mt19937_64 rng(uint64_t(::getpid()) * 0x9e3779b97f4a7c15ull);
+    auto pick = [&](uint64_t n) { return n ? rng() % n : 0; };
+    auto some_len = [&] {
+        const uint64_t choices[] = {0, 1, 4096, 8192, 64 * 1024, mem, mem - kVmHeapOffset, mem + 4096, rng()};
+        return choices[pick(std::size(choices))];
+    };
+    std::vector<uint64_t> arenas, regions;
+    uint64_t requests = 0, scribbles = 0;
+    for (int i = 0; i < rounds; ++i) {
+        switch (pick(5)) {
+        case 0:
+        case 1: {  // a random request, near what is valid
+            VmRequest q{};
+            q.op = VmOp(pick(9));
+            q.owner = pick(4);
+            q.seg_id = uint32_t(pick(4));
+            q.offset = regions.empty() || pick(3) == 0 ? pick(mem + 8192) & ~uint64_t(pick(2) ? 4095 : 0)
+                                                       : regions[pick(regions.size())] + 4096 * pick(3);
+            q.len = some_len();
+            q.gva = pick(2) ? 0x7f0000000000ull + 4096 * pick(1024) : rng();
+            VmReply r{};
+            const int rc = mb.call(q, r, 5000);
+            if (rc == ETIMEDOUT || rc == ESHUTDOWN) die("the shim stopped answering the mailbox");
+            if (rc == 0 && q.op == VmOp::Alloc) regions.push_back(r.offset);
+            if (rc == 0 && q.op == VmOp::Attach) arenas.push_back(q.offset);
+            ++requests;
+            break;
+        }
+        case 2:  // random bytes over an attached context's control block
+            if (!arenas.empty()) {
+                auto* cb = static_cast<uint8_t*>(bar2) + arenas[pick(arenas.size())];
+                for (int k = 0; k < 16; ++k) {
+                    const uint64_t v = rng();
+                    std::memcpy(cb + (pick(kControlBlockBytes / 8) * 8), &v, sizeof(v));
+                }
+                reinterpret_cast<ControlBlock*>(cb)->doorbell.fetch_add(1);
+                ++scribbles;
+            }
+            ring(bell);
+            break;
+        case 3: {  // a half-written request, not announced
+            const uint64_t v = rng();
+            std::memcpy(reinterpret_cast<uint8_t*>(&box->request) + pick(sizeof(VmRequest) - 8), &v, sizeof(v));
+            ring(bell);
+            break;
+        }
+        default:  // the same request again (a replay), or a sequence number from nowhere
+            box->request_seq.store(pick(2) ? box->reply_seq.load() : uint32_t(rng()));
+            ring(bell);
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+            break;
+        }
+    }
+    // Whatever the sequence numbers were left at: a well-formed owner.
+    VmReply r{};
+    constexpr uint64_t kOwner = 424242, kArena = 64 * 1024;
+    int rc = mb.call(VmRequest{VmOp::Alloc, 0, kOwner, 0, kArena, 0}, r);
+    if (rc == ENOMEM) {  // the hostile rounds filled the memory: owners 1-3 give theirs back
+        for (uint64_t o = 1; o < 4; ++o) mb.call(VmRequest{VmOp::Close, 0, o, 0, 0, 0}, r);
+        rc = mb.call(VmRequest{VmOp::Alloc, 0, kOwner, 0, kArena, 0}, r);
+    }
+    if (rc) die((std::string("after the hostile rounds, Alloc failed: ") + r.message).c_str());
+    const uint64_t arena = r.offset;
+    if ((rc = mb.call(VmRequest{VmOp::Attach, 0, kOwner, arena, kArena, 0x7e0000000000ull}, r)))
+        die((std::string("after the hostile rounds, Attach failed: ") + r.message).c_str());
+    uint32_t seq = 0;
+    CmdQueryPortReq q{1};
+    PortAttr pa{};
+    auto* cb = reinterpret_cast<ControlBlock*>(static_cast<uint8_t*>(bar2) + arena);
+    if (command(cb, seq, CmdOp::QueryPort, &q, sizeof(q), &pa, sizeof(pa), bell) || pa.lid != page->lid)
+        die("after the hostile rounds, QueryPort failed");
+    std::printf("hostile: %d rounds (%llu random requests, %llu scribbled control blocks), the shim still serves\n",
+                rounds, (unsigned long long)requests, (unsigned long long)scribbles);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc < 2) die("usage: vrdma-ivshmem-client SOCKET [--hold SECONDS] [--rings N]");
-    int hold = 0, rings = 1, contexts = 0;
+    int hold = 0, rings = 1, contexts = 0, hostile = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--hold")) hold = std::atoi(argv[i + 1]);
         else if (!std::strcmp(argv[i], "--rings")) rings = std::atoi(argv[i + 1]);
         else if (!std::strcmp(argv[i], "--contexts")) contexts = std::atoi(argv[i + 1]);
+        else if (!std::strcmp(argv[i], "--hostile")) hostile = std::atoi(argv[i + 1]);
         else die("unknown option");
     }
     int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -202,6 +293,7 @@ int main(int argc, char** argv) {
     }
     std::printf("rings: %d, the shim counted %llu\n", rings, (unsigned long long)(page->kicks.load() - before));
     if (contexts) play_agent(p, shim_bells[vrdma::abi::kVmVectorKick], contexts);
+    if (hostile) play_hostile(p, shim_bells[vrdma::abi::kVmVectorKick], hostile);
     std::fflush(stdout);
     if (hold) std::this_thread::sleep_for(std::chrono::seconds(hold));
     return 0;

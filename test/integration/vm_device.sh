@@ -15,6 +15,11 @@
 #  (c) The first one's going frees the device: the shim logs it, and the
 #      next QEMU gets new memory (its count starts at 0 again).
 #  (d) Bad sizes are refused at the command line.
+#  (e) A hostile VM: thousands of random mailbox requests, random bytes over
+#      its contexts' control blocks and command slots, replays and
+#      half-written requests, each rung; the shim answers every request,
+#      still serves a well-formed owner afterwards, and stops cleanly (under
+#      ASan in the ASan run of the suite).
 source "$(dirname "$0")/lib.sh"
 CLIENT="$VRDMA_BUILD_DIR/test/integration/vrdma-ivshmem-client"
 
@@ -63,5 +68,9 @@ for bad in 5M 2M 128G x; do
         fail "vm-memory=$bad: exit $rc: $msg"
 done
 echo "  5M 2M 128G x: refused (exit 2)"
+note "(e) a hostile VM"
+out=$("$CLIENT" "$sock" --rings 1 --hostile 3000) || fail "the hostile client failed: $out"
+grep '^hostile' <<<"$out" | sed 's/^/  /'
+grep -q '^hostile: 3000 rounds .* the shim still serves$' <<<"$out" || fail "hostile: $out"
 rm -f "$RUN_DIR.first"
 echo "vm_device: ok"
