@@ -71,6 +71,10 @@ enum class VmOp : uint32_t {
     // [gva, gva + len) is [offset, offset + len) of one of its regions.
     AddSegment = 5,
     RemoveSegment = 6,  // `owner`'s segment `seg_id`
+    // `owner`'s context detaches (its process closed the device); its
+    // regions stay: the process's pages moved there stay mapped until it
+    // exits, when the agent sends Close.
+    Detach = 7,
 };
 struct VmRequest {
     VmOp op;

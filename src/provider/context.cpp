@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -18,6 +19,7 @@
 #include "events.h"
 #include "import.h"
 #include "on_demand.h"
+#include "proc_maps.h"
 #include "verbs.h"
 #include "vrdma_common/fd_passing.h"
 #include "vrdma_common/trusted_dir.h"
@@ -130,6 +132,13 @@ int attach_in_vm(Context& ctx) {
     ctx.arena_base = base;
     ctx.arena_len = kVmArenaBytes;
     ctx.cb = static_cast<abi::ControlBlock*>(base);
+    // Where the kernel says the arena's mapping starts, less where it does:
+    // the bias of the device file's offsets in /proc/self/maps.
+    struct stat st{};
+    if (::fstat(ctx.vm_bar2.get(), &st) == 0)
+        for (const MapEntry& e : read_maps(false))
+            if (e.start == reinterpret_cast<uintptr_t>(base) && e.inode == st.st_ino)
+                set_maps_offset_bias(st.st_dev, st.st_ino, e.offset - uint64_t(reply.arg) * abi::kPageSize);
     void* regs = ::mmap(nullptr, abi::kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.vm_bar0.get(), 0);
     if (regs == MAP_FAILED) return errno;
     ctx.vm_regs = regs;

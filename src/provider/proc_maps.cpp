@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 namespace vrdma::prov {
 namespace {
@@ -50,7 +52,24 @@ bool parse_map_line(const char* line, MapEntry& e) {
     return true;
 }
 
+struct Bias {
+    unsigned major, minor;
+    uint64_t ino, bias;
+};
+std::mutex g_bias_mu;
+std::vector<Bias> g_biases;
+
 }  // namespace
+
+void set_maps_offset_bias(uint64_t dev, uint64_t ino, uint64_t bias) {
+    std::lock_guard lock(g_bias_mu);
+    for (Bias& b : g_biases)
+        if (b.major == major(dev) && b.minor == minor(dev) && b.ino == ino) {
+            b.bias = bias;
+            return;
+        }
+    g_biases.push_back(Bias{major(dev), minor(dev), ino, bias});
+}
 
 std::vector<MapEntry> read_maps(bool with_flags) {
     std::vector<MapEntry> out;
@@ -81,6 +100,11 @@ std::vector<MapEntry> read_maps(bool with_flags) {
         if (line.find('-') == std::string::npos || line.find(':') == std::string::npos) continue;
         if (parse_map_line(line.c_str(), e)) out.push_back(std::move(e));
     }
+    std::lock_guard lock(g_bias_mu);
+    for (const Bias& b : g_biases)
+        for (MapEntry& e : out)
+            if (e.inode == b.ino && e.dev_major == b.major && e.dev_minor == b.minor && e.offset >= b.bias)
+                e.offset -= b.bias;
     return out;
 }
 

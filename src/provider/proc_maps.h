@@ -25,4 +25,10 @@ struct MapEntry {
 // VmFlags), sorted by address; empty if it cannot be read.
 std::vector<MapEntry> read_maps(bool with_flags);
 
+// Inside a VM a mapping of the vrdma device's memory (a PCI BAR's sysfs
+// resource file) shows as its offset the BAR's address in pages plus the
+// file offset. `bias` (that address) is taken off the offsets of the file
+// (dev, ino) from now on, so that they are file offsets as everywhere else.
+void set_maps_offset_bias(uint64_t dev, uint64_t ino, uint64_t bias);
+
 }  // namespace vrdma::prov

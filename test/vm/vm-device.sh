@@ -11,10 +11,11 @@
 #     three times and sees the shim count each ring in the device page.
 # Then starts the VM's agent (vrdma-vm-agent, from the build in $1) and
 # runs `vrdma-run -- ibv_devinfo -v` as an application would: vrdma0 with
-# the guest's LID, its port ACTIVE. Then ibv_rc_pingpong between the two
-# VMs (VM 1 serves, VM 2 connects over the VMs' own network, 10.10.0.N,
-# for the connection data only), its data checked (--chk): the messages
-# go VM memory -> shim -> VM memory. Then VM 1 serves once more, on port
+# the guest's LID, its port ACTIVE. Then ibv_rc_pingpong, ibv_ud_pingpong
+# and ibv_srq_pingpong between the two VMs (VM 1 serves, VM 2 connects
+# over the VMs' own network, 10.10.0.N, for the connection data only),
+# their data checked (--chk): the messages go VM memory -> shim -> VM
+# memory. Then VM 1 serves once more, on port
 # 18516, for guest h of the host (scripts/test-vm.sh runs the client; the
 # connection data crosses QEMU's user network, eth1, forwarded from the
 # host).
@@ -103,39 +104,45 @@ net_up() {
     done
     ip link set eth0 up && ip addr add "10.10.0.$VMID/24" dev eth0
 }
-pp=(ibv_rc_pingpong -d vrdma0 -n 200 -s 4096 --chk)
+# between VM PROGRAM ARGS... : PROGRAM with ARGS, --chk, VM 1 serving and
+# VM 2 connecting (retried until VM 1 listens); "ok" when it exits 0 and
+# printed its "bytes in" line.
+between() {
+    local name=$1 out rc=1
+    shift
+    if [ "$VMID" = 1 ]; then
+        out=$(timeout 120 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- "$@" --chk 2>&1) && rc=0 || rc=$?
+    else
+        for _ in $(seq 60); do
+            out=$(timeout 120 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm2 -- "$@" --chk 10.10.0.1 2>&1) &&
+                rc=0 && break
+            grep -q "Couldn't connect" <<<"$out" || break
+            sleep 1
+        done
+    fi
+    echo "$out"
+    if [ "$rc" = 0 ] && grep -q ' bytes in ' <<<"$out"; then
+        ok "$name between the VMs ($([ "$VMID" = 1 ] && echo server || echo client)): $(grep 'bytes in' <<<"$out")"
+    else
+        fail "$name" "exit $rc: $(tail -3 <<<"$out")"
+    fi
+}
 if ! net_up; then
     fail network "eth0 did not come up"
-elif [ "$VMID" = 1 ]; then
-    out=$(timeout 120 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- "${pp[@]}" 2>&1) && rc=0 || rc=$?
-    echo "$out"
-    if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
-        ok "ibv_rc_pingpong between the VMs (server): $(grep 'bytes in' <<<"$out")"
-    else
-        fail rc_pingpong "exit $rc: $(tail -3 <<<"$out")"
-    fi
+else
+    between ibv_rc_pingpong ibv_rc_pingpong -d vrdma0 -n 200 -s 4096
+    between ibv_ud_pingpong ibv_ud_pingpong -d vrdma0 -n 200 -s 1024
+    between ibv_srq_pingpong ibv_srq_pingpong -d vrdma0 -n 100 -s 4096 -q 4
+fi
+if [ "$VMID" = 1 ]; then
     ip link set eth1 up && ip addr add 10.0.2.15/24 dev eth1
-    out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- "${pp[@]}" -p 18516 2>&1) &&
-        rc=0 || rc=$?
+    out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 -n 200 \
+        -s 4096 --chk -p 18516 2>&1) && rc=0 || rc=$?
     echo "$out"
     if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
         ok "ibv_rc_pingpong with host guest h (server): $(grep 'bytes in' <<<"$out")"
     else
         fail rc_pingpong_host "exit $rc: $(tail -3 <<<"$out")"
-    fi
-else
-    rc=1
-    for _ in $(seq 60); do
-        out=$(timeout 120 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm2 -- "${pp[@]}" 10.10.0.1 2>&1) &&
-            rc=0 && break
-        grep -q "Couldn't connect" <<<"$out" || break
-        sleep 1
-    done
-    echo "$out"
-    if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
-        ok "ibv_rc_pingpong between the VMs (client): $(grep 'bytes in' <<<"$out")"
-    else
-        fail rc_pingpong "exit $rc: $(tail -3 <<<"$out")"
     fi
 fi
 kill "$agent" 2>/dev/null

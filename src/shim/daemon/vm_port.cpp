@@ -152,6 +152,12 @@ void VmPort::handle(const abi::VmRequest& q, abi::VmReply& r) {
         case abi::VmOp::Close:
             close_owner(q.owner);
             break;
+        case abi::VmOp::Detach:
+            if (auto o = owners_.find(q.owner); o != owners_.end() && o->second.ctx_id) {
+                eng_.detach(o->second.ctx_id);
+                o->second.ctx_id = 0;
+            }
+            break;
         case abi::VmOp::AddSegment:
             r.status = add_segment(q, long_why);
             why = long_why.c_str();

@@ -7,11 +7,14 @@
 // the agent asks the shim, through the device's mailbox (vm_abi.h), for a
 // region of the device's memory for the process's arena and hands the
 // process the device's BARs to map it, then attaches its context. A
-// process's going (its socket closes) closes everything it held.
+// process's closing the device (its socket closes) detaches its context;
+// the regions its pages moved onto stay its own until it exits (they are
+// its heap and stack now), when the agent closes them too.
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -77,6 +80,7 @@ EXIT STATUS
 
 struct Client {
     UniqueFd sock;
+    pid_t pid = 0;
     uint64_t owner = 0;
     uint64_t arena_offset = 0, arena_len = 0;  // after VmOpen
     bool attached = false;
@@ -105,6 +109,14 @@ private:
     shim::GuestAccess access_;
     UniqueFd listener_, signals_;
     std::map<uint64_t, Client> clients_;  // by owner
+    // Processes that closed the device and may still map regions: a pidfd
+    // each, and the owners to close when it exits.
+    struct Exiting {
+        UniqueFd pidfd;
+        std::vector<uint64_t> owners;
+    };
+    std::map<pid_t, Exiting> exiting_;
+    void close_owner(uint64_t owner);
     uint64_t next_owner_ = 1;
     bool device_gone_ = false;
 };
@@ -280,19 +292,35 @@ void Agent::accept_all() {
             reply(c, EACCES, "access refused");
             continue;
         }
+        c.pid = cred.pid;
         c.owner = next_owner_++;
         clients_.emplace(c.owner, std::move(c));
     }
 }
 
+// The connection closed: the context detaches now, its regions go when
+// the process exits (at once if it has).
 void Agent::close_client(uint64_t owner) {
     auto it = clients_.find(owner);
     if (it == clients_.end()) return;
-    if (it->second.arena_len && !device_gone_) {
-        abi::VmReply r{};
-        mailbox(abi::VmRequest{abi::VmOp::Close, 0, owner, 0, 0, 0}, r);
-    }
+    const pid_t pid = it->second.pid;
+    const bool held = it->second.arena_len != 0;
     clients_.erase(it);
+    if (!held || device_gone_) return;
+    abi::VmReply r{};
+    mailbox(abi::VmRequest{abi::VmOp::Detach, 0, owner, 0, 0, 0}, r);
+    Exiting& e = exiting_[pid];
+    if (!e.pidfd) e.pidfd.reset(int(::syscall(SYS_pidfd_open, pid, 0)));
+    e.owners.push_back(owner);
+    if (!e.pidfd) {  // gone already
+        for (uint64_t o : e.owners) close_owner(o);
+        exiting_.erase(pid);
+    }
+}
+
+void Agent::close_owner(uint64_t owner) {
+    abi::VmReply r{};
+    if (!device_gone_) mailbox(abi::VmRequest{abi::VmOp::Close, 0, owner, 0, 0, 0}, r);
 }
 
 int Agent::run() {
@@ -302,6 +330,11 @@ int Agent::run() {
         for (auto& [owner, c] : clients_) {
             fds.push_back({c.sock.get(), POLLIN, 0});
             owners.push_back(owner);
+        }
+        std::vector<pid_t> pids;
+        for (auto& [pid, e] : exiting_) {
+            fds.push_back({e.pidfd.get(), POLLIN, 0});
+            pids.push_back(pid);
         }
         // The device is looked at once a second: a shim that stopped ends
         // the agent even with no process asking anything.
@@ -316,6 +349,13 @@ int Agent::run() {
             if (!fds[2 + i].revents) continue;
             auto it = clients_.find(owners[i]);
             if (it != clients_.end() && !on_message(it->second)) close_client(owners[i]);
+        }
+        for (size_t i = 0; i < pids.size(); ++i) {
+            if (!fds[2 + owners.size() + i].revents) continue;
+            auto it = exiting_.find(pids[i]);
+            if (it == exiting_.end()) continue;
+            for (uint64_t o : it->second.owners) close_owner(o);
+            exiting_.erase(it);
         }
     }
     return 1;
