@@ -160,6 +160,17 @@ void play_hostile(void* bar2, int bell, int rounds) {
     };
     std::vector<uint64_t> arenas, regions;
     uint64_t requests = 0, scribbles = 0;
+    // Three contexts to scribble over from the start (owners 1-3, which
+    // the random requests then also Free, Detach, Close and reuse).
+    for (uint64_t o = 1; o <= 3; ++o) {
+        VmReply r{};
+        if (mb.call(VmRequest{VmOp::Alloc, 0, o, 0, 64 * 1024, 0}, r)) die("hostile: the first Alloc failed");
+        const uint64_t off = r.offset;
+        if (mb.call(VmRequest{VmOp::Attach, 0, o, off, 64 * 1024, 0x7d0000000000ull + (o << 30)}, r))
+            die("hostile: the first Attach failed");
+        regions.push_back(off);
+        arenas.push_back(off);
+    }
     for (int i = 0; i < rounds; ++i) {
         switch (pick(5)) {
         case 0:
