@@ -27,21 +27,9 @@
 #                       (default: /var/tmp/vrdma-vm; kept for the next run)
 set -euo pipefail
 
-case "${1:-}" in
-    -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
-    "") ;;
-    *) echo "test-hca: unknown argument $1 (see --help)" >&2; exit 2 ;;
-esac
-
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(realpath -m "${VRDMA_BUILD_DIR:-$root/build}")
-work=$(realpath -m "${VRDMA_VM_WORK:-/var/tmp/vrdma-vm}")
-
-"$root/scripts/install-deps.sh"
-"$root/scripts/vm/install-deps.sh"
-[ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$root/scripts/build.sh"
-echo "test-hca: preparing the VM kernel and initramfs in $work"
-"$root/scripts/vm/prepare.sh" "$work"
+# shellcheck source=lib/vm_test.sh
+source "$(dirname "$0")/lib/vm_test.sh"
+vm_test_start test-hca "$0" "$@"
 
 mkdir -p "$work/share"
 head -c 32 /dev/urandom | base64 >"$work/share/fabric.key"

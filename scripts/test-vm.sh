@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Usage: scripts/test-vm.sh [--help]
 #
-# VM guests (docs/protocol.md "VM tenants"), so far their device: starts a
-# vrdma-shim on this host serving guest h and the VM guests vm1 and vm2,
-# boots two QEMU VMs (TCG, scripts/vm/) each with an ivshmem-doorbell
-# device whose server is the shim (vmN's RUN_DIR/vmN/ivshmem.sock), and
-# runs test/vm/vm-device.sh in each: with the VM's stock kernel and no
-# vrdma module, the VM finds the device, reads the device page the shim
-# wrote (its guest's name and LID) and rings the shim through the
-# device's Doorbell register, which the shim counts; then the VM's agent
-# (vrdma-vm-agent) serves the device in the VM and `vrdma-run --
-# ibv_devinfo -v` shows vrdma0 with the guest's LID. Then checks that the
-# shim saw each QEMU connect and go when its VM powered off, and stops
+# VM guests (docs/protocol.md "VM tenants"): starts a vrdma-shim on this
+# host serving guest h and the VM guests vm1 and vm2, boots two QEMU VMs
+# (TCG, scripts/vm/) each with an ivshmem-doorbell device whose server is
+# the shim (vmN's RUN_DIR/vmN/ivshmem.sock), and runs test/vm/vm-device.sh
+# in each. With the VM's stock kernel and no vrdma module, each VM finds
+# the device, reads the device page the shim wrote (its guest's name and
+# LID) and rings the shim through the device's Doorbell register, which
+# the shim counts; its agent (vrdma-vm-agent) serves the device in the VM;
+# `vrdma-run -- ibv_devinfo -v` shows vrdma0 with the guest's LID; the rc,
+# ud and srq pingpongs run between the two VMs with their data checked,
+# and the rc pingpong between VM 1 and host guest h (its client runs
+# here; VM 1's user network carries the connection data). Then checks that
+# the shim saw each QEMU connect and go when its VM powered off, and stops
 # cleanly. Each check prints "ok NAME" or "FAIL NAME: why"; exit status 0
 # when all pass.
 #
@@ -23,21 +25,9 @@
 #                       (default: /var/tmp/vrdma-vm; kept for the next run)
 set -euo pipefail
 
-case "${1:-}" in
-    -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
-    "") ;;
-    *) echo "test-vm: unknown argument $1 (see --help)" >&2; exit 2 ;;
-esac
-
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=$(realpath -m "${VRDMA_BUILD_DIR:-$root/build}")
-work=$(realpath -m "${VRDMA_VM_WORK:-/var/tmp/vrdma-vm}")
-
-"$root/scripts/install-deps.sh"
-"$root/scripts/vm/install-deps.sh"
-[ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$root/scripts/build.sh"
-echo "test-vm: preparing the VM kernel and initramfs in $work"
-"$root/scripts/vm/prepare.sh" "$work"
+# shellcheck source=lib/vm_test.sh
+source "$(dirname "$0")/lib/vm_test.sh"
+vm_test_start test-vm "$0" "$@"
 mkdir -p "$work/share"
 rm -f "$work"/share/vm*.results
 
