@@ -22,6 +22,8 @@
 # Prints "ok NAME" or "FAIL NAME: why" per check into
 # $VM_SHARE/vmN.results; exits 1 if any failed.
 set -uo pipefail
+# shellcheck source=vm-lib.sh
+source "$(dirname "$0")/vm-lib.sh"
 results="$VM_SHARE/vm$VMID.results"
 : >"$results"
 status=0
@@ -80,10 +82,7 @@ if [ -z "$build" ] || [ ! -x "$build/src/shim/vrdma-vm-agent" ]; then
     fail agent "no build given (scripts/test-vm.sh passes it)"
     exit 1
 fi
-"$build/src/shim/vrdma-vm-agent" --run-dir /run/vrdma >/tmp/agent.log 2>&1 &
-agent=$!
-for _ in $(seq 100); do [ -e /run/vrdma/ready ] && break; sleep 0.1; done
-if [ -e /run/vrdma/ready ]; then ok "agent: $(head -1 /tmp/agent.log)"; else fail agent "$(cat /tmp/agent.log)"; fi
+if vm_agent_start "$build"; then ok "agent: $(head -1 /tmp/agent.log)"; else fail agent "$(cat /tmp/agent.log)"; fi
 devinfo=$("$build/tools/vrdma-run" --run-dir /run/vrdma --guest "vm$VMID" -- ibv_devinfo -v 2>&1) && rc=0 || rc=$?
 echo "$devinfo"
 lid=$(awk '$1 == "port_lid:" { print $2 }' <<<"$devinfo")
@@ -93,17 +92,6 @@ if [ "$rc" = 0 ] && grep -q 'hca_id:[[:space:]]*vrdma0' <<<"$devinfo" && [ "$lid
 else
     fail ibv_devinfo "exit $rc: $(tail -5 <<<"$devinfo")"
 fi
-net_up() {
-    local kver moddir m rel
-    read -r kver </proc/sys/kernel/osrelease
-    moddir=$VM_WORK/root/lib/modules/$kver
-    for m in failover net_failover virtio_net; do
-        rel=$(awk -F: -v m="$m" '{ n = $1; sub(".*/", "", n); sub("[.]ko.*", "", n); gsub("-", "_", n)
-                                   if (n == m) { print $1; exit } }' "$moddir/modules.dep")
-        [ -n "$rel" ] && insmod "$moddir/$rel" 2>/dev/null
-    done
-    ip link set eth0 up && ip addr add "10.10.0.$VMID/24" dev eth0
-}
 # between VM PROGRAM ARGS... : PROGRAM with ARGS, --chk, VM 1 serving and
 # VM 2 connecting (retried until VM 1 listens); "ok" when it exits 0 and
 # printed its "bytes in" line.
@@ -127,7 +115,7 @@ between() {
         fail "$name" "exit $rc: $(tail -3 <<<"$out")"
     fi
 }
-if ! net_up; then
+if ! vm_net_up; then
     fail network "eth0 did not come up"
 else
     between ibv_rc_pingpong ibv_rc_pingpong -d vrdma0 -n 200 -s 4096
@@ -135,7 +123,6 @@ else
     between ibv_srq_pingpong ibv_srq_pingpong -d vrdma0 -n 100 -s 4096 -q 4
 fi
 if [ "$VMID" = 1 ]; then
-    ip link set eth1 up && ip addr add 10.0.2.15/24 dev eth1
     out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 -n 200 \
         -s 4096 --chk -p 18516 2>&1) && rc=0 || rc=$?
     echo "$out"
