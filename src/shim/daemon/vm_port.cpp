@@ -110,12 +110,6 @@ void VmPort::on_kick() {
             if (Context* ctx = eng_.find_context(o.ctx_id)) eng_.wake(*ctx);
 }
 
-size_t VmPort::contexts() const {
-    size_t n = 0;
-    for (auto& [id, o] : owners_) n += o.ctx_id != 0;
-    return n;
-}
-
 void VmPort::serve_mailbox() {
     auto* mb = reinterpret_cast<abi::VmMailbox*>(static_cast<uint8_t*>(map_) + abi::kVmMailboxOffset);
     const uint32_t seq = mb->request_seq.load(std::memory_order_acquire);

@@ -57,10 +57,6 @@ public:
     void on_kick();
     // QEMU's socket closed or failed: the VM is gone.
     void disconnect(const char* why);
-    uint64_t kicks() const { return kicks_; }
-    // The VM's attached contexts.
-    size_t contexts() const;
-    const std::string& describe_qemu() const { return qemu_; }
 
 private:
     struct Owner {
