@@ -20,7 +20,11 @@ OPENIB_ONLY_BASE=(--mca pml ob1 --mca btl openib,self
     --mca btl_openib_warn_no_device_params_found 0 --mca btl_base_verbose 100)
 OSC_VERBOSE=(--mca osc_base_verbose 100)
 OPENIB_ONLY=("${OPENIB_ONLY_BASE[@]}" --mca btl_openib_allow_ib 1)
-MPIRUN_BASE=("$MPIRUN")
+# Plain mpirun gets the ranks' zeroed malloc that vrdma-mpirun adds: Open
+# MPI 4.1.4's openib reads a counter it never initialized, and a nonzero
+# heap byte there makes MPI_Finalize crash (docs/mpi.md "Known quirks").
+ZEROED_MALLOC=(-x GLIBC_TUNABLES=glibc.malloc.tcache_count=0:glibc.malloc.perturb=255)
+MPIRUN_BASE=("$MPIRUN" "${ZEROED_MALLOC[@]}")
 [ "$(id -u)" -eq 0 ] && MPIRUN_BASE+=(--allow-run-as-root)
 
 require_mpi() {
