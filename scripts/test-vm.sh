@@ -11,9 +11,12 @@
 # the shim counts; its agent (vrdma-vm-agent) serves the device in the VM;
 # `vrdma-run -- ibv_devinfo -v` shows vrdma0 with the guest's LID; the rc,
 # ud and srq pingpongs run between the two VMs with their data checked,
-# and the rc pingpong between VM 1 and host guest h (its client runs
-# here; VM 1's user network carries the connection data). Then checks that
-# the shim saw each QEMU connect and go when its VM powered off, and stops
+# then VM 2's QEMU is killed (SIGKILL, from here) in the middle of an rc
+# pingpong with VM 1, whose pingpong must end with an error; the shim must
+# free VM 2's context and its QPs and move VM 1's QP to error. Then the rc
+# pingpong between VM 1 and host guest h (its client runs here; VM 1's user
+# network carries the connection data): the shim still serves the others.
+# Then checks that the shim saw each QEMU connect and go, and stops
 # cleanly. Each check prints "ok NAME" or "FAIL NAME: why"; exit status 0
 # when all pass.
 #
@@ -35,7 +38,7 @@ run=$(mktemp -d /tmp/vrdma-test-vm.XXXXXX)
 log=$run.log
 "$build/src/shim/vrdma-shim" --run-dir "$run" --guest h --guest vm1:vm --guest vm2:vm:vm-memory=16M >"$log" 2>&1 &
 shim=$!
-cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log" "$run.host"; }
+cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log" "$run.host" "$run.kill" "$run.pair"; }
 trap cleanup EXIT
 for _ in $(seq 100); do [ -e "$run/ready" ] && break; sleep 0.1; done
 [ -e "$run/ready" ] || { cat "$log" >&2; echo "test-vm: the shim did not start" >&2; exit 1; }
@@ -61,15 +64,44 @@ status=0
     echo "$out" >"$run.host"
 ) &
 client=$!
-VM_QEMU_ARGS1="$(device 1) $user_nic" VM_QEMU_ARGS2=$(device 2) \
-    "$root/scripts/vm/run-pair.sh" --timeout 300 --gargs "$build" "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" ||
-    status=1
-kill "$client" 2>/dev/null || true
-wait "$client" 2>/dev/null || true
+# The killer of VM 2's QEMU: once VM 2 says its transfer to VM 1 runs,
+# SIGKILL to the QEMU the shim named when it connected.
+rm -f "$work/share/vm2.transfer"
+(
+    for _ in $(seq 600); do [ -e "$work/share/vm2.transfer" ] && break; sleep 0.5; done
+    [ -e "$work/share/vm2.transfer" ] || { echo "VM 2 never said its transfer runs" >"$run.kill"; exit 0; }
+    sleep 2
+    pid=$(sed -n 's/.*guest vm2: QEMU pid \([0-9]*\) connected.*/\1/p' "$log" | tail -1)
+    if [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; then
+        echo "killed VM 2's QEMU (pid $pid) with SIGKILL" >"$run.kill"
+    else
+        echo "no QEMU pid of vm2 to kill in the shim's log" >"$run.kill"
+    fi
+) &
+killer=$!
+# VM 2 is killed on purpose: run-pair.sh reports it as failed (no vm2.rc);
+# VM 1 must end well, with the grace to do so after VM 2 went.
+VM_PEER_GRACE=240 VM_QEMU_ARGS1="$(device 1) $user_nic" VM_QEMU_ARGS2=$(device 2) \
+    "$root/scripts/vm/run-pair.sh" --timeout 300 --gargs "$build" "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" \
+    >"$run.pair" 2>&1 || true
+kill "$client" "$killer" 2>/dev/null || true
+wait "$client" "$killer" 2>/dev/null || true
 for n in 1 2; do
     echo "--- VM $n"
     cat "$work/share/vm$n.results" 2>/dev/null || echo "(no results: see $work/share/vm$n.log)"
+    grep -q '^FAIL' "$work/share/vm$n.results" 2>/dev/null && status=1
 done
+if [ "$(cat "$work/share/vm1.rc" 2>/dev/null)" != 0 ]; then
+    echo "FAIL vm1: its script did not end with 0"
+    status=1
+fi
+if grep -q '^ok transfer to VM 1 running' "$work/share/vm2.results" 2>/dev/null && [ ! -e "$work/share/vm2.rc" ]; then
+    echo "ok VM 2: $(cat "$run.kill" 2>/dev/null) in the middle of its transfer"
+else
+    echo "FAIL vm2_kill: $(cat "$run.kill" 2>/dev/null || echo 'no kill'); vm2.rc: $(cat "$work/share/vm2.rc" 2>/dev/null || echo none)"
+    status=1
+fi
+[ "$status" = 0 ] || sed 's/^/  run-pair| /' "$run.pair"
 
 echo "--- host guest h"
 if grep -q '1638400 bytes in' "$run.host" 2>/dev/null; then
@@ -86,6 +118,8 @@ check "vm1 connected" 'guest vm1: QEMU pid [0-9]* connected: the VM.s device has
 check "vm2 connected" 'guest vm2: QEMU pid [0-9]* connected: the VM.s device has 16 MiB of memory, 2 vectors'
 check "vm1 gone" 'guest vm1: QEMU pid [0-9]* gone (its socket closed)'
 check "vm2 gone" 'guest vm2: QEMU pid [0-9]* gone (its socket closed)'
+check "vm2's context freed with its QP" 'guest vm2: context [0-9]* detached ([1-9][0-9]* QPs, [0-9]* MRs freed)'
+check "vm1's QP to error" 'guest vm1: QP [0-9]* to error: its peer QP [0-9]* vanished'
 kill -TERM "$shim"
 if wait "$shim"; then echo "ok shim stopped cleanly"; else echo "FAIL shim exit: see $log"; status=1; fi
 if [ "$status" = 0 ]; then echo "test-vm: all passed"; else

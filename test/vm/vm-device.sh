@@ -15,7 +15,8 @@
 # and ibv_srq_pingpong between the two VMs (VM 1 serves, VM 2 connects
 # over the VMs' own network, 10.10.0.N, for the connection data only),
 # their data checked (--chk): the messages go VM memory -> shim -> VM
-# memory. Then VM 1 serves once more, on port
+# memory. Then VM 2's QEMU is killed in the middle of a pingpong with VM 1,
+# whose pingpong must end with an error. Then VM 1 serves once more, on port
 # 18516, for guest h of the host (scripts/test-vm.sh runs the client; the
 # connection data crosses QEMU's user network, eth1, forwarded from the
 # host).
@@ -121,6 +122,39 @@ else
     between ibv_rc_pingpong ibv_rc_pingpong -d vrdma0 -n 200 -s 4096
     between ibv_ud_pingpong ibv_ud_pingpong -d vrdma0 -n 200 -s 1024
     between ibv_srq_pingpong ibv_srq_pingpong -d vrdma0 -n 100 -s 4096 -q 4
+fi
+# VM 2's QEMU killed mid-transfer: VM 1 serves a pingpong far longer than
+# the test, VM 2 runs its client, says so in $VM_SHARE/vm2.transfer, and
+# scripts/test-vm.sh kills VM 2's QEMU with SIGKILL a few seconds later. VM
+# 1's pingpong must end with an error (the shim moves a QP whose peer
+# vanished to error, flushing its work requests), not hang; then VM 1 goes
+# on to guest h, served by the same shim.
+if [ "$VMID" = 1 ]; then
+    out=$(timeout 240 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 \
+        -n 10000000 -s 4096 --chk -p 18517 2>&1) && rc=0 || rc=$?
+    echo "$out"
+    if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q 'Failed status' <<<"$out"; then
+        ok "peer error when VM 2's QEMU was killed mid-transfer (exit $rc): $(grep -m1 'Failed status' <<<"$out")"
+    else
+        fail peer_error "exit $rc (124: it hung until the timeout): $(tail -3 <<<"$out")"
+    fi
+else
+    for _ in $(seq 60); do
+        "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm2 -- ibv_rc_pingpong -d vrdma0 -n 10000000 -s 4096 \
+            --chk -p 18517 10.10.0.1 >/tmp/transfer.log 2>&1 &
+        transfer=$!
+        sleep 3
+        kill -0 "$transfer" 2>/dev/null && break
+        wait "$transfer"
+    done
+    if kill -0 "$transfer" 2>/dev/null; then
+        ok "transfer to VM 1 running: QEMU may be killed now"
+        touch "$VM_SHARE/vm2.transfer"
+        wait "$transfer"
+        fail not_killed "the transfer ended and this VM is still running: $(tail -2 /tmp/transfer.log)"
+    else
+        fail transfer "the pingpong to VM 1 did not start: $(tail -3 /tmp/transfer.log)"
+    fi
 fi
 if [ "$VMID" = 1 ]; then
     out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 -n 200 \
