@@ -11,9 +11,10 @@
 # the shim counts; its agent (vrdma-vm-agent) serves the device in the VM;
 # `vrdma-run -- ibv_devinfo -v` shows vrdma0 with the guest's LID; the rc,
 # ud and srq pingpongs run between the two VMs with their data checked,
-# and the six perftest programs at 8 B and 64 KiB; then VM 2's QEMU is killed (SIGKILL, from here) in the middle of an rc
-# pingpong with VM 1, whose pingpong must end with an error; the shim must
-# free VM 2's context and its QPs and move VM 1's QP to error. Then the rc
+# and the six perftest programs at 8 B and 64 KiB; then VM 2's QEMU is
+# killed (SIGKILL, from here) in the middle of an rc pingpong with VM 1,
+# whose pingpong must end with an error; the shim must free VM 2's
+# context and its QPs and move VM 1's QP to error. Then the rc
 # pingpong between VM 1 and host guest h (its client runs here; VM 1's user
 # network carries the connection data): the shim still serves the others.
 # Then checks that the shim saw each QEMU connect and go, and stops

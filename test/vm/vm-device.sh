@@ -16,11 +16,11 @@
 # over the VMs' own network, 10.10.0.N, for the connection data only),
 # their data checked (--chk): the messages go VM memory -> shim -> VM
 # memory. Then the six perftest programs (send, write and read; bandwidth
-# and latency) at 8 B and 64 KiB between the VMs. Then VM 2's QEMU is killed in the middle of a pingpong with VM 1,
-# whose pingpong must end with an error. Then VM 1 serves once more, on port
-# 18516, for guest h of the host (scripts/test-vm.sh runs the client; the
-# connection data crosses QEMU's user network, eth1, forwarded from the
-# host).
+# and latency) at 8 B and 64 KiB between the VMs. Then VM 2's QEMU is
+# killed in the middle of a pingpong with VM 1, whose pingpong must end
+# with an error. Then VM 1 serves once more, on port 18516, for guest h of
+# the host (scripts/test-vm.sh runs the client; the connection data
+# crosses QEMU's user network, eth1, forwarded from the host).
 # Prints "ok NAME" or "FAIL NAME: why" per check into
 # $VM_SHARE/vmN.results; exits 1 if any failed.
 set -uo pipefail
