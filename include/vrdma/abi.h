@@ -222,9 +222,10 @@ static_assert(sizeof(Cqe) == 64);
 // The provider arms the CQ without a command: it writes arm_seq (incremented
 // each ibv_req_notify_cq, a locked read-modify-write) and arm_solicited,
 // then rings the doorbell; the shim raises one completion event per new
-// arm_seq for the first matching completion it adds after seeing it
-// (completions already in the CQ raise nothing: the consumer polls after
-// arming).
+// arm_seq: for the first matching completion it adds after seeing it, or at
+// once when a matching completion that it added while the CQ was not armed
+// is still unpolled (as an HCA arms relative to the consumer index; a
+// completion that already raised an event raises no second one).
 struct CqNotify {
     alignas(kCacheLine) std::atomic<uint32_t> arm_seq;
     std::atomic<uint32_t> arm_solicited;  // 1: only solicited or error completions wake

@@ -93,6 +93,16 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     // Completions in flight keep their order; the new ring starts at index 0.
     for (uint32_t i = 0, idx = cons; i < outstanding; ++i, idx = ring_next(idx, cq->entries))
         std::memcpy(&slots[i], &cq->slots[ring_slot(idx, cq->entries)], sizeof(abi::Cqe));
+    // Silent completions (cq_events.h) keep their distance from the consumer.
+    auto move_silent = [&](bool& silent, uint32_t& end) {
+        const uint32_t upto_end = ring_count(end, cons, cq->entries);
+        if (silent && upto_end >= 1 && upto_end <= outstanding)
+            end = upto_end;
+        else
+            silent = false;
+    };
+    move_silent(cq->silent, cq->silent_end);
+    move_silent(cq->silent_solicited, cq->silent_solicited_end);
     notify->arm_solicited.store(cq->notify->arm_solicited.load(std::memory_order_relaxed), std::memory_order_relaxed);
     notify->arm_seq.store(cq->notify->arm_seq.load(std::memory_order_acquire), std::memory_order_release);
     hdr->consumer.store(0, std::memory_order_relaxed);

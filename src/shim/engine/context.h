@@ -114,6 +114,9 @@ public:
         work_marked_.clear();
         return work_batch_;
     }
+    // CQs holding a silent completion (cq_events.h), looked at when the
+    // guest rings the doorbell, as it does after arming a CQ.
+    std::vector<uint32_t> silent_cqs;
     uint64_t next_deadline_ns = 0;   // earliest waiting QP deadline, 0: none
     // A QP waits for `when` (0: nothing): the earliest such deadline is kept.
     void note_deadline(uint64_t when) {

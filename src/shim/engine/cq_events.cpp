@@ -2,9 +2,30 @@
 
 #include <atomic>
 
-namespace vrdma::shim {
+#include "vrdma/ring.h"
 
-void cq_after_push(Context& ctx, Cq& cq, bool wakes_solicited) {
+namespace vrdma::shim {
+namespace {
+
+// Consumes the arming `arm` with one event record.
+void raise_event(Context& ctx, Cq& cq, uint32_t arm) {
+    cq.last_arm_seq = arm;
+    // The guest will poll: the silent completions need no event of their own.
+    cq.silent = cq.silent_solicited = false;
+    if (ctx.post_comp_event(cq.channel_id, cq.user_handle)) ++cq.comp_events;
+}
+
+// Whether the completion just before index `end` is still unpolled, given
+// the guest's consumer index `cons` (checked) and the shim's producer.
+bool unpolled(const Cq& cq, uint32_t end, uint32_t cons) {
+    const uint32_t waiting = ring_count(cq.prod, cons, cq.entries);
+    const uint32_t upto_end = ring_count(end, cons, cq.entries);
+    return upto_end >= 1 && upto_end <= waiting;
+}
+
+}  // namespace
+
+void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited) {
     if (!cq.channel_id) return;
     // Pairs with the guest's arming (a locked read-modify-write of arm_seq
     // and of the doorbell) followed by its poll: either the guest's poll
@@ -13,11 +34,52 @@ void cq_after_push(Context& ctx, Cq& cq, bool wakes_solicited) {
     // store buffer while arm_seq is read, and both sides would miss.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t arm = cq.notify->arm_seq.load(std::memory_order_acquire);
-    if (arm == cq.last_arm_seq) return;  // not armed
-    if (!wakes_solicited && cq.notify->arm_solicited.load(std::memory_order_relaxed)) return;
-    // One record per arming, however many ibv_req_notify_cq calls it took.
-    cq.last_arm_seq = arm;
-    if (ctx.post_comp_event(cq.channel_id, cq.user_handle)) ++cq.comp_events;
+    const bool armed = arm != cq.last_arm_seq;
+    if (armed && (wakes_solicited || !cq.notify->arm_solicited.load(std::memory_order_relaxed))) {
+        // One record per arming, however many ibv_req_notify_cq calls it took.
+        raise_event(ctx, cq, arm);
+        return;
+    }
+    // Silent. If the guest arms after this load, its doorbell comes after
+    // too, and cq_check_armings finds this completion if it is still there.
+    cq.silent = true;
+    cq.silent_end = cq.prod;
+    if (wakes_solicited) {
+        cq.silent_solicited = true;
+        cq.silent_solicited_end = cq.prod;
+    }
+    if (!cq.silent_listed) {
+        cq.silent_listed = true;
+        ctx.silent_cqs.push_back(cq_handle);  // no allocation once grown to the CQs
+    }
+}
+
+void cq_check_armings(Context& ctx) {
+    std::vector<uint32_t>& list = ctx.silent_cqs;
+    size_t kept = 0;
+    for (uint32_t h : list) {
+        Cq* cq = ctx.cqs.get(h);
+        if (!cq || !cq->silent_listed) continue;  // destroyed (the handle may be reused)
+        const uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
+        // A bad index is the next push's to report (cq_writer.cpp).
+        const bool cons_ok = ring_valid_consumer(cons, cq->prod, cq->entries);
+        if (cq->silent && (!cons_ok || !unpolled(*cq, cq->silent_end, cons))) cq->silent = false;
+        if (cq->silent_solicited && (!cons_ok || !unpolled(*cq, cq->silent_solicited_end, cons)))
+            cq->silent_solicited = false;
+        if (!cq->silent && !cq->silent_solicited) {
+            cq->silent_listed = false;
+            continue;
+        }
+        const uint32_t arm = cq->notify->arm_seq.load(std::memory_order_acquire);
+        const bool solicited_only = cq->notify->arm_solicited.load(std::memory_order_relaxed) != 0;
+        if (arm != cq->last_arm_seq && (solicited_only ? cq->silent_solicited : cq->silent)) {
+            raise_event(ctx, *cq, arm);
+            cq->silent_listed = false;
+            continue;
+        }
+        list[kept++] = h;
+    }
+    list.resize(kept);
 }
 
 }  // namespace vrdma::shim

@@ -51,7 +51,7 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicit
     }
     cq->prod = ring_next(cq->prod, cq->entries);
     cq->ring->producer.store(cq->prod, std::memory_order_release);
-    cq_after_push(ctx, *cq, solicited || cqe.status != IBV_WC_SUCCESS);
+    cq_after_push(ctx, cq_handle, *cq, solicited || cqe.status != IBV_WC_SUCCESS);
     return true;
 }
 

@@ -252,9 +252,9 @@ bool Engine::poll_once() {
 // stand for a queue (an SRQ, which has no work bit); otherwise only
 // the QPs named by the guest's work bits and those the shim marked are
 // looked at, so an idle QP costs nothing. Where the doorbell can only mean
-// a command or a CQ being armed (the shim looks at arming when it writes a
-// completion: cq_events.h), the pass runs the commands, which mark the QPs
-// they change: a command costs O(1), not O(QPs).
+// a command or a CQ being armed, the pass runs the commands, which mark the
+// QPs they change, and looks at the CQs holding completions written while
+// they were not armed (cq_events.h): a command costs O(1), not O(QPs).
 bool Engine::process_context(Context& ctx, uint64_t t) {
     if (ctx.dead) return false;
     abi::ControlBlock* cb = ctx.control();
@@ -306,6 +306,8 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         ctx.last_doorbell = db;
         progress = process_commands(ctx);
         if (ctx.dead) return true;
+        // The doorbell may be an arming that finds a completion waiting.
+        if (!ctx.silent_cqs.empty()) cq_check_armings(ctx);
     }
     // Taken after the commands: the QPs they changed are among them.
     std::vector<uint32_t>& marked = ctx.take_marked();

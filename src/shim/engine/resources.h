@@ -83,6 +83,12 @@ struct Cq {
     // consumed).
     uint32_t channel_id = 0;      // 0: no channel
     uint32_t last_arm_seq = 0;
+    // The newest completions written while the CQ was not armed for them
+    // ("silent"), as producer indices just past them: an arming that finds
+    // one still unpolled raises its event (cq_check_armings).
+    uint32_t silent_end = 0, silent_solicited_end = 0;
+    bool silent = false, silent_solicited = false;
+    bool silent_listed = false;   // on Context::silent_cqs
     uint32_t comp_events = 0;     // event records written (reported at DestroyCq)
     uint32_t async_events = 0;
     uint64_t user_handle = 0;
