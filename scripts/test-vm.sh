@@ -17,8 +17,10 @@
 # context and its QPs and move VM 1's QP to error. Then the rc
 # pingpong between VM 1 and host guest h (its client runs here; VM 1's user
 # network carries the connection data): the shim still serves the others.
-# Then checks that the shim saw each QEMU connect and go, and stops
-# cleanly. Each check prints "ok NAME" or "FAIL NAME: why"; exit status 0
+# Last, once a process in VM 1 waits on vrdma0's async events, the shim is
+# killed with SIGKILL: that process must get IBV_EVENT_DEVICE_FATAL, and
+# VM 1's agent must exit 1. Then checks, from the shim's log, that it saw
+# each QEMU connect and VM 2's go. Each check prints "ok NAME" or "FAIL NAME: why"; exit status 0
 # when all pass.
 #
 # A command beside ./scripts/test.sh (README), as scripts/test-hca.sh is:
@@ -39,7 +41,7 @@ run=$(mktemp -d /tmp/vrdma-test-vm.XXXXXX)
 log=$run.log
 "$build/src/shim/vrdma-shim" --run-dir "$run" --guest h --guest vm1:vm --guest vm2:vm:vm-memory=16M >"$log" 2>&1 &
 shim=$!
-cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log" "$run.host" "$run.kill" "$run.pair"; }
+cleanup() { kill "$shim" 2>/dev/null || true; rm -rf "$run" "$log" "$run.host" "$run.kill" "$run.shimkill" "$run.pair"; }
 trap cleanup EXIT
 for _ in $(seq 100); do [ -e "$run/ready" ] && break; sleep 0.1; done
 [ -e "$run/ready" ] || { cat "$log" >&2; echo "test-vm: the shim did not start" >&2; exit 1; }
@@ -80,13 +82,22 @@ rm -f "$work/share/vm2.transfer"
     fi
 ) &
 killer=$!
+# The killer of the shim: once VM 1 says a process there waits on vrdma0's
+# async events.
+rm -f "$work/share/vm1.waiting"
+(
+    for _ in $(seq 1200); do [ -e "$work/share/vm1.waiting" ] && break; sleep 0.5; done
+    [ -e "$work/share/vm1.waiting" ] || { echo "VM 1 never said its waiter runs" >"$run.shimkill"; exit 0; }
+    kill -KILL "$shim" && echo "killed the shim (pid $shim) with SIGKILL" >"$run.shimkill"
+) &
+shimkiller=$!
 # VM 2 is killed on purpose: run-pair.sh reports it as failed (no vm2.rc);
 # VM 1 must end well, with the grace to do so after VM 2 went.
 VM_PEER_GRACE=240 VM_QEMU_ARGS1="$(device 1) $user_nic" VM_QEMU_ARGS2=$(device 2) \
     "$root/scripts/vm/run-pair.sh" --timeout 300 --gargs "$build" "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" \
     >"$run.pair" 2>&1 || true
-kill "$client" "$killer" 2>/dev/null || true
-wait "$client" "$killer" 2>/dev/null || true
+kill "$client" "$killer" "$shimkiller" 2>/dev/null || true
+wait "$client" "$killer" "$shimkiller" 2>/dev/null || true
 for n in 1 2; do
     echo "--- VM $n"
     cat "$work/share/vm$n.results" 2>/dev/null || echo "(no results: see $work/share/vm$n.log)"
@@ -117,12 +128,15 @@ check() {
 }
 check "vm1 connected" 'guest vm1: QEMU pid [0-9]* connected: the VM.s device has 64 MiB of memory, 2 vectors'
 check "vm2 connected" 'guest vm2: QEMU pid [0-9]* connected: the VM.s device has 16 MiB of memory, 2 vectors'
-check "vm1 gone" 'guest vm1: QEMU pid [0-9]* gone (its socket closed)'
 check "vm2 gone" 'guest vm2: QEMU pid [0-9]* gone (its socket closed)'
 check "vm2's context freed with its QP" 'guest vm2: context [0-9]* detached ([1-9][0-9]* QPs, [0-9]* MRs freed)'
 check "vm1's QP to error" 'guest vm1: QP [0-9]* to error: its peer QP [0-9]* vanished'
-kill -TERM "$shim"
-if wait "$shim"; then echo "ok shim stopped cleanly"; else echo "FAIL shim exit: see $log"; status=1; fi
+grep -q '^killed' "$run.shimkill" 2>/dev/null || kill -TERM "$shim" 2>/dev/null
+wait "$shim" && src=0 || src=$?
+if [ "$src" = 137 ]; then echo "ok $(cat "$run.shimkill")"; else
+    echo "FAIL shim_kill: $(cat "$run.shimkill" 2>/dev/null || echo 'not killed'); its exit status $src"
+    status=1
+fi
 if [ "$status" = 0 ]; then echo "test-vm: all passed"; else
     sed 's/^/  shim| /' "$log" | tail -n 30
     echo "test-vm: FAILED"

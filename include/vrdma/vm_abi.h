@@ -75,6 +75,10 @@ enum class VmOp : uint32_t {
     // regions stay: the process's pages moved there stay mapped until it
     // exits, when the agent sends Close.
     Detach = 7,
+    // Nothing (owner 0 allowed): answered at once. The agent asks when it
+    // has asked nothing for a second, so that a shim that stopped answering
+    // (killed, with no chance to write shim_state) is noticed.
+    Ping = 8,
 };
 struct VmRequest {
     VmOp op;

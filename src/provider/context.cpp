@@ -145,10 +145,16 @@ int attach_in_vm(Context& ctx) {
     ctx.cmd_done.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));  // never written: the shim cannot reach it
     int ap[2];
     if (!ctx.cmd_done || ::pipe2(ap, O_CLOEXEC) != 0) return errno;
-    ctx.vm_async_w.reset(ap[1]);  // no async events in a VM yet: an empty pipe
+    // The agent keeps the pipe's write end, as a host shim does: when the
+    // device goes (the shim stopped answering, or the agent itself went) it
+    // is closed, and the end of file is IBV_EVENT_DEVICE_FATAL here.
+    UniqueFd async_w(ap[1]);
     msg.hdr.op = abi::SockOp::Attach;
     msg.arena_gva = reinterpret_cast<uintptr_t>(base);
-    if ((rc = sock_request(ctx, &msg, sizeof(msg), {}, &reply))) {
+    const int pass[1] = {async_w.get()};
+    rc = sock_request(ctx, &msg, sizeof(msg), pass, &reply);
+    async_w.reset();
+    if (rc) {
         ::close(ap[0]);
         LOG_ERR("the VM's vrdma agent at %s refused to attach: %s", path,
                 reply.message[0] ? reply.message : std::strerror(rc));

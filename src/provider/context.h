@@ -46,7 +46,6 @@ struct Context {
     bool in_vm = false;
     void* vm_regs = nullptr;        // BAR0, mapped
     UniqueFd vm_bar0, vm_bar2;      // the device's resource files, from the agent
-    UniqueFd vm_async_w;            // the write end of the async event pipe (empty)
 
     // Commands and socket requests (one outstanding at a time).
     std::mutex cmd_mu;

@@ -127,7 +127,7 @@ void VmPort::serve_mailbox() {
 void VmPort::handle(const abi::VmRequest& q, abi::VmReply& r) {
     const char* why = "";
     std::string long_why;
-    if (q.owner == 0) {
+    if (q.owner == 0 && q.op != abi::VmOp::Ping) {
         r.status = EINVAL;
         why = "owner 0";
     } else {
@@ -159,6 +159,8 @@ void VmPort::handle(const abi::VmRequest& q, abi::VmReply& r) {
         case abi::VmOp::RemoveSegment:
             r.status = remove_segment(q, long_why);
             why = long_why.c_str();
+            break;
+        case abi::VmOp::Ping:
             break;
         default:
             r.status = EINVAL;

@@ -10,6 +10,12 @@
 // process's closing the device (its socket closes) detaches its context;
 // the regions its pages moved onto stay its own until it exits (they are
 // its heap and stack now), when the agent closes them too.
+//
+// The agent holds the write end of each process's async event pipe, as a
+// host shim does. When the device goes (the shim stopped serving it, or
+// stopped answering the agent's pings: a shim killed with SIGKILL writes
+// nothing into the device page) the agent exits, and each process reads
+// end of file there: IBV_EVENT_DEVICE_FATAL.
 #include <poll.h>
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -18,7 +24,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -43,7 +51,8 @@ const char* const kHelp = R"(NAME
 
 SYNOPSIS
     vrdma-vm-agent [--run-dir DIR] [--device PCI_ADDRESS] [--owner USER]
-                   [--group GROUP] [--log-level error|warn|info|debug]
+                   [--group GROUP] [--shim-timeout SECONDS]
+                   [--log-level error|warn|info|debug]
     vrdma-vm-agent --help
 
 DESCRIPTION
@@ -61,6 +70,15 @@ DESCRIPTION
     part of the device's memory. A process allowed on the socket can map
     all of it: the processes of one VM guest are one tenant.
 
+    When the device goes, the agent exits, and every process using vrdma0
+    gets IBV_EVENT_DEVICE_FATAL from ibv_get_async_event, and EIO from
+    the verbs after it, as on a host whose shim stopped. The device goes
+    when the shim stops serving it, and when the shim does not answer for
+    --shim-timeout seconds: the agent asks it something at least once a
+    second, so that a shim killed without a word is noticed too. The agent
+    does not outlive its shim: QEMU does not connect to a new one, so a VM
+    needs a restart (or its device hot-plugged again) after the shim's.
+
 OPTIONS
     --run-dir DIR
         Where the guest's tree and socket go (default /run/vrdma).
@@ -70,6 +88,9 @@ OPTIONS
     --owner USER, --group GROUP
         Who may use the device besides root: the socket's owner and group
         (default: root only).
+    --shim-timeout SECONDS
+        How long the shim may take to answer before the device is taken to
+        be gone (default 5, from 1 to 3600).
     --log-level LEVEL
         error, warn, info (default) or debug; logs go to standard error.
 
@@ -85,12 +106,16 @@ struct Client {
     uint64_t arena_offset = 0, arena_len = 0;  // after VmOpen
     bool attached = false;
     std::map<uint32_t, uint64_t> segments;  // by id: the region each lies in
+    // The write end of the process's async event pipe (sent with Attach):
+    // closed when the device goes, which the process reads as
+    // IBV_EVENT_DEVICE_FATAL, or when the process closes the device.
+    UniqueFd async_w;
 };
 
 class Agent {
 public:
     bool start(const std::string& run_dir, const std::string& pci, const std::string& access_spec,
-               std::string& error);
+               int shim_timeout_s, std::string& error);
     int run();
 
 private:
@@ -117,12 +142,17 @@ private:
     };
     std::map<pid_t, Exiting> exiting_;
     void close_owner(uint64_t owner);
+    // Asks the shim for nothing when nothing was asked for a second.
+    void ping_if_quiet();
     uint64_t next_owner_ = 1;
     bool device_gone_ = false;
+    int shim_timeout_ms_ = 5000;
+    std::chrono::steady_clock::time_point last_answer_ = std::chrono::steady_clock::now();
 };
 
 bool Agent::start(const std::string& run_dir, const std::string& pci, const std::string& access_spec,
-                  std::string& error) {
+                  int shim_timeout_s, std::string& error) {
+    shim_timeout_ms_ = shim_timeout_s * 1000;
     if (!access_.parse(access_spec, error)) return false;
     if (!open_vm_device(pci, dev_, error)) return false;
     mb_ = std::make_unique<VmMailboxClient>(dev_.mem, [this] { dev_.ring(); });
@@ -154,14 +184,23 @@ bool Agent::start(const std::string& run_dir, const std::string& pci, const std:
 }
 
 int Agent::mailbox(const abi::VmRequest& q, abi::VmReply& r) {
-    const int rc = mb_->call(q, r);
+    const int rc = mb_->call(q, r, shim_timeout_ms_);
     if (rc == ETIMEDOUT || rc == ESHUTDOWN) {
         if (!device_gone_)
-            LOG_ERR("the shim %s", rc == ESHUTDOWN ? "stopped serving this VM's device" : "does not answer");
+            LOG_ERR("the shim %s", rc == ESHUTDOWN ? "stopped serving this VM's device"
+                                                   : "has not answered for the --shim-timeout");
         device_gone_ = true;
         std::snprintf(r.message, sizeof(r.message), "the vrdma shim is gone");
+    } else {
+        last_answer_ = std::chrono::steady_clock::now();
     }
     return rc;
+}
+
+void Agent::ping_if_quiet() {
+    if (std::chrono::steady_clock::now() - last_answer_ < std::chrono::seconds(1)) return;
+    abi::VmReply r{};
+    mailbox(abi::VmRequest{abi::VmOp::Ping, 0, 0, 0, 0, 0}, r);
 }
 
 void Agent::reply(Client& c, int status, const char* message, uint32_t lid, uint32_t arg, std::span<const int> fds) {
@@ -234,6 +273,7 @@ bool Agent::on_message(Client& c) {
             return !device_gone_;
         }
         c.attached = true;
+        if (fds.size() == 1) c.async_w = std::move(fds[0]);
         reply(c, 0, "", r.lid);
         return true;
     case abi::SockOp::VmAlloc:
@@ -336,14 +376,18 @@ int Agent::run() {
             fds.push_back({e.pidfd.get(), POLLIN, 0});
             pids.push_back(pid);
         }
-        // The device is looked at once a second: a shim that stopped ends
-        // the agent even with no process asking anything.
+        // The device is looked at once a second, and the shim asked if
+        // nothing else was: a shim that stopped, or went without a word,
+        // ends the agent even with no process asking anything.
         if (::poll(fds.data(), fds.size(), 1000) < 0 && errno != EINTR) return 1;
         if (dev_.page().shim_state.load(std::memory_order_acquire) != abi::kShimRunning) {
             LOG_ERR("the shim stopped serving this VM's device");
-            return 1;
+            device_gone_ = true;
+            break;
         }
         if (fds[0].revents) return 0;
+        ping_if_quiet();
+        if (device_gone_) break;
         if (fds[1].revents) accept_all();
         for (size_t i = 0; i < owners.size(); ++i) {
             if (!fds[2 + i].revents) continue;
@@ -358,6 +402,11 @@ int Agent::run() {
             exiting_.erase(it);
         }
     }
+    // Exiting closes the processes' async pipes: IBV_EVENT_DEVICE_FATAL.
+    size_t attached = 0;
+    for (auto& [owner, c] : clients_) attached += c.attached;
+    LOG_ERR("the device is gone: %zu process%s using it get IBV_EVENT_DEVICE_FATAL", attached,
+            attached == 1 ? "" : "es");
     return 1;
 }
 
@@ -366,6 +415,7 @@ int Agent::run() {
 
 int main(int argc, char** argv) {
     std::string run_dir = "/run/vrdma", pci, access;
+    int shim_timeout = 5;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         auto value = [&](const char* name) -> std::string {
@@ -386,6 +436,16 @@ int main(int argc, char** argv) {
             access += (access.empty() ? "" : ":") + std::string("owner=") + value("--owner");
         } else if (a == "--group") {
             access += (access.empty() ? "" : ":") + std::string("group=") + value("--group");
+        } else if (a == "--shim-timeout") {
+            const std::string v = value("--shim-timeout");
+            char* end = nullptr;
+            const long t = std::strtol(v.c_str(), &end, 10);
+            if (v.empty() || *end || t < 1 || t > 3600) {
+                std::fprintf(stderr, "vrdma-vm-agent: --shim-timeout must be whole seconds from 1 to 3600, not '%s'\n",
+                             v.c_str());
+                return 2;
+            }
+            shim_timeout = int(t);
         } else if (a == "--log-level") {
             const std::string l = value("--log-level");
             if (l == "error") vrdma::set_log_level(vrdma::LogLevel::Error);
@@ -405,7 +465,7 @@ int main(int argc, char** argv) {
     if (access.empty()) access = "owner=root";
     vrdma::vm::Agent agent;
     std::string error;
-    if (!agent.start(run_dir, pci, access, error)) {
+    if (!agent.start(run_dir, pci, access, shim_timeout, error)) {
         std::fprintf(stderr, "vrdma-vm-agent: %s\n", error.c_str());
         return 1;
     }
