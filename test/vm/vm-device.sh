@@ -19,7 +19,8 @@
 # and latency) at 8 B and 64 KiB between the VMs. Then VM 2's QEMU is
 # killed in the middle of a pingpong with VM 1, whose pingpong must end
 # with an error. Then VM 1 serves once more, on port 18516, for guest h of
-# the host (scripts/test-vm.sh runs the client; the connection data
+# its shim's host, and on port 18518 for guest f of another shim of the
+# fabric (scripts/test-vm.sh runs the clients; the connection data
 # crosses QEMU's user network, eth1, forwarded from the host). Last, VM 1
 # waits on vrdma0's async events while the host kills the shim (SIGKILL):
 # it must get IBV_EVENT_DEVICE_FATAL.
@@ -203,15 +204,21 @@ else
         fail transfer "the pingpong to VM 1 did not start: $(tail -3 /tmp/transfer.log)"
     fi
 fi
+# VM 1 serves guest h of its own shim's host on port 18516, then guest f
+# of the other host of the fabric on port 18518 (the messages cross VM 1's
+# shim, the TCP fabric and the other shim).
 if [ "$VMID" = 1 ]; then
-    out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 -n 200 \
-        -s 4096 --chk -p 18516 2>&1) && rc=0 || rc=$?
-    echo "$out"
-    if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
-        ok "ibv_rc_pingpong with host guest h (server): $(grep 'bytes in' <<<"$out")"
-    else
-        fail rc_pingpong_host "exit $rc: $(tail -3 <<<"$out")"
-    fi
+    for peer in "18516:host guest h:rc_pingpong_host" "18518:guest f across the fabric:rc_pingpong_far"; do
+        IFS=: read -r port who name <<<"$peer"
+        out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 -n 200 \
+            -s 4096 --chk -p "$port" 2>&1) && rc=0 || rc=$?
+        echo "$out"
+        if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
+            ok "ibv_rc_pingpong with $who (server): $(grep 'bytes in' <<<"$out")"
+        else
+            fail "$name" "exit $rc: $(tail -3 <<<"$out")"
+        fi
+    done
 fi
 # The shim killed: VM 1 runs a process that waits on vrdma0's async
 # events and says so in $VM_SHARE/vm1.waiting; scripts/test-vm.sh then
