@@ -132,13 +132,17 @@ int attach_in_vm(Context& ctx) {
     ctx.arena_base = base;
     ctx.arena_len = kVmArenaBytes;
     ctx.cb = static_cast<abi::ControlBlock*>(base);
-    // Where the kernel says the arena's mapping starts, less where it does:
-    // the bias of the device file's offsets in /proc/self/maps.
+    // Where /proc/self/maps says the arena's mapping starts, less where it
+    // does: what the device file's offsets there still have in excess (the
+    // BAR's address the first time, nothing for a later context). One
+    // measurement at a time, or two first contexts would both add it.
+    static std::mutex bias_mu;
+    std::lock_guard bias_lock(bias_mu);
     struct stat st{};
     if (::fstat(ctx.vm_bar2.get(), &st) == 0)
         for (const MapEntry& e : read_maps(false))
             if (e.start == reinterpret_cast<uintptr_t>(base) && e.inode == st.st_ino)
-                set_maps_offset_bias(st.st_dev, st.st_ino, e.offset - uint64_t(reply.arg) * abi::kPageSize);
+                add_maps_offset_bias(st.st_dev, st.st_ino, e.offset - uint64_t(reply.arg) * abi::kPageSize);
     void* regs = ::mmap(nullptr, abi::kPageSize, PROT_READ | PROT_WRITE, MAP_SHARED, ctx.vm_bar0.get(), 0);
     if (regs == MAP_FAILED) return errno;
     ctx.vm_regs = regs;
@@ -248,10 +252,11 @@ void free_context(ibv_context* ibctx) {
 }  // namespace
 
 Context::~Context() {
+    if (in_vm && !dead.load(std::memory_order_relaxed)) release_vm_arena_segments(*this);
     sock.reset();  // detaches: the shim drops every resource of this context
     for (auto& [obj, del] : zombies) del(obj);
     for (auto& [id, s] : segments.segs)
-        if (s.arena && id != 0) ::munmap(reinterpret_cast<void*>(s.gva), s.len);
+        if (s.arena && id != 0 && s.len) ::munmap(reinterpret_cast<void*>(s.gva), s.len);
     if (arena_base) ::munmap(arena_base, arena_len);
     if (vm_regs) ::munmap(vm_regs, abi::kPageSize);
 }

@@ -6,6 +6,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -40,8 +41,9 @@ void privatize(uintptr_t start, uintptr_t end, int prot) {
 
 }  // namespace
 
-void privatize_after_fork(const std::pair<dev_t, ino_t>* files, size_t n) {
-    if (n == 0) return;
+void privatize_after_fork(const std::pair<dev_t, ino_t>* files, size_t n, const MovedRange* ranges,
+                          size_t nranges) {
+    if (n == 0 && nranges == 0) return;
     int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     size_t used = 0;
@@ -67,6 +69,16 @@ void privatize_after_fork(const std::pair<dev_t, ino_t>* files, size_t n) {
                            (perms[2] == 'x' ? PROT_EXEC : 0);
                 privatize(start, end, prot);
                 break;
+            }
+            for (size_t i = 0; i < nranges; ++i) {
+                const MovedRange& r = ranges[i];
+                if (inode != r.ino || maj != major(r.dev) || min != minor(r.dev)) continue;
+                const uintptr_t lo = std::max<uintptr_t>(start, r.start);
+                const uintptr_t hi = std::min<uintptr_t>(end, r.end);
+                if (lo >= hi) continue;
+                int prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
+                           (perms[2] == 'x' ? PROT_EXEC : 0);
+                privatize(lo, hi, prot);
             }
         }
         line = nl ? nl + 1 : nullptr;

@@ -9,12 +9,21 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 
 namespace vrdma::prov {
 
 // Runs in the child: replaces each mapping of the files named (dev, ino)
 // by private anonymous memory with the same contents and protection.
-void privatize_after_fork(const std::pair<dev_t, ino_t>* files, size_t n);
+// Inside a VM the moved pages are on the device's one memory file, beside
+// the contexts' arenas: `ranges` say which parts of its mappings to replace.
+struct MovedRange {
+    uintptr_t start, end;
+    dev_t dev;  // the file they were moved onto
+    ino_t ino;
+};
+void privatize_after_fork(const std::pair<dev_t, ino_t>* files, size_t n, const MovedRange* ranges = nullptr,
+                          size_t nranges = 0);
 
 }  // namespace vrdma::prov

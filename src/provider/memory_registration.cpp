@@ -66,9 +66,19 @@ std::vector<MovedFile> g_moved;
 // forking thread of the parent waits for it to finish copying.
 int g_fork_pipe[2] = {-1, -1};
 
+struct VmMovedRun {
+    uintptr_t gva;
+    size_t len;
+    uint64_t offset;  // in the device's memory
+    dev_t dev;        // the device's memory file
+    ino_t ino;
+};
+std::vector<VmMovedRun> g_vm_moved;  // inside a VM (below); under g_moved_mu
+
 void fork_prepare() {
     g_moved_mu.lock();
-    if (!g_moved.empty() && ::pipe2(g_fork_pipe, O_CLOEXEC) != 0) g_fork_pipe[0] = g_fork_pipe[1] = -1;
+    if ((!g_moved.empty() || !g_vm_moved.empty()) && ::pipe2(g_fork_pipe, O_CLOEXEC) != 0)
+        g_fork_pipe[0] = g_fork_pipe[1] = -1;
 }
 
 void fork_parent() {
@@ -88,7 +98,11 @@ void fork_child() {
     size_t n = 0;
     for (const MovedFile& m : g_moved)
         if (n < std::size(ids)) ids[n++] = {m.dev, m.ino};
-    privatize_after_fork(ids, n);
+    MovedRange runs[1024];
+    size_t nruns = 0;
+    for (const VmMovedRun& r : g_vm_moved)
+        if (nruns < std::size(runs)) runs[nruns++] = {r.gva, r.gva + r.len, r.dev, r.ino};
+    privatize_after_fork(ids, n, runs, nruns);
     if (g_fork_pipe[0] >= 0) {
         ::close(g_fork_pipe[0]);
         ::close(g_fork_pipe[1]);  // the parent reads end-of-file
@@ -97,9 +111,13 @@ void fork_child() {
     g_moved_mu.unlock();
 }
 
-void remember_moved(const Segment& s) {
+void watch_fork() {
     static std::once_flag atfork_once;
     std::call_once(atfork_once, [] { ::pthread_atfork(fork_prepare, fork_parent, fork_child); });
+}
+
+void remember_moved(const Segment& s) {
+    watch_fork();
     std::lock_guard lock(g_moved_mu);
     g_moved.push_back(MovedFile{s.dev, s.ino, UniqueFd(::fcntl(s.fd.get(), F_DUPFD_CLOEXEC, 0))});
 }
@@ -122,12 +140,56 @@ bool adopt_moved(const MapEntry& e, Segment& out) {
     return false;
 }
 
+// Inside a VM, g_vm_moved: the runs this library moved onto the device's
+// memory, process-wide, so that a later context of the process (the first
+// one closed, or another one open) registers those pages again: they are
+// shared mappings of the device's file now, which a VM process otherwise
+// cannot register. The shim accepts a segment anywhere in the VM's
+// allocated regions (the VM is one tenant); the region stays the first
+// context's owner's until the process exits. A forked child gets private
+// copies of them, as of the memfds on a host.
+void remember_vm_moved(const Segment& s) {
+    watch_fork();
+    std::lock_guard lock(g_moved_mu);
+    g_vm_moved.push_back(VmMovedRun{s.gva, s.len, s.offset, s.dev, s.ino});
+}
+
+// Whether mapping e at address `at` is still where a recorded run put it.
+bool maps_vm_run(const MapEntry& e, uintptr_t at, const VmMovedRun& r) {
+    return e.shared && at >= r.gva && at < r.gva + r.len && at >= e.start && at < e.end &&
+           e.offset + (at - e.start) == r.offset + (at - r.gva);
+}
+
+// A new segment for the run that address `at` of mapping e (a mapping of
+// the device's memory) lies in, if this process moved it; false otherwise.
+bool adopt_vm_moved(Context& ctx, const MapEntry& e, uintptr_t at, Segment& out) {
+    struct stat st;
+    if (!ctx.in_vm || !e.shared || ::fstat(ctx.vm_bar2.get(), &st) != 0) return false;
+    if (e.inode != st.st_ino || e.dev_major != major(st.st_dev) || e.dev_minor != minor(st.st_dev)) return false;
+    std::lock_guard lock(g_moved_mu);
+    for (const VmMovedRun& r : g_vm_moved) {
+        if (!maps_vm_run(e, at, r)) continue;
+        out.fd.reset(::fcntl(ctx.vm_bar2.get(), F_DUPFD_CLOEXEC, 0));
+        if (!out.fd) return false;
+        out.dev = st.st_dev;
+        out.ino = st.st_ino;
+        out.gva = r.gva;
+        out.len = r.len;
+        out.offset = r.offset;
+        return true;
+    }
+    return false;
+}
+
 void sweep_moved(const std::vector<MapEntry>& maps) {
     std::lock_guard lock(g_moved_mu);
     std::erase_if(g_moved, [&](const MovedFile& m) {
         return std::none_of(maps.begin(), maps.end(), [&](const MapEntry& e) {
             return e.inode == m.ino && e.dev_major == major(m.dev) && e.dev_minor == minor(m.dev);
         });
+    });
+    std::erase_if(g_vm_moved, [&](const VmMovedRun& r) {
+        return std::none_of(maps.begin(), maps.end(), [&](const MapEntry& e) { return maps_vm_run(e, r.gva, r); });
     });
 }
 
@@ -275,8 +337,8 @@ void vm_region_free(Context& ctx, uint64_t offset) {
 
 // move_run inside a VM: onto a region of the device's memory, as large as
 // the run (the region is the VM's, sized by its operator: no headroom),
-// hugetlb pieces included. Not remembered for fork(): a child keeps the
-// device's pages mapped shared.
+// hugetlb pieces included. Remembered for later contexts of the process
+// and for fork() (g_vm_moved).
 int move_run_in_vm(Context& ctx, const std::vector<MovePiece>& run, uint32_t* seg_id) {
     const uintptr_t start = run.front().start;
     const size_t len = run.back().end - start;
@@ -294,6 +356,7 @@ int move_run_in_vm(Context& ctx, const std::vector<MovePiece>& run, uint32_t* se
     // run may be on it already.
     if (rc) return rc;
     *seg_id = s.id;
+    remember_vm_moved(s);
     ctx.segments.segs.emplace(s.id, std::move(s));
     return 0;
 }
@@ -334,6 +397,15 @@ int create_shared_memfd(const char* name, uint64_t size, UniqueFd& out) {
     if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) return errno;
     out = std::move(fd);
     return 0;
+}
+
+void release_vm_arena_segments(Context& ctx) {
+    for (auto& [id, s] : ctx.segments.segs) {
+        if (!s.arena || id == 0 || !s.len) continue;
+        ::munmap(reinterpret_cast<void*>(s.gva), s.len);
+        s.len = 0;
+        vm_region_free(ctx, s.offset);
+    }
 }
 
 void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len) {
@@ -413,7 +485,7 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
             }
         }
         Segment adopted;
-        if (!found && adopt_moved(e, adopted)) {
+        if (!found && (adopt_moved(e, adopted) || adopt_vm_moved(ctx, e, s, adopted))) {
             adopted.id = ctx.segments.next_id++;
             if (int rc = announce_segment(ctx, adopted)) return rc;
             part.seg = adopted.id;

@@ -44,6 +44,11 @@ struct SegmentTable {
 // sizes MR files beyond the range for in-place realloc growth). 0 or errno.
 int create_shared_memfd(const char* name, uint64_t size, UniqueFd& out);
 
+// Inside a VM: unmaps the arena's extra segments and gives their regions of
+// the device's memory back (at close, while the agent still listens; the
+// attach arena the agent frees itself when the process closes the device).
+void release_vm_arena_segments(Context& ctx);
+
 // Records the attach arena (id 0) in the table.
 void record_attach_arena(Context& ctx, int fd, uintptr_t gva, size_t len);
 

@@ -61,14 +61,14 @@ std::vector<Bias> g_biases;
 
 }  // namespace
 
-void set_maps_offset_bias(uint64_t dev, uint64_t ino, uint64_t bias) {
+void add_maps_offset_bias(uint64_t dev, uint64_t ino, uint64_t excess) {
     std::lock_guard lock(g_bias_mu);
     for (Bias& b : g_biases)
         if (b.major == major(dev) && b.minor == minor(dev) && b.ino == ino) {
-            b.bias = bias;
+            b.bias += excess;
             return;
         }
-    g_biases.push_back(Bias{major(dev), minor(dev), ino, bias});
+    g_biases.push_back(Bias{major(dev), minor(dev), ino, excess});
 }
 
 std::vector<MapEntry> read_maps(bool with_flags) {

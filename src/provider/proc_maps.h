@@ -27,8 +27,11 @@ std::vector<MapEntry> read_maps(bool with_flags);
 
 // Inside a VM a mapping of the vrdma device's memory (a PCI BAR's sysfs
 // resource file) shows as its offset the BAR's address in pages plus the
-// file offset. `bias` (that address) is taken off the offsets of the file
-// (dev, ino) from now on, so that they are file offsets as everywhere else.
-void set_maps_offset_bias(uint64_t dev, uint64_t ino, uint64_t bias);
+// file offset. That address, the bias, is taken off the offsets read_maps
+// gives for the file (dev, ino), so that they are file offsets as
+// everywhere else. `excess`: how far an offset read_maps gives now is above
+// the true one; it is added to the file's bias (zero once the bias is known:
+// a process's second context measures it on offsets already corrected).
+void add_maps_offset_bias(uint64_t dev, uint64_t ino, uint64_t excess);
 
 }  // namespace vrdma::prov

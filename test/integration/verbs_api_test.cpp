@@ -148,7 +148,10 @@ TEST_CASE("memory registration preserves the data and sees memory mapped anew", 
     CHECK(ibv_dereg_mr(new_mr) == 0);
     CHECK(ibv_dereg_mr(old_mr) == 0);
     munmap(q, 8192);
+}
 
+TEST_CASE("memory registration of a shared file mapping, and of its part unmapped since", "[mr]") {
+    Device dev;
     // A shared mapping of an ordinary file registers (the shim maps the same
     // file, verbs_memory_test.cpp); an address range with nothing mapped is
     // refused with a clear error.

@@ -271,7 +271,10 @@ Context* VmPort::context_of(uint64_t owner) {
 }
 
 // As a host process's AddSegment (attach.cpp), with the device's memory for
-// the memfd: the range must lie in one region of the same owner.
+// the memfd: the range must lie in one allocated region. Of any owner: the
+// VM is one tenant (its processes can map all of the device's memory), and
+// a process's later context registers again the pages an earlier one moved
+// onto that one's region, which stays allocated until the process exits.
 int VmPort::add_segment(const abi::VmRequest& q, std::string& why) {
     Context* ctx = context_of(q.owner);
     if (!ctx) {
@@ -280,12 +283,12 @@ int VmPort::add_segment(const abi::VmRequest& q, std::string& why) {
     }
     auto u = used_.upper_bound(q.offset);
     if (u == used_.begin() || q.len == 0 || q.offset + q.len < q.offset) {
-        why = "the range is in no region of this owner";
+        why = "the range is in no allocated region";
         return EINVAL;
     }
     --u;
-    if (u->second.owner != q.owner || q.offset + q.len > u->first + u->second.len) {
-        why = "the range is in no region of this owner";
+    if (q.offset + q.len > u->first + u->second.len) {
+        why = "the range is in no allocated region";
         return EINVAL;
     }
     if (q.seg_id == 0 || ctx->segments.has(q.seg_id)) {

@@ -345,10 +345,14 @@ void Agent::close_client(uint64_t owner) {
     if (it == clients_.end()) return;
     const pid_t pid = it->second.pid;
     const bool held = it->second.arena_len != 0;
+    const uint64_t arena_offset = it->second.arena_offset;
     clients_.erase(it);
     if (!held || device_gone_) return;
     abi::VmReply r{};
     mailbox(abi::VmRequest{abi::VmOp::Detach, 0, owner, 0, 0, 0}, r);
+    // The arena goes back at once (the provider unmaps it as it closes);
+    // the pages the process's registrations moved stay its until it exits.
+    mailbox(abi::VmRequest{abi::VmOp::Free, 0, owner, arena_offset, 0, 0}, r);
     Exiting& e = exiting_[pid];
     if (!e.pidfd) e.pidfd.reset(int(::syscall(SYS_pidfd_open, pid, 0)));
     e.owners.push_back(owner);
