@@ -41,6 +41,14 @@ bool backed_by(const MapEntry& e, const Segment& s) {
            e.offset == s.offset + uint64_t(e.start - s.gva);
 }
 
+// Inside a VM: whether segment s holds address `at` of mapping e, at the
+// right place (e may span several segments: merged mappings of adjacent
+// regions of the device's memory).
+bool covers_at(const MapEntry& e, const Segment& s, uintptr_t at) {
+    return same_file(e, s) && e.shared && at >= s.gva && at < s.gva + s.len && at >= e.start && at < e.end &&
+           e.offset + (at - e.start) == s.offset + (at - s.gva);
+}
+
 // Inside a VM every segment is on the device's one memory file: a mapping
 // of it counts only where it covers the segment's own part.
 bool still_mapped(const std::vector<MapEntry>& maps, const Segment& s, bool in_vm) {
@@ -474,40 +482,48 @@ int share_range(Context& ctx, uintptr_t addr, size_t len, std::vector<uint32_t>*
         if (e.end <= cur) continue;
         if (cur >= end) break;
         if (e.start > cur) break;  // gap
-        uintptr_t s = cur, t = std::min(end, e.end);
-        Part part{s, t, e.prot, 0, false, anonymous(e)};
-        bool found = false;
-        for (auto& [id, seg] : ctx.segments.segs) {
-            if (backed_by(e, seg)) {
-                part.seg = id;
+        // Inside a VM one mapping of the device's memory may span runs
+        // moved onto adjacent regions (the kernel merges the mappings): a
+        // part per segment then.
+        while (cur < std::min(end, e.end)) {
+            uintptr_t s = cur, t = std::min(end, e.end);
+            Part part{s, t, e.prot, 0, false, anonymous(e)};
+            bool found = false;
+            for (auto& [id, seg] : ctx.segments.segs) {
+                if (backed_by(e, seg) || (ctx.in_vm && covers_at(e, seg, s))) {
+                    part.seg = id;
+                    part.ours = found = true;
+                    if (ctx.in_vm) t = std::min<uintptr_t>(t, seg.gva + seg.len);
+                    break;
+                }
+            }
+            Segment adopted;
+            if (!found && (adopt_moved(e, adopted) || adopt_vm_moved(ctx, e, s, adopted))) {
+                adopted.id = ctx.segments.next_id++;
+                if (int rc = announce_segment(ctx, adopted)) return rc;
+                part.seg = adopted.id;
                 part.ours = found = true;
-                break;
+                if (ctx.in_vm) t = std::min<uintptr_t>(t, adopted.gva + adopted.len);
+                ctx.segments.segs.emplace(adopted.id, std::move(adopted));
             }
-        }
-        Segment adopted;
-        if (!found && (adopt_moved(e, adopted) || adopt_vm_moved(ctx, e, s, adopted))) {
-            adopted.id = ctx.segments.next_id++;
-            if (int rc = announce_segment(ctx, adopted)) return rc;
-            part.seg = adopted.id;
-            part.ours = found = true;
-            ctx.segments.segs.emplace(adopted.id, std::move(adopted));
-        }
-        if (!found && e.shared) {
-            if (int rc = share_object(ctx, e, addr, len, &part.seg, verb)) return rc;
-            part.ours = found = true;
-        }
-        if (!found) {
-            if (!movable(e)) {
-                if (verb)
-                    LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
-                            " is %s (%s), which cannot be shared with the vrdma shim",
-                            verb, addr, len, s, why_not_movable(e), e.path.empty() ? "anonymous" : e.path.c_str());
-                return EINVAL;
+            if (!found && e.shared) {
+                if (int rc = share_object(ctx, e, addr, len, &part.seg, verb)) return rc;
+                part.ours = found = true;
             }
-            need_move = true;
+            if (!found) {
+                if (!movable(e)) {
+                    if (verb)
+                        LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR
+                                " is %s (%s), which cannot be shared with the vrdma shim",
+                                verb, addr, len, s, why_not_movable(e), e.path.empty() ? "anonymous" : e.path.c_str());
+                    return EINVAL;
+                }
+                need_move = true;
+            }
+            part.end = t;
+            parts.push_back(part);
+            cur = t;
         }
-        parts.push_back(part);
-        cur = t;
     }
     if (cur < end) {
         if (verb) LOG_ERR("%s of [0x%" PRIxPTR ", +%zu) refused: 0x%" PRIxPTR " is not mapped", verb, addr, len, cur);
