@@ -183,6 +183,10 @@ static_assert(sizeof(RecvWqe) == 16);
 
 // Completion entry, written by the shim. status/opcode/wc_flags use
 // libibverbs' ibv_wc_status / ibv_wc_opcode / ibv_wc_flags values.
+// Cqe::flags: the receive of a message sent with IBV_SEND_SOLICITED (ibv_wc
+// has no such field: a VM's event thread reads it, vm_events.h).
+constexpr uint16_t kCqeSolicited = 1;
+
 struct Cqe {
     uint64_t wr_id;
     uint32_t status;
@@ -197,7 +201,7 @@ struct Cqe {
     uint16_t slid;
     uint8_t sl;
     uint8_t dlid_path_bits;
-    uint16_t reserved0;
+    uint16_t flags;         // kCqeSolicited
     union {
         // Written only in a CQ created with kCqTimestamps, when the shim
         // adds the completion: the device clock (the host's CLOCK_MONOTONIC

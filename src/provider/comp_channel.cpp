@@ -27,6 +27,7 @@ struct Channel {
     ibv_comp_channel ch;     // what the application holds (first member)
     Context* ctx = nullptr;  // null once the context was freed
     uint32_t id = 0;
+    UniqueFd vm_write;       // inside a VM: the write end (vm_events.h)
 };
 
 struct Registry {
@@ -101,7 +102,10 @@ void unregister_context(ibv_context* ibctx) {
     for (auto& [ib, c] : r.contexts)
         if (c == ctx) return;
     for (auto& [p, ch] : r.channels)
-        if (ch->ctx == ctx) ch->ctx = nullptr;
+        if (ch->ctx == ctx) {
+            ch->ctx = nullptr;
+            ch->vm_write.reset();  // inside a VM: end of file, as when a host shim drops its end
+        }
 }
 
 Context* claim_context_of_cmd_fd(int cmd_fd, ibv_device** device, int* async_fd) {
@@ -129,6 +133,20 @@ uint32_t channel_id_of(const ibv_comp_channel* channel, const Context& ctx) {
     std::lock_guard lock(r.mu);
     auto it = r.channels.find(channel);
     return it != r.channels.end() && it->second->ctx == &ctx ? it->second->id : 0;
+}
+
+int vm_channel_write_fd(const ibv_comp_channel* channel, const Context& ctx) {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    auto it = r.channels.find(channel);
+    return it != r.channels.end() && it->second->ctx == &ctx && it->second->vm_write ? it->second->vm_write.get() : -1;
+}
+
+void close_vm_channels(Context& ctx) {
+    Registry& r = registry();
+    std::lock_guard lock(r.mu);
+    for (auto& [p, ch] : r.channels)
+        if (ch->ctx == &ctx) ch->vm_write.reset();  // their readers get end of file
 }
 
 void cq_event(ibv_cq* ibcq) {
@@ -196,7 +214,11 @@ extern "C" [[gnu::visibility("default")]] ibv_comp_channel* ibv_create_comp_chan
     }
     const int fds[1] = {wr.get()};
     abi::SockReply reply{};
-    if (int rc = sock_request(*ctx, &msg, sizeof(msg), fds, &reply)) {
+    if (ctx->in_vm) {
+        // The shim cannot reach a pipe of the VM's: the context's event
+        // thread writes it (vm_events.h).
+        chan->vm_write = std::move(wr);
+    } else if (int rc = sock_request(*ctx, &msg, sizeof(msg), fds, &reply)) {
         delete chan;
         errno = rc;
         return nullptr;
@@ -234,7 +256,7 @@ extern "C" [[gnu::visibility("default")]] int ibv_destroy_comp_channel(ibv_comp_
         std::lock_guard lock(r.mu);
         r.channels.erase(channel);
     }
-    if (Context* ctx = chan->ctx) {
+    if (Context* ctx = chan->ctx; ctx && !ctx->in_vm) {
         abi::SockChannel msg{};
         msg.hdr = {abi::kMagic, abi::kVersion, abi::SockOp::DestroyChannel, 0};
         msg.channel_id = chan->id;

@@ -1,6 +1,7 @@
 // Opening a device: attach to the guest's shim, share the arena, and hand
 // libibverbs a context whose command fd cannot reach any kernel.
 #include "context.h"
+#include "vm_events.h"
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -252,6 +253,7 @@ void free_context(ibv_context* ibctx) {
 }  // namespace
 
 Context::~Context() {
+    vm_events_stop(*this);
     if (in_vm && !dead.load(std::memory_order_relaxed)) release_vm_arena_segments(*this);
     sock.reset();  // detaches: the shim drops every resource of this context
     for (auto& [obj, del] : zombies) del(obj);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -21,6 +22,8 @@
 #include "vrdma_common/unique_fd.h"
 
 namespace vrdma::prov {
+
+struct VmEventPoller;  // vm_events.h
 
 struct Dm;
 struct Mr;
@@ -90,6 +93,10 @@ struct Context {
     std::vector<std::pair<void*, void (*)(void*)>> zombies;  // object, its deleter
     uint32_t next_channel_id = 1;   // under cmd_mu
     bool fatal_reported = false;    // DEVICE_FATAL handed to the application
+    // Inside a VM: the thread that raises completion events (vm_events.h),
+    // started with the first arming of a CQ that has a channel.
+    std::mutex vm_events_mu;
+    std::unique_ptr<VmEventPoller> vm_events;
 
     ~Context();
 };

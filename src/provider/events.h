@@ -52,6 +52,11 @@ Context* claim_context_of_cmd_fd(int cmd_fd, ibv_device** device, int* async_fd)
 
 // The shim id of a vrdma channel of `ctx` (0 if the channel is not one).
 uint32_t channel_id_of(const ibv_comp_channel* channel, const Context& ctx);
+// Inside a VM a channel's write end is the process's (vm_events.h): the
+// one of `channel` (-1 if it is not a channel of `ctx`), and closing those
+// of all channels of `ctx` when its device went.
+int vm_channel_write_fd(const ibv_comp_channel* channel, const Context& ctx);
+void close_vm_channels(Context& ctx);
 
 // Called by destroy_cq/qp/srq once the shim destroyed the object (resp) or
 // is gone (resp null). Removes the object from the live set and reports

@@ -13,6 +13,7 @@
 #include "context.h"
 #include "rdma_core_private.h"
 #include "vrdma/abi.h"
+#include "vrdma/ring.h"
 
 namespace vrdma::prov {
 
@@ -63,6 +64,22 @@ struct Cq {
     // waits until as many are acknowledged.
     uint32_t comp_read = 0;
     uint32_t async_read = 0;
+    // Inside a VM (vm_events.h): the channel's write end (-1: no channel),
+    // the records the context's event thread wrote (under its mutex), and
+    // the producer index of the last one while its completions may still be
+    // unpolled.
+    int vm_channel_fd = -1;
+    uint32_t vm_events = 0;
+    std::atomic<uint32_t> vm_event_prod{0};
+    std::atomic<bool> vm_event_pending{false};
+    // After a poll moved the consumer index from `from` to `to` (under mu):
+    // the last event's completions are all polled once it passed them.
+    void consumed(uint32_t from, uint32_t to) {
+        if (!vm_event_pending.load(std::memory_order_relaxed)) return;
+        const uint32_t last = vm_event_prod.load(std::memory_order_relaxed);
+        if (ring_count(to, from, entries) >= ring_count(last, from, entries))
+            vm_event_pending.store(false, std::memory_order_relaxed);
+    }
 };
 
 // A send queue, receive queue or SRQ ring of which the provider is the producer.

@@ -8,6 +8,7 @@
 #include "events.h"
 #include "objects.h"
 #include "verbs.h"
+#include "vm_events.h"
 #include "vrdma/ring.h"
 
 namespace vrdma::prov {
@@ -40,6 +41,7 @@ Cq* create_common(ibv_context* ibctx, const CqCreate& c) {
         return nullptr;
     }
     uint32_t channel_id = 0;
+    int vm_channel_fd = -1;
     if (c.channel) {
         // Only a channel this library made for this context (events.h);
         // a kernel channel could never be written by the shim.
@@ -47,6 +49,11 @@ Cq* create_common(ibv_context* ibctx, const CqCreate& c) {
         if (!channel_id) {
             errno = EINVAL;
             return nullptr;
+        }
+        // Inside a VM the process writes the channel itself (vm_events.h).
+        if (ctx.in_vm) {
+            vm_channel_fd = vm_channel_write_fd(c.channel, ctx);
+            channel_id = 0;
         }
     }
     uint32_t entries = pow2_at_least(uint64_t(c.cqe) + 1);
@@ -61,6 +68,7 @@ Cq* create_common(ibv_context* ibctx, const CqCreate& c) {
     }
     cq->ctx = &ctx;
     cq->entries = entries;
+    cq->vm_channel_fd = vm_channel_fd;
     cq->mem = alloc_ring(ctx, abi::cq_ring_bytes(entries));
     if (!cq->mem) {
         int e = errno;
@@ -151,6 +159,8 @@ int destroy_cq(ibv_cq* ibcq) {
     int rc = command(ctx, abi::CmdOp::DestroyCq, &req, sizeof(req), &resp, sizeof(resp));
     if (rc && rc != EIO) return rc;
     if (rc == 0) free_ring(ctx, cq->mem);  // shim gone: it may still map it, keep it
+    // Inside a VM the records are the event thread's, not the shim's.
+    if (ctx.in_vm && cq->vm_channel_fd >= 0) resp.comp_events = vm_events_forget(ctx, *cq);
     bool zombie = retire_cq(ctx, *cq, rc == 0 ? &resp : nullptr);
     // As with a kernel device: every event handed to the application must
     // be acknowledged before the CQ goes away.
@@ -197,6 +207,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
             ++n;
         }
         if (n) {
+            cq->consumed(cq->cons, cons);
             cq->cons = cons;
             cq->hdr->consumer.store(cons, std::memory_order_release);
             cq->empty_polls = 0;
@@ -239,6 +250,7 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives) {
         }
     }
     if (!dropped) return;
+    cq.consumed(cq.cons, ring_advance(cq.cons, dropped, cq.entries));
     cq.cons = ring_advance(cq.cons, dropped, cq.entries);
     cq.hdr->consumer.store(cq.cons, std::memory_order_release);
 }
@@ -272,6 +284,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
     cq->cqes = reinterpret_cast<abi::Cqe*>(base + abi::cq_slots_offset());
     cq->entries = entries;
     cq->cons = 0;
+    cq->vm_event_pending.store(false, std::memory_order_relaxed);  // indices start anew
     ibcq->cqe = int(entries - 1);
     return 0;
 }
@@ -281,10 +294,13 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
     if (cq->ctx->dead.load(std::memory_order_relaxed)) return EIO;
     // Not cq->mu: a poller may hold that between start_poll and end_poll
     // and arm the CQ meanwhile.
-    std::lock_guard lock(cq->arm_mu);  // the ring may be replaced by resize_cq
-    cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
-    cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
-    ring_doorbell(*cq->ctx);
+    {
+        std::lock_guard lock(cq->arm_mu);  // the ring may be replaced by resize_cq
+        cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
+        cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
+        ring_doorbell(*cq->ctx);
+    }
+    if (cq->vm_channel_fd >= 0) vm_events_arm(*cq->ctx, *cq, solicited_only != 0);
     return 0;
 }
 

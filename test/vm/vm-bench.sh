@@ -3,8 +3,9 @@
 # with the VM's agent serving vm1's device, runs the perftest clients
 # against the servers scripts/bench-vm.sh runs in host guest h, reached
 # over QEMU's user network (the host is 10.0.2.2): ib_write_bw 64 KiB on
-# port $BENCH_PORT, then ib_send_lat 8 B on the next. Each client's
-# result line goes to $VM_SHARE/vm1.bench ("write_bw LINE", "send_lat
+# port $BENCH_PORT, then ib_send_lat 8 B on the next, then ib_send_lat -e
+# (event mode) on the one after. Each client's result line goes to
+# $VM_SHARE/vm1.bench ("write_bw LINE", "send_lat LINE", "send_lat_e
 # LINE"); exit 1 if one fails.
 set -uo pipefail
 # shellcheck source=vm-lib.sh
@@ -31,5 +32,6 @@ client() {
 }
 client write_bw "$port" ib_write_bw -s 65536 -n "${BENCH_ITERS_BW:-500}"
 client send_lat "$((port + 1))" ib_send_lat -s 8 -n "${BENCH_ITERS_LAT:-2000}"
+client send_lat_e "$((port + 2))" ib_send_lat -s 8 -n "${BENCH_ITERS_LAT:-2000}" -e
 kill "$agent" 2>/dev/null
 exit "$status"

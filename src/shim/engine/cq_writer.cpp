@@ -43,6 +43,7 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicit
     }
     abi::Cqe* slot = &cq->slots[ring_slot(cq->prod, cq->entries)];
     std::memcpy(slot, &cqe, sizeof(cqe));
+    slot->flags = solicited ? abi::kCqeSolicited : 0;
     if (cq->timestamps) {
         // Two vDSO clock reads, only for CQs that asked (ibv_create_cq_ex
         // with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP or _WALLCLOCK).

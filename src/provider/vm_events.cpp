@@ -1,0 +1,145 @@
+#include "vm_events.h"
+
+#include <infiniband/verbs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "events.h"
+#include "objects.h"
+#include "vrdma/ring.h"
+
+namespace vrdma::prov {
+
+namespace {
+
+constexpr long kFirstPauseNs = 20'000, kLongestPauseNs = 1'000'000;
+
+// Whether `cq`, armed, gets its event now: a completion past both the
+// consumer index the application published and the producer index of the
+// last event (the newer of the two), matching the arming. `prod`: the
+// producer index it decided on.
+bool due(const Cq& cq, bool solicited_only, uint32_t& prod) {
+    prod = cq.hdr->producer.load(std::memory_order_acquire);
+    const uint32_t cons = cq.hdr->consumer.load(std::memory_order_acquire);
+    if (!ring_valid_producer(prod, cons, cq.entries) || prod == cons) return false;
+    // What is not polled and raised nothing yet: from the last event's
+    // producer index while its completions are not all polled (Cq::consumed
+    // says when they are), else from the consumer index.
+    uint32_t from = cons;
+    if (cq.vm_event_pending.load(std::memory_order_acquire)) {
+        const uint32_t last = cq.vm_event_prod.load(std::memory_order_relaxed);
+        if (ring_count(prod, last, cq.entries) < ring_count(prod, cons, cq.entries)) from = last;
+    }
+    if (from == prod) return false;
+    if (!solicited_only) return true;
+    for (; from != prod; from = ring_next(from, cq.entries)) {
+        const abi::Cqe& e = cq.cqes[ring_slot(from, cq.entries)];
+        if ((e.flags & abi::kCqeSolicited) || e.status != IBV_WC_SUCCESS) return true;
+    }
+    return false;
+}
+
+void run(Context& ctx, VmEventPoller& p) {
+    long pause_ns = kFirstPauseNs;
+    auto last_check = std::chrono::steady_clock::now();
+    std::unique_lock lock(p.mu);
+    while (!p.stop) {
+        // Whether the device is still there, ten times a second.
+        if (!p.device_gone && std::chrono::steady_clock::now() - last_check > std::chrono::milliseconds(100)) {
+            last_check = std::chrono::steady_clock::now();
+            if (shim_lost(ctx)) {
+                p.device_gone = true;
+                p.armed.clear();
+                close_vm_channels(ctx);
+            }
+        }
+        if (p.armed.empty()) {
+            p.cv.wait_for(lock, std::chrono::milliseconds(100));
+            pause_ns = kFirstPauseNs;
+            continue;
+        }
+        bool raised = false;
+        for (size_t i = 0; i < p.armed.size();) {
+            Cq& cq = *p.armed[i].cq;
+            // A resize replaces the ring under arm_mu: look again next time.
+            std::unique_lock arm(cq.arm_mu, std::try_to_lock);
+            uint32_t prod = 0;
+            if (!arm || !due(cq, p.armed[i].solicited_only, prod)) {
+                ++i;
+                continue;
+            }
+            // What this event covers, the completions up to the producer
+            // index it was decided on, before the record: the application
+            // may poll as soon as it reads it (Cq::consumed).
+            cq.vm_event_prod.store(prod, std::memory_order_relaxed);
+            cq.vm_event_pending.store(true, std::memory_order_seq_cst);
+            const uint64_t record = reinterpret_cast<uintptr_t>(&cq.vcq.cq);
+            if (::write(cq.vm_channel_fd, &record, sizeof(record)) == ssize_t(sizeof(record))) ++cq.vm_events;
+            p.armed.erase(p.armed.begin() + long(i));
+            raised = true;
+        }
+        if (raised) pause_ns = kFirstPauseNs;
+        lock.unlock();
+        timespec ts{0, pause_ns};
+        ::nanosleep(&ts, nullptr);
+        pause_ns = std::min(pause_ns * 2, kLongestPauseNs);
+        lock.lock();
+    }
+}
+
+}  // namespace
+
+void vm_events_arm(Context& ctx, Cq& cq, bool solicited_only) {
+    {
+        std::lock_guard lock(ctx.vm_events_mu);
+        if (!ctx.vm_events) {
+            ctx.vm_events = std::make_unique<VmEventPoller>();
+            VmEventPoller* p = ctx.vm_events.get();
+            p->thread = std::thread([&ctx, p] { run(ctx, *p); });
+        }
+    }
+    VmEventPoller& p = *ctx.vm_events;
+    {
+        std::lock_guard lock(p.mu);
+        if (p.device_gone) return;
+        auto it = std::find_if(p.armed.begin(), p.armed.end(), [&](const auto& a) { return a.cq == &cq; });
+        if (it != p.armed.end())
+            it->solicited_only = solicited_only;  // the last arming says, as on a host
+        else
+            p.armed.push_back({&cq, solicited_only});
+    }
+    p.cv.notify_one();
+}
+
+uint32_t vm_events_forget(Context& ctx, Cq& cq) {
+    std::lock_guard lock(ctx.vm_events_mu);
+    if (!ctx.vm_events) return cq.vm_events;
+    VmEventPoller& p = *ctx.vm_events;
+    std::lock_guard plock(p.mu);
+    std::erase_if(p.armed, [&](const auto& a) { return a.cq == &cq; });
+    return cq.vm_events;
+}
+
+void vm_events_stop(Context& ctx) {
+    std::unique_ptr<VmEventPoller> p;
+    {
+        std::lock_guard lock(ctx.vm_events_mu);
+        p = std::move(ctx.vm_events);
+    }
+    if (!p) return;
+    {
+        std::lock_guard lock(p->mu);
+        p->stop = true;
+    }
+    p->cv.notify_one();
+    p->thread.join();
+}
+
+}  // namespace vrdma::prov
