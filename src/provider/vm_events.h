@@ -8,8 +8,8 @@
 // solicited-only arming, is a solicited receive, abi::kCqeSolicited, or an
 // error), it writes the CQ's record into the channel and the
 // arming is consumed, the rule of the shim's events (cq_events.h). It looks
-// every 20 us after an arming or an event, backing off to every 1 ms, and
-// sleeps while nothing is armed. When the device goes it closes the
+// every 10 us for 2 ms after an arming or an event, then backs off to every
+// 1 ms, and sleeps while nothing is armed. When the device goes it closes the
 // channels' write ends, so that ibv_get_cq_event fails as on a host.
 #pragma once
 
@@ -35,6 +35,7 @@ struct VmEventPoller {
     std::vector<Armed> armed;  // under mu
     bool stop = false;         // under mu
     bool device_gone = false;  // under mu: the channels' write ends are closed
+    bool armed_anew = false;   // under mu: an arming since the thread last looked
     std::thread thread;
 };
 
