@@ -11,14 +11,15 @@
 # wrote (its guest's name and LID) and rings the shim through the device's
 # Doorbell register, which the shim counts; its agent (vrdma-vm-agent)
 # serves the device in the VM; `vrdma-run -- ibv_devinfo -v` shows vrdma0
-# with the guest's LID; the rc, ud and srq pingpongs run between the two
-# VMs with their data checked, and the six perftest programs at 8 B and
-# 64 KiB; then VM 2's QEMU is killed (SIGKILL, from here) in the middle of
+# with the guest's LID; the rc, ud and srq pingpongs, polling and in event
+# mode (-e), run between the two VMs with their data checked, and the six
+# perftest programs at 8 B and 64 KiB; then VM 2's QEMU is killed (SIGKILL, from here) in the middle of
 # an rc pingpong with VM 1, whose pingpong must end with an error; the shim
 # must free VM 2's context and its QPs and move VM 1's QP to error. Then
-# the rc pingpong between VM 1 and host guest h (its client runs here; VM
-# 1's user network carries the connection data): the shim still serves the
-# others; then between VM 1 and guest f of host B, across the fabric.
+# the same six pingpongs between VM 1 and host guest h (its clients run
+# here; VM 1's user network carries the connection data): the shim still
+# serves the others; then the rc pingpong between VM 1 and guest f of host
+# B, across the fabric. Then the verbs suite runs in VM 1.
 # Last, once a process in VM 1 waits on vrdma0's async events, host A's
 # shim is killed with SIGKILL: that process must get
 # IBV_EVENT_DEVICE_FATAL, and VM 1's agent must exit 1. Then checks, from
@@ -98,24 +99,35 @@ user_nic="-netdev user,id=u,hostfwd=tcp:127.0.0.1:$hp-10.0.2.15:18516,hostfwd=tc
 user_nic+=" -device virtio-net-pci,netdev=u,mac=52:54:00:00:01:01"
 echo "test-vm: booting two VMs, each with its VM guest's device; each runs test/vm/vm-device.sh"
 status=0
-# pingpong_client RUN_DIR GUEST PORT OUT: GUEST's rc pingpong client of
-# VM 1's server behind the forwarded PORT, its output into OUT; tried until
-# VM 1 listens (the forwarded port accepts before it does).
+# pingpong_client RUN_DIR GUEST PORT OUT PROGRAM ARGS...: GUEST's client of
+# VM 1's server behind the forwarded PORT, with --chk; "ok PROGRAM ARGS:
+# its bytes line" or "FAIL ..." appended to OUT. Tried until VM 1 listens
+# (the forwarded port accepts before it does).
 pingpong_client() {
-    local out=""
+    local dir=$1 guest=$2 port=$3 res=$4 out=""
+    shift 4
     for _ in $(seq 300); do
-        if out=$("$build/tools/vrdma-run" --run-dir "$1" --guest "$2" -- ibv_rc_pingpong -d vrdma0 -n 200 -s 4096 \
-            --chk -p "$3" 127.0.0.1 2>&1); then
-            echo "$out" >"$4"
+        if out=$("$build/tools/vrdma-run" --run-dir "$dir" --guest "$guest" -- "$@" -d vrdma0 --chk -p "$port" \
+            127.0.0.1 2>&1) && grep -q ' bytes in ' <<<"$out"; then
+            echo "ok $* with VM 1 (client): $(grep ' bytes in ' <<<"$out")" >>"$res"
             return 0
         fi
         sleep 1
     done
-    echo "$out" >"$4"
+    echo "FAIL $*: $(tail -2 <<<"$out" | tr '\n' ' ')" >>"$res"
 }
-pingpong_client "$run" h "$hp" "$run.host" &
+# shellcheck source=../test/vm/vm-lib.sh
+source "$root/test/vm/vm-lib.sh"  # vm_host_pingpongs
+: >"$run.host"
+(
+    for p in "${vm_host_pingpongs[@]}"; do
+        # shellcheck disable=SC2086
+        pingpong_client "$run" h "$hp" "$run.host" $p
+    done
+) &
 client=$!
-pingpong_client "$far" f "$fp" "$run.far-client" &
+: >"$run.far-client"
+pingpong_client "$far" f "$fp" "$run.far-client" ibv_rc_pingpong -n 200 -s 4096 &
 far_client=$!
 # The killer of VM 2's QEMU: once VM 2 says its transfer to VM 1 runs,
 # SIGKILL to the QEMU the shim named when it connected.
@@ -165,13 +177,12 @@ else
 fi
 [ "$status" = 0 ] || sed 's/^/  run-pair| /' "$run.pair"
 
-for side in "host guest h:$run.host:rc_pingpong_host" "guest f, across the fabric:$run.far-client:rc_pingpong_far"; do
-    IFS=: read -r who out name <<<"$side"
+for side in "host guest h:$run.host:${#vm_host_pingpongs[@]}" "guest f, across the fabric:$run.far-client:1"; do
+    IFS=: read -r who out want <<<"$side"
     echo "--- $who"
-    if grep -q '1638400 bytes in' "$out" 2>/dev/null; then
-        echo "ok ibv_rc_pingpong with VM 1 (client): $(grep 'bytes in' "$out")"
-    else
-        echo "FAIL $name: $(tail -3 "$out" 2>/dev/null)"
+    cat "$out"
+    if grep -q '^FAIL' "$out" || [ "$(grep -c '^ok' "$out")" != "$want" ]; then
+        echo "FAIL pingpongs with $who: $(grep -c '^ok' "$out") of $want passed"
         status=1
     fi
 done

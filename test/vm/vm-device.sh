@@ -15,13 +15,14 @@
 # and ibv_srq_pingpong between the two VMs (VM 1 serves, VM 2 connects
 # over the VMs' own network, 10.10.0.N, for the connection data only),
 # their data checked (--chk): the messages go VM memory -> shim -> VM
-# memory; and ibv_rc_pingpong in event mode (-e). Then the six perftest
+# memory; and the three in event mode (-e). Then the six perftest
 # programs (send, write and read; bandwidth and latency) at 8 B and 64 KiB
 # between the VMs, and ib_send_lat -e. Then VM 2's QEMU is
 # killed in the middle of a pingpong with VM 1, whose pingpong must end
-# with an error. Then VM 1 serves once more, on port 18516, for guest h of
-# its shim's host, and on port 18518 for guest f of another shim of the
-# fabric (scripts/test-vm.sh runs the clients; the connection data
+# with an error. Then VM 1 serves the rc, ud and srq pingpongs, polling
+# and -e (vm_host_pingpongs), on port 18516 for guest h of its shim's
+# host, and the rc pingpong on port 18518 for guest f of another shim of
+# the fabric (scripts/test-vm.sh runs the clients; the connection data
 # crosses QEMU's user network, eth1, forwarded from the host). Then the
 # verbs suite runs in VM 1. Last, VM 1 waits on vrdma0's async events while
 # the host kills the shim (SIGKILL): it must get IBV_EVENT_DEVICE_FATAL.
@@ -164,6 +165,8 @@ else
     between ibv_srq_pingpong ibv_srq_pingpong -d vrdma0 -n 100 -s 4096 -q 4
     # Event mode: completion channels, the VM's process raising the events.
     between "ibv_rc_pingpong -e" ibv_rc_pingpong -d vrdma0 -n 200 -s 4096 -e
+    between "ibv_ud_pingpong -e" ibv_ud_pingpong -d vrdma0 -n 200 -s 1024 -e
+    between "ibv_srq_pingpong -e" ibv_srq_pingpong -d vrdma0 -n 100 -s 4096 -q 4 -e
     # The six perftest programs, RC, at 8 B and 64 KiB; "ok" when both
     # sides exit 0 and print their result line (perftest checks no data).
     port=18600
@@ -212,18 +215,25 @@ fi
 # VM 1 serves guest h of its own shim's host on port 18516, then guest f
 # of the other host of the fabric on port 18518 (the messages cross VM 1's
 # shim, the TCP fabric and the other shim).
+# serve PORT WHO PROGRAM ARGS...: VM 1's server for a client of the host.
+serve() {
+    local port=$1 who=$2 out rc
+    shift 2
+    out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- "$@" -d vrdma0 --chk -p "$port" 2>&1) &&
+        rc=0 || rc=$?
+    echo "$out"
+    if [ "$rc" = 0 ] && grep -q ' bytes in ' <<<"$out"; then
+        ok "$* with $who (server): $(grep ' bytes in ' <<<"$out")"
+    else
+        fail "$* with $who" "exit $rc: $(tail -3 <<<"$out")"
+    fi
+}
 if [ "$VMID" = 1 ]; then
-    for peer in "18516:host guest h:rc_pingpong_host" "18518:guest f across the fabric:rc_pingpong_far"; do
-        IFS=: read -r port who name <<<"$peer"
-        out=$(timeout 180 "$build/tools/vrdma-run" --run-dir /run/vrdma --guest vm1 -- ibv_rc_pingpong -d vrdma0 -n 200 \
-            -s 4096 --chk -p "$port" 2>&1) && rc=0 || rc=$?
-        echo "$out"
-        if [ "$rc" = 0 ] && grep -q '1638400 bytes in' <<<"$out"; then
-            ok "ibv_rc_pingpong with $who (server): $(grep 'bytes in' <<<"$out")"
-        else
-            fail "$name" "exit $rc: $(tail -3 <<<"$out")"
-        fi
+    for p in "${vm_host_pingpongs[@]}"; do
+        # shellcheck disable=SC2086
+        serve 18516 "host guest h" $p
     done
+    serve 18518 "guest f across the fabric" ibv_rc_pingpong -n 200 -s 4096
 fi
 # The verbs suite (Catch2, test/integration/verbs_*.cpp) on VM 1's device,
 # both ends of each connection on it, completion channels included (the

@@ -2,6 +2,19 @@
 # scripts/bench-vm.sh (booted by scripts/vm/run-pair.sh). Source it.
 # shellcheck shell=bash
 
+# The pingpongs VM 1 serves to guest h of its host (scripts/test-vm.sh
+# runs the clients), in this order, each with its data checked (--chk):
+# the program and its arguments, polling and in event mode (-e).
+# shellcheck disable=SC2034
+vm_host_pingpongs=(
+    "ibv_rc_pingpong -n 200 -s 4096"
+    "ibv_rc_pingpong -n 200 -s 4096 -e"
+    "ibv_ud_pingpong -n 200 -s 1024"
+    "ibv_ud_pingpong -n 200 -s 1024 -e"
+    "ibv_srq_pingpong -n 100 -s 4096 -q 4"
+    "ibv_srq_pingpong -n 100 -s 4096 -q 4 -e"
+)
+
 # vm_net_up: the virtio NICs with the VM's stock modules (no RDMA ones):
 # eth0, the wire between the VMs, as 10.10.0.$VMID/24; eth1, QEMU's user
 # network when the VM has one, as 10.0.2.15/24 (the host is 10.0.2.2).
