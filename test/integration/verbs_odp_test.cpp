@@ -136,9 +136,12 @@ TEST_CASE("an implicit ODP MR: a range that two faults shared in two pieces move
     Buffer other(peer.pd, 4 * kPage, kOdp & ~IBV_ACCESS_ON_DEMAND);
     constexpr size_t kMap = 8 << 20, kWindow = 2 << 20;
     uint8_t* mem = fresh(kMap);
-    // A 2 MiB boundary inside the mapping: a fault shares the window on one
-    // side of it, and a range across it then needs the window on the other.
-    uint8_t* edge = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(mem) + kWindow) & ~uintptr_t(kWindow - 1));
+    // A 2 MiB boundary inside the mapping, at least two pages in (the first
+    // one past mem + 2 pages: the mapping may start just below a boundary):
+    // a fault shares the window on one side of it, and a range across it
+    // then needs the window on the other.
+    uint8_t* edge = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(mem) + 2 * kPage + kWindow - 1) &
+                                               ~uintptr_t(kWindow - 1));
     pattern(edge - 2 * kPage, 4 * kPage, 7);
     REQUIRE(post_recv(p.b.qp, 1, {sge(other, 0, kPage)}) == 0);
     CHECK(send_from(p, ibv_sge{reinterpret_cast<uint64_t>(edge - kPage), uint32_t(kPage), mr->lkey}) ==
