@@ -609,6 +609,27 @@ struct ControlBlock {
 static_assert(sizeof(ControlBlock) <= 2 * kPageSize);
 constexpr uint64_t kControlBlockBytes = 2 * kPageSize;
 
+// Inside a VM (docs/protocol.md "VM tenants") the shim cannot write the
+// process's async event pipe: it puts each record (the pipe's format) into
+// this ring, in the control block's last bytes, and the process's event
+// thread moves them into the pipe (src/provider/vm_events.h). A full ring
+// drops the record, as a full pipe does.
+struct AsyncRecord {
+    uint64_t element;
+    uint32_t event_type;
+    uint32_t reserved;
+};
+constexpr uint32_t kVmAsyncSlots = 32;
+struct VmAsyncRing {
+    alignas(kCacheLine) std::atomic<uint32_t> producer;  // the shim's; ring index over kVmAsyncSlots
+    uint32_t pad0[15];
+    alignas(kCacheLine) std::atomic<uint32_t> consumer;  // the process's
+    uint32_t pad1[15];
+    AsyncRecord slots[kVmAsyncSlots];
+};
+constexpr uint64_t kVmAsyncRingOffset = kControlBlockBytes - sizeof(VmAsyncRing);
+static_assert(sizeof(ControlBlock) <= kVmAsyncRingOffset && kVmAsyncRingOffset % kCacheLine == 0);
+
 // Limits of the ABI itself (the shim may enforce lower quotas).
 constexpr uint32_t kMaxQueueEntries = 1u << 16;
 constexpr uint32_t kMaxCqEntries = 1u << 20;

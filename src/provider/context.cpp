@@ -154,6 +154,11 @@ int attach_in_vm(Context& ctx) {
     // device goes (the shim stopped answering, or the agent itself went) it
     // is closed, and the end of file is IBV_EVENT_DEVICE_FATAL here.
     UniqueFd async_w(ap[1]);
+    ctx.vm_async_w.reset(::fcntl(ap[1], F_DUPFD_CLOEXEC, 0));
+    if (!ctx.vm_async_w || ::fcntl(ctx.vm_async_w.get(), F_SETFL, O_NONBLOCK) != 0) {
+        ::close(ap[0]);
+        return errno;
+    }
     msg.hdr.op = abi::SockOp::Attach;
     msg.arena_gva = reinterpret_cast<uintptr_t>(base);
     const int pass[1] = {async_w.get()};
@@ -174,6 +179,7 @@ int attach_in_vm(Context& ctx) {
         return rc;
     }
     ctx.vctx->context.async_fd = ap[0];
+    vm_events_start(ctx);  // the async events, and later the completion events
     return 0;
 }
 

@@ -49,6 +49,10 @@ struct Context {
     bool in_vm = false;
     void* vm_regs = nullptr;        // BAR0, mapped
     UniqueFd vm_bar0, vm_bar2;      // the device's resource files, from the agent
+    // A copy of the async event pipe's write end (the agent holds the
+    // other), for the event thread that moves the shim's records from the
+    // control block's VmAsyncRing into it (vm_events.h).
+    UniqueFd vm_async_w;
 
     // Commands and socket requests (one outstanding at a time).
     std::mutex cmd_mu;

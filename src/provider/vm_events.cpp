@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -50,6 +51,22 @@ bool due(const Cq& cq, bool solicited_only, uint32_t& prod) {
     return false;
 }
 
+// The async records the shim put into the control block's ring since the
+// last look, into the async pipe (a full pipe drops them, as the shim's
+// write would).
+void forward_async(Context& ctx, uint32_t& cons) {
+    auto* ring =
+        reinterpret_cast<abi::VmAsyncRing*>(reinterpret_cast<uint8_t*>(ctx.cb) + abi::kVmAsyncRingOffset);
+    const uint32_t prod = ring->producer.load(std::memory_order_acquire);
+    if (prod == cons || !ring_valid_producer(prod, cons, abi::kVmAsyncSlots)) return;
+    for (; cons != prod; cons = ring_next(cons, abi::kVmAsyncSlots)) {
+        abi::AsyncRecord rec;
+        std::memcpy(&rec, &ring->slots[ring_slot(cons, abi::kVmAsyncSlots)], sizeof(rec));
+        if (ctx.vm_async_w) (void)!::write(ctx.vm_async_w.get(), &rec, sizeof(rec));
+    }
+    ring->consumer.store(cons, std::memory_order_release);
+}
+
 void run(Context& ctx, VmEventPoller& p) {
     // The kernel's default slack (50 us) would make the short pauses five
     // times longer.
@@ -57,8 +74,10 @@ void run(Context& ctx, VmEventPoller& p) {
     long pause_ns = kShortPauseNs;
     auto last_check = std::chrono::steady_clock::now();
     auto busy_until = last_check;
+    uint32_t async_cons = 0;
     std::unique_lock lock(p.mu);
     while (!p.stop) {
+        if (!p.device_gone) forward_async(ctx, async_cons);
         // Whether the device is still there, ten times a second.
         if (!p.device_gone && std::chrono::steady_clock::now() - last_check > std::chrono::milliseconds(100)) {
             last_check = std::chrono::steady_clock::now();
@@ -66,10 +85,11 @@ void run(Context& ctx, VmEventPoller& p) {
                 p.device_gone = true;
                 p.armed.clear();
                 close_vm_channels(ctx);
+                ctx.vm_async_w.reset();  // with the agent's end gone too: DEVICE_FATAL
             }
         }
         if (p.armed.empty()) {
-            p.cv.wait_for(lock, std::chrono::milliseconds(100));
+            p.cv.wait_for(lock, std::chrono::milliseconds(50));
             continue;
         }
         if (p.armed_anew) {
@@ -108,15 +128,16 @@ void run(Context& ctx, VmEventPoller& p) {
 
 }  // namespace
 
+void vm_events_start(Context& ctx) {
+    std::lock_guard lock(ctx.vm_events_mu);
+    if (ctx.vm_events) return;
+    ctx.vm_events = std::make_unique<VmEventPoller>();
+    VmEventPoller* p = ctx.vm_events.get();
+    p->thread = std::thread([&ctx, p] { run(ctx, *p); });
+}
+
 void vm_events_arm(Context& ctx, Cq& cq, bool solicited_only) {
-    {
-        std::lock_guard lock(ctx.vm_events_mu);
-        if (!ctx.vm_events) {
-            ctx.vm_events = std::make_unique<VmEventPoller>();
-            VmEventPoller* p = ctx.vm_events.get();
-            p->thread = std::thread([&ctx, p] { run(ctx, *p); });
-        }
-    }
+    vm_events_start(ctx);
     VmEventPoller& p = *ctx.vm_events;
     {
         std::lock_guard lock(p.mu);

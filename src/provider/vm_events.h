@@ -9,8 +9,11 @@
 // error), it writes the CQ's record into the channel and the
 // arming is consumed, the rule of the shim's events (cq_events.h). It looks
 // every 10 us for 2 ms after an arming or an event, then backs off to every
-// 1 ms, and sleeps while nothing is armed. When the device goes it closes the
-// channels' write ends, so that ibv_get_cq_event fails as on a host.
+// 1 ms, and looks every 50 ms while nothing is armed. The same thread
+// moves the async events the shim puts in the control block's ring into
+// the async pipe. When the device goes it closes the channels' write ends
+// and its copy of the async pipe's, so that ibv_get_cq_event fails and
+// ibv_get_async_event reports IBV_EVENT_DEVICE_FATAL, as on a host.
 #pragma once
 
 #include <condition_variable>
@@ -39,6 +42,10 @@ struct VmEventPoller {
     std::thread thread;
 };
 
+// Starts the context's event thread (at attach): it moves the shim's async
+// event records from the control block's VmAsyncRing into the process's
+// async pipe (abi.h), and raises the completion events.
+void vm_events_start(Context& ctx);
 // req_notify_cq of a CQ with a channel, inside a VM (not under arm_mu).
 void vm_events_arm(Context& ctx, Cq& cq, bool solicited_only);
 // destroy_cq inside a VM: the CQ is armed no more. Returns the records

@@ -257,6 +257,7 @@ int VmPort::attach(uint64_t owner, uint64_t offset, uint64_t len, uint64_t gva, 
     Context* ctx =
         eng_.attach(guest_, std::move(arena), gva, len, std::move(kick), UniqueFd(), UniqueFd(), err, &why, offset);
     if (!ctx) return err;
+    ctx->use_vm_async_ring();  // the VM's processes cannot be handed a pipe of the shim's
     o.ctx_id = ctx->id();
     o.arena_offset = offset;
     LOG_INFO("guest %s: %s: context %llu attached (owner %llu, arena %llu KiB at 0x%llx)", guest_.name.c_str(),

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "guest_fd.h"
+#include "vrdma/ring.h"
 #include "vrdma_common/log.h"
 
 namespace vrdma::shim {
@@ -62,12 +63,10 @@ void Context::signal_cmd_done() {
 bool Context::post_async_event(uint32_t event_type, uint64_t element) {
     LOG_DEBUG("context %llu: async event %u element 0x%llx", (unsigned long long)id_, event_type,
               (unsigned long long)element);
-    if (!async_ || dead) return false;
-    struct {
-        uint64_t element;
-        uint32_t event_type;
-        uint32_t reserved;
-    } rec{element, event_type, 0};
+    if (dead) return false;
+    abi::AsyncRecord rec{element, event_type, 0};
+    if (vm_async_) return post_vm_async(rec);
+    if (!async_) return false;
     ssize_t n = guest_fd_write(async_.get(), &rec, sizeof(rec));
     if (n == ssize_t(sizeof(rec))) return true;
     const int e = errno;
@@ -79,6 +78,25 @@ bool Context::post_async_event(uint32_t event_type, uint64_t element) {
                  (unsigned long long)id_, event_type, n < 0 ? strerror(errno) : "short write");
     }
     return false;
+}
+
+bool Context::post_vm_async(const abi::AsyncRecord& rec) {
+    auto* ring = reinterpret_cast<abi::VmAsyncRing*>(reinterpret_cast<uint8_t*>(cb_) + abi::kVmAsyncRingOffset);
+    const uint32_t cons = ring->consumer.load(std::memory_order_acquire);  // the VM's: checked
+    if (!ring_valid_consumer(cons, vm_async_prod_, abi::kVmAsyncSlots) ||
+        ring_full(vm_async_prod_, cons, abi::kVmAsyncSlots)) {
+        if (!warned_lost_event_) {
+            warned_lost_event_ = true;
+            LOG_WARN("context %llu: async event %u lost (the VM's ring is full or its consumer index is bad); further "
+                     "losses of this context are not logged",
+                     (unsigned long long)id_, rec.event_type);
+        }
+        return false;
+    }
+    std::memcpy(&ring->slots[ring_slot(vm_async_prod_, abi::kVmAsyncSlots)], &rec, sizeof(rec));
+    vm_async_prod_ = ring_next(vm_async_prod_, abi::kVmAsyncSlots);
+    ring->producer.store(vm_async_prod_, std::memory_order_release);
+    return true;
 }
 
 int Context::add_channel(uint32_t id, UniqueFd write_end) {

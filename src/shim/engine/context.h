@@ -38,6 +38,8 @@ public:
     // Writes one 16-byte async event record, never blocking. False when the
     // record could not be written (no async pipe, pipe full, reader gone).
     bool post_async_event(uint32_t event_type, uint64_t element);
+    // A VM's context: async events go to the control block's VmAsyncRing.
+    void use_vm_async_ring() { vm_async_ = true; }
 
     // Completion channels (protocol.md "Events"): the write ends of the
     // guest's channel pipes, by the channel id the guest chose.
@@ -134,6 +136,9 @@ private:
     std::shared_ptr<Mapping> arena_;
     abi::ControlBlock* cb_;
     UniqueFd kick_, cmd_done_, async_;
+    bool post_vm_async(const abi::AsyncRecord& rec);
+    bool vm_async_ = false;
+    uint32_t vm_async_prod_ = 0;  // the ring's producer index (never read back)
     std::map<uint32_t, UniqueFd> channels_;
     bool warned_lost_event_ = false;  // one warning per context, not one per event
     std::vector<uint32_t> work_marked_, work_skipped_, work_batch_;
