@@ -605,9 +605,17 @@ TEST_CASE("no lost wake-up: arming a CQ that holds unpolled completions added wh
     auto w3 = poll_one(p.b_rcq);
     REQUIRE(w3);
     CHECK(w3->wr_id == 3);
-    // Solicited-only: an unpolled plain receive added while not armed does
-    // not wake a solicited-only arming, an arming for any completion then
-    // does, and so does an unpolled solicited receive a solicited-only one.
+}
+
+TEST_CASE("solicited_only: an arming that finds an unpolled plain receive stays quiet, a solicited one wakes it",
+          "[events][channel]") {
+    Device dev, peer(Device::kPeer);
+    ChannelPair p(dev, peer);
+    Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+    for (int i = 4; i < 6; ++i) REQUIRE(post_recv(p.b, i, {sge(rbuf, i * 64, 64)}) == 0);
+    // An unpolled plain receive added while not armed does not wake a
+    // solicited-only arming, an arming for any completion then does, and
+    // so does an unpolled solicited receive a solicited-only one.
     REQUIRE(post_send(p.a, send_wr(4), {sge(buf, 1024, 8)}) == 0);
     REQUIRE(poll_one(p.a_scq));
     REQUIRE(ibv_req_notify_cq(p.b_rcq, 1) == 0);
