@@ -103,11 +103,7 @@ bool retire_srq(Context& ctx, Srq& srq, const abi::CmdDestroyResp* resp) {
 // becomes one IBV_EVENT_DEVICE_FATAL, and a failure after that.
 int get_async_event(Context& ctx, ibv_context* ibctx, ibv_async_event* event) {
     for (;;) {
-        struct {
-            uint64_t element;
-            uint32_t event_type;
-            uint32_t reserved;
-        } rec;
+        abi::AsyncRecord rec;
         ssize_t n = ::read(ibctx->async_fd, &rec, sizeof(rec));
         if (n == ssize_t(sizeof(rec))) {
             ibv_async_event ev{};

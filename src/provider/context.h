@@ -97,8 +97,8 @@ struct Context {
     std::vector<std::pair<void*, void (*)(void*)>> zombies;  // object, its deleter
     uint32_t next_channel_id = 1;   // under cmd_mu
     bool fatal_reported = false;    // DEVICE_FATAL handed to the application
-    // Inside a VM: the thread that raises completion events (vm_events.h),
-    // started with the first arming of a CQ that has a channel.
+    // Inside a VM: the thread that forwards async events and raises
+    // completion events (vm_events.h), started at attach.
     std::mutex vm_events_mu;
     std::unique_ptr<VmEventPoller> vm_events;
 

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "commands.h"
+#include "cq_events.h"
 #include "requester.h"
 #include "vrdma/ring.h"
 
@@ -95,9 +96,8 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
         std::memcpy(&slots[i], &cq->slots[ring_slot(idx, cq->entries)], sizeof(abi::Cqe));
     // Silent completions (cq_events.h) keep their distance from the consumer.
     auto move_silent = [&](bool& silent, uint32_t& end) {
-        const uint32_t upto_end = ring_count(end, cons, cq->entries);
-        if (silent && upto_end >= 1 && upto_end <= outstanding)
-            end = upto_end;
+        if (silent && cq_unpolled(*cq, end, cons))
+            end = ring_count(end, cons, cq->entries);
         else
             silent = false;
     };

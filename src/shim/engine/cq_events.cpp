@@ -15,15 +15,13 @@ void raise_event(Context& ctx, Cq& cq, uint32_t arm) {
     if (ctx.post_comp_event(cq.channel_id, cq.user_handle)) ++cq.comp_events;
 }
 
-// Whether the completion just before index `end` is still unpolled, given
-// the guest's consumer index `cons` (checked) and the shim's producer.
-bool unpolled(const Cq& cq, uint32_t end, uint32_t cons) {
+}  // namespace
+
+bool cq_unpolled(const Cq& cq, uint32_t end, uint32_t cons) {
     const uint32_t waiting = ring_count(cq.prod, cons, cq.entries);
     const uint32_t upto_end = ring_count(end, cons, cq.entries);
     return upto_end >= 1 && upto_end <= waiting;
 }
-
-}  // namespace
 
 void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited) {
     if (!cq.channel_id) return;
@@ -63,8 +61,8 @@ void cq_check_armings(Context& ctx) {
         const uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
         // A bad index is the next push's to report (cq_writer.cpp).
         const bool cons_ok = ring_valid_consumer(cons, cq->prod, cq->entries);
-        if (cq->silent && (!cons_ok || !unpolled(*cq, cq->silent_end, cons))) cq->silent = false;
-        if (cq->silent_solicited && (!cons_ok || !unpolled(*cq, cq->silent_solicited_end, cons)))
+        if (cq->silent && (!cons_ok || !cq_unpolled(*cq, cq->silent_end, cons))) cq->silent = false;
+        if (cq->silent_solicited && (!cons_ok || !cq_unpolled(*cq, cq->silent_solicited_end, cons)))
             cq->silent_solicited = false;
         if (!cq->silent && !cq->silent_solicited) {
             cq->silent_listed = false;

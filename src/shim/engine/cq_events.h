@@ -31,6 +31,10 @@ namespace vrdma::shim {
 // solicited-only arming).
 void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited);
 
+// Whether the completion just before index `end` is still unpolled, given
+// the guest's consumer index `cons` (checked) and the shim's producer.
+bool cq_unpolled(const Cq& cq, uint32_t end, uint32_t cons);
+
 // After the guest rang the doorbell: each CQ armed since its last event
 // that holds an unpolled silent completion matching the arming gets its
 // event. O(CQs holding silent completions).
