@@ -628,6 +628,64 @@ TEST_CASE("fabric: RDMA write of 1 MiB goes in 64 KiB segments", "[shim][fabric]
     CHECK(sc[0].status == IBV_WC_SUCCESS);
 }
 
+TEST_CASE("fabric: a delayed ACK rides on the answer; alone it leaves when due or when it covers 16 messages",
+          "[shim][fabric]") {
+    RcOverFabric t;
+    // Long enough that only what the test does releases an ACK.
+    t.la->set_ack_delay(60'000'000'000ull);
+    t.lb->set_ack_delay(60'000'000'000ull);
+
+    // Ping: B's receive completes; A's send waits for its ACK, held by B.
+    t.B.p.post_recv(t.qb.rq, 1, {t.sb(0, 16)});
+    std::memcpy(t.pa(0), "ping", 4);
+    t.A.p.post_send(t.qa.sq, send_wqe(10, IBV_WR_SEND), {t.sa(0, 4)});
+    t.pump();
+    auto rc = t.B.p.poll(t.cq_b);
+    REQUIRE(rc.size() == 1);
+    CHECK(rc[0].byte_len == 4);
+    CHECK(t.A.p.poll(t.cq_a).empty());
+    CHECK(t.lb->ack_due_ns() != 0);
+
+    // Pong: B's answer carries the ACK, so A's send completes with it.
+    t.A.p.post_recv(t.qa.rq, 2, {t.sa(100, 16)});
+    std::memcpy(t.pb(200), "pong", 4);
+    t.B.p.post_send(t.qb.sq, send_wqe(20, IBV_WR_SEND, 0), {t.sb(200, 4)});
+    t.pump();
+    CHECK(t.lb->ack_due_ns() == 0);
+    rc = t.A.p.poll(t.cq_a);
+    REQUIRE(rc.size() == 2);
+    for (auto& c : rc) CHECK(c.status == IBV_WC_SUCCESS);
+    CHECK(std::memcmp(t.pa(100), "pong", 4) == 0);
+    CHECK(t.la->ack_due_ns() != 0);  // A holds the ACK of the pong now
+
+    // With nothing to ride on, an ACK leaves when its time is up...
+    t.lb->release_due_acks(t.la->ack_due_ns() - 1);  // (B holds none: nothing happens)
+    t.la->release_due_acks(t.la->ack_due_ns());
+    t.pump();
+    CHECK(t.la->ack_due_ns() == 0);
+    CHECK(t.B.p.poll(t.cq_b).empty());  // B's pong was unsignaled: no completion, but its slot is free
+
+    // ... or when it acknowledges 16 messages: 15 writes wait, the 16th
+    // releases one cumulative ACK of all of them.
+    for (uint64_t i = 0; i < fabric::Link::kAckDelayMaxMessages; ++i) {
+        auto w = send_wqe(100 + i, IBV_WR_RDMA_WRITE);
+        w.remote_addr = t.mb.addr + 1024 + 8 * i;
+        w.rkey = t.mb.rkey;
+        t.A.p.post_send(t.qa.sq, w, {t.sa(0, 8)});
+        t.pump();
+        if (i + 1 < fabric::Link::kAckDelayMaxMessages) {
+            CHECK(t.A.p.poll(t.cq_a).empty());
+        }
+    }
+    auto sc = t.A.p.poll(t.cq_a);
+    REQUIRE(sc.size() == fabric::Link::kAckDelayMaxMessages);
+    for (size_t i = 0; i < sc.size(); ++i) {
+        CHECK(sc[i].wr_id == 100 + i);
+        CHECK(sc[i].status == IBV_WC_SUCCESS);
+    }
+    CHECK(t.lb->ack_due_ns() == 0);
+}
+
 TEST_CASE("fabric: RDMA read of 200 KiB", "[shim][fabric]") {
     constexpr uint32_t kLen = 200 * 1024;
     RcOverFabric t(256 * 1024);

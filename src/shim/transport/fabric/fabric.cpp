@@ -282,6 +282,7 @@ void Fabric::on_connected(Peer& p) {
     Pending pd;
     pd.link = std::make_unique<Link>(eng_, tls_, std::move(p.connecting_), true, identity(p.remote_worker_),
                                      p.address_);
+    pd.link->set_ack_delay(uint64_t(cfg_.ack_delay_us) * 1000);
     pd.dialer = &p;
     pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
     watch(*pd.link, true);
@@ -312,6 +313,7 @@ void Fabric::accept_all() {
         tune_socket(fd);
         Pending pd;
         pd.link = std::make_unique<Link>(eng_, tls_, UniqueFd(fd), false, identity(kAnyWorker), endpoint_text(from));
+        pd.link->set_ack_delay(uint64_t(cfg_.ack_delay_us) * 1000);
         pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
         pd.source = from.sin_addr.s_addr;
         watch(*pd.link, true);
@@ -375,14 +377,20 @@ bool Fabric::poll_links() {
 }
 
 bool Fabric::flush() {
-    uint64_t moved = 0;
-    for (auto& p : peers_)
-        if (p->link_ && p->link_->state() == LinkState::Up && p->link_->wants_write()) {
+    uint64_t moved = 0, now = 0;
+    for (auto& p : peers_) {
+        if (!p->link_ || p->link_->state() != LinkState::Up) continue;
+        if (p->link_->ack_due_ns()) {
+            if (!now) now = monotonic_ns();
+            p->link_->release_due_acks(now);
+        }
+        if (p->link_->wants_write()) {
             const uint64_t before = p->link_->stats.tx_bytes;
             p->link_->flush();
             moved += p->link_->stats.tx_bytes - before;
             if (p->link_->state() != LinkState::Closed) watch(*p->link_, false);
         }
+    }
     service();
     return moved != 0;
 }
@@ -713,6 +721,8 @@ uint64_t Fabric::next_deadline_ns() const {
         if (t && (!best || t < best)) best = t;
     };
     for (auto& pd : pending_) take(pd.deadline_ns);
+    for (auto& p : peers_)
+        if (p->link_) take(p->link_->ack_due_ns());
     // Input OpenSSL already read from a socket: epoll will not report it.
     for (auto& p : peers_)
         if (p->link_ && p->link_->input_buffered()) take(1);

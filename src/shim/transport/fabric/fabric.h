@@ -40,11 +40,15 @@ class Engine;
 
 namespace vrdma::shim::fabric {
 
+constexpr uint32_t kDefaultAckDelayUs = 10, kMaxAckDelayUs = 1000;
+
 struct FabricConfig {
     std::string listen;              // ADDR:PORT, empty: accept nothing
     std::vector<std::string> peers;  // ADDR:PORT each
     std::string key_file;
     CryptoMode crypto = CryptoMode::Encrypt;
+    // How long a plain ACK may wait for other output to carry it (Link::set_ack_delay).
+    uint32_t ack_delay_us = kDefaultAckDelayUs;
     uint16_t lid_first = 0, lid_last = 0;
     // The shim's, the same in every worker's fabric (zero: a random one).
     InstanceId instance{};

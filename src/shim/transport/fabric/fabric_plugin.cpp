@@ -12,6 +12,7 @@ constexpr const char* kListen = "--fabric-listen";
 constexpr const char* kPeer = "--fabric-peer";
 constexpr const char* kKey = "--fabric-key";
 constexpr const char* kCrypto = "--fabric-crypto";
+constexpr const char* kAckDelay = "--fabric-ack-delay";
 
 const std::string* last(const TransportArgs& args, const char* name) {
     auto it = args.find(name);
@@ -20,11 +21,28 @@ const std::string* last(const TransportArgs& args, const char* name) {
 
 bool wanted(const TransportArgs& args) { return last(args, kListen) || last(args, kPeer); }
 
+// --fabric-ack-delay's microseconds: digits only, at most kMaxAckDelayUs.
+bool parse_ack_delay(const std::string& text, uint32_t& out) {
+    if (text.empty() || text.size() > 4 || text.find_first_not_of("0123456789") != std::string::npos) return false;
+    const unsigned long v = std::stoul(text);
+    if (v > kMaxAckDelayUs) return false;
+    out = uint32_t(v);
+    return true;
+}
+
 bool check(const TransportArgs& args, std::string& error) {
     if (const std::string* c = last(args, kCrypto)) {
         CryptoMode unused;
         if (!parse_crypto_mode(*c, unused)) {
             error = "--fabric-crypto must be encrypt or integrity, not '" + *c + "'";
+            return false;
+        }
+    }
+    if (const std::string* d = last(args, kAckDelay)) {
+        uint32_t unused;
+        if (!parse_ack_delay(*d, unused)) {
+            error = "--fabric-ack-delay must be microseconds from 0 to " + std::to_string(kMaxAckDelayUs) + ", not '" +
+                    *d + "'";
             return false;
         }
     }
@@ -47,6 +65,7 @@ public:
         if (auto it = args.find(kPeer); it != args.end()) cfg_.peers = it->second;
         cfg_.key_file = *last(args, kKey);  // check() made sure
         if (const std::string* c = last(args, kCrypto)) parse_crypto_mode(*c, cfg_.crypto);
+        if (const std::string* d = last(args, kAckDelay)) parse_ack_delay(*d, cfg_.ack_delay_us);
     }
 
     const char* name() const override { return "fabric"; }
@@ -227,6 +246,14 @@ const TransportFactory& factory() {
         CPU. In both modes a changed byte closes the link and is
         counted (vrdmactl peers: tampered), and nothing unauthenticated
         reaches a guest.
+)"},
+            {kAckDelay, "USEC", false, R"(        How long the acknowledgement of a SEND or WRITE may wait for other
+        traffic to the same peer shim to carry it (default 10, 0 to 1000;
+        0: acknowledge at once). An answer going back, as in a ping-pong,
+        then costs one write and one read less on each side; an ACK with
+        nothing to ride on leaves when the time is up or when it covers 16
+        messages, so a requester's send completions come at most that much
+        later.
 )"},
         },
         check,

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "clock.h"
 #include "engine.h"
 #include "fault_guard.h"
 #include "multicast_delivery.h"
@@ -282,6 +283,9 @@ void Link::close(const std::string& reason) {
     }
     senders_.clear();
     rr_.clear();
+    delayed_acks_.clear();
+    ack_due_ns_ = 0;
+    acks_delayed_ = 0;
     iov_.clear();
     iov_pos_ = 0;
     fd_.reset();
@@ -858,6 +862,7 @@ QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
     s->key = k;
     s->head = s->count = s->committed = 0;
     s->in_rr = false;
+    s->ack_delayed = false;
     s->wake_ctx = 0;
 
     QpSender* p = s.get();
@@ -892,6 +897,33 @@ void Link::commit(QpSender& s) {
         s.in_rr = true;
         rr_.push_back(&s);
     }
+}
+
+void Link::delay_ack(QpSender& s) {
+    if (!ack_delay_ns_ || s.in_rr) {
+        commit(s);
+        return;
+    }
+    ++s.count;
+    if (!s.ack_delayed) {
+        s.ack_delayed = true;
+        delayed_acks_.push_back(&s);
+    }
+    if (!ack_due_ns_) ack_due_ns_ = monotonic_ns() + ack_delay_ns_;
+    if (++acks_delayed_ >= kAckDelayMaxMessages) release_acks();
+}
+
+void Link::release_acks() {
+    for (QpSender* s : delayed_acks_) {
+        s->ack_delayed = false;
+        if (!s->in_rr && s->committed < s->count) {
+            s->in_rr = true;
+            rr_.push_back(s);
+        }
+    }
+    delayed_acks_.clear();
+    ack_due_ns_ = 0;
+    acks_delayed_ = 0;
 }
 
 bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, uint32_t nlocal,
@@ -1017,6 +1049,7 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
             last.psn = resp.psn;
             WireResponse w = encode(resp, 0);
             std::memcpy(last.fixed, &w, sizeof(w));
+            if (s->ack_delayed && ++acks_delayed_ >= kAckDelayMaxMessages) release_acks();
             return;
         }
     }
@@ -1039,7 +1072,10 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
         pins->count = 0;
         m->fragile = m->pins.fragile();
     }
-    commit(*s);
+    if (plain_ack && !length)
+        delay_ack(*s);
+    else
+        commit(*s);
     ++stats.tx_msgs;
 }
 
@@ -1054,6 +1090,8 @@ bool Link::wants_write() const {
 // Gathers one segment of each QP with output in turn (round robin) until
 // the batch is full.
 void Link::build_batch() {
+    // Output goes to the peer now: the ACKs that wait go with it.
+    if (!delayed_acks_.empty()) release_acks();
     iov_.clear();
     iov_msg_.clear();
     iov_pos_ = 0;
@@ -1139,7 +1177,7 @@ void Link::batch_done() {
     // A queue left empty goes back to the pool: QPs come and go, the map
     // holds only those with output.
     for (QpSender* s : batch_senders_) {
-        if (s->count || s->in_rr || s->wake_ctx) continue;
+        if (s->count || s->in_rr || s->ack_delayed || s->wake_ctx) continue;
         auto it = senders_.find(s->key);
         if (it == senders_.end()) continue;
         if (idle_senders_.size() < 16) idle_senders_.push_back(std::move(it->second));  // about 2 MiB kept

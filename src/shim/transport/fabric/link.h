@@ -102,6 +102,7 @@ struct QpSender {
     uint32_t head = 0, count = 0;
     uint32_t committed = 0;    // head messages whose last bytes are in the batch being written
     bool in_rr = false;        // in the round-robin list of the writer
+    bool ack_delayed = false;  // in the link's list of delayed ACKs (Link::delay_ack)
     uint64_t wake_ctx = 0;     // a context that found the queue full
     OutMsg& at(uint32_t i) { return msgs[(head + i) % kDepth]; }
 };
@@ -167,6 +168,22 @@ public:
     uint32_t watched_events = 0;
     // Whether the handshake just finished (cleared by the call).
     bool take_became_up();
+
+    // Delayed ACKs. A plain ACK (of a SEND or WRITE) waits up to `ns` for
+    // other output to the peer and leaves with it, in the same frame and
+    // system call: in a ping-pong the answer carries the ACK of the
+    // question, one write and one read less per message on each side. It
+    // leaves on its own when the time is up or when it acknowledges
+    // kAckDelayMaxMessages messages (a requester's window is not held
+    // shut). 0: every ACK leaves in the pass that made it.
+    void set_ack_delay(uint64_t ns) { ack_delay_ns_ = ns; }
+    static constexpr uint32_t kAckDelayMaxMessages = 16;
+    // When the delayed ACKs are due (0: none waits).
+    uint64_t ack_due_ns() const { return ack_due_ns_; }
+    // Queues the delayed ACKs for writing if they are due at `now`.
+    void release_due_acks(uint64_t now) {
+        if (ack_due_ns_ && now >= ack_due_ns_) release_acks();
+    }
 
     // Queues a request of local QP (slid, sqpn). False: that QP's queue is
     // full (its context is rescanned when room frees). `inline_payload`:
@@ -262,6 +279,11 @@ private:
     OutMsg* reserve(QpSender& s, SegType type, uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
                     uint32_t psn);
     void commit(QpSender& s);
+    // As commit(), for a plain ACK: it waits (set_ack_delay) unless the
+    // queue is being written anyway.
+    void delay_ack(QpSender& s);
+    // The delayed ACKs join the output (round robin).
+    void release_acks();
     void queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn,
                         const Response& resp, bool plain_ack, Delivery* read_from, Pins* pins);
     void build_batch();
@@ -324,6 +346,9 @@ private:
     std::unordered_map<uint64_t, std::unique_ptr<QpSender>> senders_;
     std::vector<std::unique_ptr<QpSender>> idle_senders_;  // emptied queues, reused
     std::deque<QpSender*> rr_;
+    std::vector<QpSender*> delayed_acks_;
+    uint64_t ack_delay_ns_ = 0, ack_due_ns_ = 0;
+    uint32_t acks_delayed_ = 0;  // messages the delayed ACKs acknowledge
     std::vector<iovec> iov_;
     std::vector<OutMsg*> iov_msg_;  // parallel to iov_: whose payload (null: a header or fixed part)
     size_t iov_pos_ = 0;
