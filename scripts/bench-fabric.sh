@@ -158,7 +158,7 @@ if [ "$BASELINES_ONLY" != 1 ]; then
     read -r bw1m ip1m r1m rounds1m <<<"$(bw_rounds 1048576 $(( (ITERS_BW + 9) / 10 )))"
     rate_line="$(perftest ib_write_bw -s 64 -n "$ITERS_RATE")"
     lat_line="$(perftest ib_send_lat -s 8 -n "$ITERS_LAT")"
-    rate="$(awk '{print $5}' <<<"$rate_line")"      # MsgRate [Mpps]
+    rate="$(awk '{printf "%.2f", $5}' <<<"$rate_line")"      # MsgRate [Mpps]
     lat="$(awk '{print $5}' <<<"$lat_line")"        # t_typical [usec]
     lat_avg="$(awk '{print $6}' <<<"$lat_line")"    # t_avg [usec]
 fi

@@ -84,7 +84,7 @@ int build_send(Qp& qp, const ibv_send_wr& wr, uint8_t* slot) {
 int post_to_rq(Context& ctx, WorkQueue& rq, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     std::lock_guard lock(rq.mu);
     uint32_t prod = rq.prod;
-    uint32_t cons = rq.hdr->consumer.load(std::memory_order_acquire);
+    uint32_t cons = rq.cons_seen;
     int rc = 0;
     bool posted = false;
     for (; wr; wr = wr->next) {
@@ -129,7 +129,7 @@ int post_send(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     WorkQueue& sq = qp->sq;
     std::lock_guard lock(sq.mu);
     uint32_t prod = sq.prod;
-    uint32_t cons = sq.hdr->consumer.load(std::memory_order_acquire);
+    uint32_t cons = sq.cons_seen;
     int rc = 0;
     bool posted = false;
     for (; wr; wr = wr->next) {

@@ -57,9 +57,12 @@ inline bool send_state_ok(ibv_qp_state s) {
 }
 
 // Is there a free slot at `prod`? Refreshes *cons from the shim when needed.
+// `*cons`: the consumer index known so far (start with wq.cons_seen; the
+// shim's only ever moves forward from it), read again only when the ring
+// looks full.
 inline bool wq_has_room(WorkQueue& wq, uint32_t prod, uint32_t* cons) {
     if (!ring_full(prod, *cons, wq.entries) && ring_valid_consumer(*cons, prod, wq.entries)) return true;
-    *cons = wq.hdr->consumer.load(std::memory_order_acquire);
+    *cons = wq.cons_seen = wq.hdr->consumer.load(std::memory_order_acquire);
     return ring_valid_consumer(*cons, prod, wq.entries) && !ring_full(prod, *cons, wq.entries);
 }
 

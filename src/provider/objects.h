@@ -90,6 +90,10 @@ struct WorkQueue {
     uint32_t entries = 0;
     uint32_t stride = 0;
     uint32_t prod = 0;         // our producer index
+    // The shim's consumer index as last read (under `mu`): read again only
+    // when the ring looks full, so that a post does not pull the line the
+    // shim writes at every WQE it finishes (wq_has_room).
+    uint32_t cons_seen = 0;
     uint32_t max_sge = 0;
     uint32_t max_wr = 0;       // as reported to the application
     uint32_t work_slot = abi::kNoWorkSlot;  // the QP's bit in ControlBlock::work_bits

@@ -47,7 +47,7 @@ void wr_start(ibv_qp_ex* qpx) {
     Qp* qp = qp_of(qpx);
     qp->sq.mu.lock();
     qp->wr_prod = qp->sq.prod;
-    qp->wr_cons = qp->sq.hdr->consumer.load(std::memory_order_acquire);
+    qp->wr_cons = qp->sq.cons_seen;
     qp->wr_cur = nullptr;
     qp->wr_err = 0;
     if (qp->ctx->dead.load(std::memory_order_relaxed)) qp->wr_err = EIO;

@@ -112,6 +112,7 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     cq->slots = slots;
     cq->entries = r.entries;
     cq->prod = outstanding;
+    cq->cons_seen = 0;
     cq->keep = std::move(ring.keepalive);
     store_resp(resp, abi::CmdResizeCqResp{outstanding});
     return 0;

@@ -32,14 +32,21 @@ void cq_fail(Context& ctx, Cq& cq, const char* why) {
 bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicited) {
     Cq* cq = ctx.cqs.get(cq_handle);
     if (!cq || cq->error) return false;
-    uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
-    if (!ring_valid_consumer(cons, cq->prod, cq->entries)) {
-        cq_fail(ctx, *cq, "invalid consumer index");
-        return false;
-    }
-    if (ring_full(cq->prod, cons, cq->entries)) {
-        cq_fail(ctx, *cq, "overrun");
-        return false;
+    // Room by the consumer index last seen is room (the guest's index only
+    // moves forward from it); only a ring that looks full is looked at
+    // again. A guest that writes a bad index is caught then: until the
+    // ring fills, its polls had nothing to lose.
+    if (ring_full(cq->prod, cq->cons_seen, cq->entries)) {
+        const uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
+        if (!ring_valid_consumer(cons, cq->prod, cq->entries)) {
+            cq_fail(ctx, *cq, "invalid consumer index");
+            return false;
+        }
+        if (ring_full(cq->prod, cons, cq->entries)) {
+            cq_fail(ctx, *cq, "overrun");
+            return false;
+        }
+        cq->cons_seen = cons;
     }
     abi::Cqe* slot = &cq->slots[ring_slot(cq->prod, cq->entries)];
     std::memcpy(slot, &cqe, sizeof(cqe));

@@ -78,6 +78,10 @@ struct Cq {
     abi::Cqe* slots = nullptr;
     uint32_t entries = 0;
     uint32_t prod = 0;            // shim-owned producer index (never read back)
+    // The guest's consumer index as last read and checked: read again only
+    // when the ring looks full by it, so that a completion does not pull
+    // the line the guest writes at every poll (cq_push).
+    uint32_t cons_seen = 0;
     // Completion channel (cq_events.h). The CQ is armed while the guest's
     // notify->arm_seq differs from last_arm_seq (the arm_seq an event
     // consumed).
