@@ -50,7 +50,7 @@ void Context::check_blocked(ssize_t n, const char* fd_name) {
     if (n >= 0 || errno != EINTR || dead) return;
     LOG_WARN("guest %s: context %llu: its %s blocked the shim (O_NONBLOCK cleared): detaching it",
              guest_->name.c_str(), (unsigned long long)id_, fd_name);
-    dead = true;
+    mark_dead();
 }
 
 void Context::signal_cmd_done() {

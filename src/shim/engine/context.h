@@ -124,12 +124,21 @@ public:
     void note_deadline(uint64_t when) {
         if (when && (!next_deadline_ns || when < next_deadline_ns)) next_deadline_ns = when;
     }
-    bool dead = false;               // protocol violation: detach it
+    bool dead = false;               // protocol violation: detach it (set by mark_dead)
+    void mark_dead() {
+        if (dead) return;
+        dead = true;
+        if (dead_count_) ++*dead_count_;
+    }
+    // Where mark_dead counts (the engine's: finding the dead costs nothing
+    // per pass while there are none).
+    void count_deaths_in(uint32_t* count) { dead_count_ = count; }
     // After a guest_fd_* call: marks the context dead when the call was
     // interrupted by the guard timer (the guest made the fd blocking).
     void check_blocked(ssize_t n, const char* fd_name);
 
 private:
+    uint32_t* dead_count_ = nullptr;
     uint64_t id_;
     const GuestIdentity* guest_;
     const Quotas* quotas_;

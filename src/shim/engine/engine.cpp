@@ -77,6 +77,7 @@ Context* Engine::attach(const GuestIdentity& guest, UniqueFd arena, uint64_t gva
     auto ctx = std::make_unique<Context>(id, guest, quotas_, std::move(map), std::move(kick), std::move(cmd_done),
                                          std::move(async), usage);
     Context* p = ctx.get();
+    p->count_deaths_in(&dead_count_);
     contexts_.emplace(id, std::move(ctx));
     dormancy_.add(*p, now());
     return p;
@@ -147,6 +148,7 @@ void Engine::detach(uint64_t ctx_id) {
     LOG_INFO("guest %s: context %llu detached (%u QPs, %u MRs freed)", ctx.guest().name.c_str(),
              (unsigned long long)ctx_id, ctx.qps.size(), ctx.mrs.size());
     dormancy_.remove(ctx);
+    if (ctx.dead) --dead_count_;
     contexts_.erase(it);
 }
 
@@ -157,6 +159,7 @@ Context* Engine::find_context(uint64_t ctx_id) {
 
 std::vector<uint64_t> Engine::dead_contexts() const {
     std::vector<uint64_t> v;
+    if (!dead_count_) return v;  // every pass asks: no walk over the contexts
     for (auto& [id, c] : contexts_)
         if (c->dead) v.push_back(id);
     return v;
@@ -342,7 +345,7 @@ bool Engine::process_commands(Context& ctx) {
     if (!ring_valid_producer(prod, ctx.cmd_cons, abi::kCmdSlots)) {
         LOG_WARN("guest %s: context %llu wrote an invalid cmd_producer %u (consumer %u): detaching it",
                  ctx.guest().name.c_str(), (unsigned long long)ctx.id(), prod, ctx.cmd_cons);
-        ctx.dead = true;
+        ctx.mark_dead();
         return false;
     }
     uint32_t n = ring_count(prod, ctx.cmd_cons, abi::kCmdSlots);

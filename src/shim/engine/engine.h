@@ -46,6 +46,9 @@ public:
     // own, for an engine alone: tests, fuzzing).
     explicit Engine(Quotas quotas = {}, SharedTables* shared = nullptr);
     ~Engine();
+    // Contexts point into it (Context::count_deaths_in): it stays where it is.
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
 
     // A guest served here from now on: its identity, routed to the local
     // transport.
@@ -200,6 +203,7 @@ private:
     GuestRegistry guests_;
     QpnRegistry qpns_;
     std::map<uint64_t, std::unique_ptr<Context>> contexts_;
+    uint32_t dead_count_ = 0;  // contexts marked dead, not yet detached (Context::mark_dead)
     Dormancy dormancy_;
     TurnScheduler turns_{dormancy_, clock_};
     RouteTable routes_;
