@@ -395,6 +395,7 @@ void Worker::close_connection(uint64_t conn_id) {
 }
 
 void Worker::reap_dead_contexts() {
+    if (!engine_.any_dead()) return;
     auto dead = engine_.dead_contexts();
     if (dead.empty()) return;
     for (uint64_t ctx_id : dead) {

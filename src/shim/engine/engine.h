@@ -99,6 +99,7 @@ public:
     void detach(uint64_t ctx_id);
     Context* find_context(uint64_t ctx_id);
     std::vector<uint64_t> dead_contexts() const;
+    bool any_dead() const { return dead_count_ != 0; }
     size_t context_count() const { return contexts_.size(); }
     template <typename F>
     void for_each_context(F&& f) {
