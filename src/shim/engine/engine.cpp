@@ -159,7 +159,6 @@ Context* Engine::find_context(uint64_t ctx_id) {
 
 std::vector<uint64_t> Engine::dead_contexts() const {
     std::vector<uint64_t> v;
-    if (!dead_count_) return v;  // every pass asks: no walk over the contexts
     for (auto& [id, c] : contexts_)
         if (c->dead) v.push_back(id);
     return v;

@@ -282,7 +282,6 @@ void Fabric::on_connected(Peer& p) {
     Pending pd;
     pd.link = std::make_unique<Link>(eng_, tls_, std::move(p.connecting_), true, identity(p.remote_worker_),
                                      p.address_);
-    pd.link->set_ack_delay(uint64_t(cfg_.ack_delay_us) * 1000);
     pd.dialer = &p;
     pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
     watch(*pd.link, true);
@@ -313,8 +312,7 @@ void Fabric::accept_all() {
         tune_socket(fd);
         Pending pd;
         pd.link = std::make_unique<Link>(eng_, tls_, UniqueFd(fd), false, identity(kAnyWorker), endpoint_text(from));
-        pd.link->set_ack_delay(uint64_t(cfg_.ack_delay_us) * 1000);
-        pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
+            pd.deadline_ns = monotonic_ns() + kHandshakeTimeoutNs;
         pd.source = from.sin_addr.s_addr;
         watch(*pd.link, true);
         pd.link->flush();
@@ -471,6 +469,7 @@ LinkIdentity Fabric::identity(uint8_t target) const {
     me.worker = target == kAnyWorker ? kAnyWorker : uint8_t(cfg_.worker);
     me.target = target;
     me.hold = true;
+    me.ack_delay_ns = uint64_t(cfg_.ack_delay_us) * 1000;
     return me;
 }
 

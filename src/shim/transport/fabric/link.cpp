@@ -140,6 +140,7 @@ Link::Link(Engine& eng, const TlsContext& tls, UniqueFd fd, bool dialed, const L
       tls_(tls, fd_.get(), dialed),
       dialed_(dialed),
       remote_(std::move(remote)) {
+    ack_delay_ns_ = me.ack_delay_ns;
     rbuf_.resize(kRecvBuffer);
     stage_.resize(kStageBytes);
     discard_.resize(kMaxSegmentPayload);

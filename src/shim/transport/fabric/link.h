@@ -120,6 +120,7 @@ struct LinkIdentity {
     // link to another worker first (fabric.h), and no segment may be read
     // into the wrong engine.
     bool hold = false;
+    uint64_t ack_delay_ns = 0;  // set_ack_delay
 };
 
 class Link {
