@@ -59,7 +59,8 @@ void cq_check_armings(Context& ctx) {
         Cq* cq = ctx.cqs.get(h);
         if (!cq || !cq->silent_listed) continue;  // destroyed (the handle may be reused)
         const uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
-        // A bad index is the next push's to report (cq_writer.cpp).
+        // A bad index is reported by the push that finds the ring full by
+        // the index it last read (cq_writer.cpp).
         const bool cons_ok = ring_valid_consumer(cons, cq->prod, cq->entries);
         if (cq->silent && (!cons_ok || !cq_unpolled(*cq, cq->silent_end, cons))) cq->silent = false;
         if (cq->silent_solicited && (!cons_ok || !cq_unpolled(*cq, cq->silent_solicited_end, cons)))
