@@ -34,6 +34,13 @@ void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicite
     const uint32_t arm = cq.notify->arm_seq.load(std::memory_order_acquire);
     const bool armed = arm != cq.last_arm_seq;
     if (armed && (wakes_solicited || !cq.notify->arm_solicited.load(std::memory_order_relaxed))) {
+        // A completion the guest already polled before it armed (read after
+        // arm_seq: its poll came first) wakes nobody, as on an HCA, which
+        // arms relative to the consumer index: the arming waits for the next
+        // one. The guest's poll and arming can both fall between this
+        // completion's publication and the load of arm_seq above.
+        const uint32_t cons = cq.ring->consumer.load(std::memory_order_acquire);
+        if (ring_valid_consumer(cons, cq.prod, cq.entries) && !cq_unpolled(cq, cq.prod, cons)) return;
         // One record per arming, however many ibv_req_notify_cq calls it took.
         raise_event(ctx, cq, arm);
         return;
