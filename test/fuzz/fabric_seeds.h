@@ -9,7 +9,9 @@
 // Included by fuzz_fabric.cpp after its World.
 #pragma once
 
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,7 +61,8 @@ struct Seed {
         if (r.qp_type != IBV_QPT_UD && !r.src_incarnation) r.src_incarnation = incarnation_of(r.sqpn);
         const bool carries = r.opcode == IBV_WR_SEND || r.opcode == IBV_WR_SEND_WITH_IMM ||
                              r.opcode == IBV_WR_RDMA_WRITE || r.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
-        message(fab::SegType::Request, &encode_req(r), sizeof(fab::WireRequest), carries ? r.length : 0, r.slid,
+        const uint16_t len = fab::encode(r, fixed_);
+        message(fab::SegType::Request, fixed_, len, carries ? r.length : 0, r.slid,
                 r.sqpn, r.dlid, r.dqpn, r.psn, fill, first, last);
     }
     void response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn, Response resp,
@@ -83,11 +86,7 @@ struct Seed {
     }
 
 private:
-    fab::WireRequest wr_;
-    const fab::WireRequest& encode_req(const Request& r) {
-        wr_ = fab::encode(r);
-        return wr_;
-    }
+    uint8_t fixed_[fab::kMaxFixed];
     void message(fab::SegType type, const void* fixed, uint16_t fixed_len, uint64_t total, uint16_t src_lid,
                  uint32_t src_qpn, uint16_t dst_lid, uint32_t dst_qpn, uint32_t psn, uint8_t fill, size_t first,
                  size_t last) {
@@ -175,8 +174,9 @@ inline int write_all(const char* dir, FabricWorld& w) {
         Request r = rc(IBV_WR_SEND, 0, 100);
         for (int i = 0; i < 2; ++i) {
             r.src_incarnation = Seed::incarnation_of(r.sqpn);
-            fab::WireRequest wr = fab::encode(r);
-            s.seg(fab::SegType::Request, fab::kSegFirst, &wr, sizeof(wr), r.length, r.slid, r.sqpn, r.dlid, r.dqpn,
+            uint8_t wr[fab::kMaxFixed];
+            const uint16_t len = fab::encode(r, wr);
+            s.seg(fab::SegType::Request, fab::kSegFirst, wr, len, r.length, r.slid, r.sqpn, r.dlid, r.dqpn,
                   r.psn, 0, 0x30);
             s.seg(fab::SegType::Request, fab::kSegLast | fab::kSegAbort, nullptr, 0, 0, r.slid, r.sqpn, r.dlid,
                   r.dqpn, r.psn, r.length, 0);
@@ -384,17 +384,20 @@ inline int write_all(const char* dir, FabricWorld& w) {
         s.request(r);
     }
     {
-        Seed& s = add("bad_addresses");
+        // Flags that name an extension the fixed part does not have.
+        Seed& s = add("bad_request_flags");
         Request r = rc(IBV_WR_SEND, 0, 16);
-        fab::WireRequest wr = fab::encode(r);
-        wr.dqpn = w.a_loc.qpn;
-        s.seg(fab::SegType::Request, both, &wr, sizeof(wr), 16, kPeerFirst, kPeerQpA, kLidA, w.a_rc.qpn, 0, 0, 1);
+        uint8_t wr[fab::kMaxFixed];
+        const uint16_t len = fab::encode(r, wr);
+        wr[offsetof(fab::WireRequest, flags)] |= fab::kReqAddress;
+        s.seg(fab::SegType::Request, both, wr, len, 16, kPeerFirst, kPeerQpA, kLidA, w.a_rc.qpn, 0, 0, 1);
     }
     {
         Seed& s = add("bad_short_message");
         Request r = rc(IBV_WR_SEND, 0, 100);
-        fab::WireRequest wr = fab::encode(r);
-        s.seg(fab::SegType::Request, both, &wr, sizeof(wr), 50, kPeerFirst, kPeerQpA, kLidA, w.a_rc.qpn, 0, 0, 1);
+        uint8_t wr[fab::kMaxFixed];
+        const uint16_t len = fab::encode(r, wr);
+        s.seg(fab::SegType::Request, both, wr, len, 50, kPeerFirst, kPeerQpA, kLidA, w.a_rc.qpn, 0, 0, 1);
     }
     {
         Seed& s = add("bad_new_before_end");
@@ -412,9 +415,11 @@ inline int write_all(const char* dir, FabricWorld& w) {
     {
         Seed& s = add("bad_request_opcode");
         Request r = rc(IBV_WR_SEND, 0, 0);
-        fab::WireRequest wr = fab::encode(r);
-        wr.opcode = 99;
-        s.seg(fab::SegType::Request, both, &wr, sizeof(wr), 0, kPeerFirst, kPeerQpA, kLidA, w.a_rc.qpn, 0, 0, 1);
+        uint8_t wr[fab::kMaxFixed];
+        const uint16_t len = fab::encode(r, wr);
+        const uint16_t bad_opcode = 99;
+        std::memcpy(wr + offsetof(fab::WireRequest, opcode), &bad_opcode, 2);
+        s.seg(fab::SegType::Request, both, wr, len, 0, kPeerFirst, kPeerQpA, kLidA, w.a_rc.qpn, 0, 0, 1);
     }
     {
         Seed& s = add("raw_bad_hello", kRaw);

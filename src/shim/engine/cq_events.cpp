@@ -15,6 +15,14 @@ void raise_event(Context& ctx, Cq& cq, uint32_t arm) {
     if (ctx.post_comp_event(cq.channel_id, cq.user_handle)) ++cq.comp_events;
 }
 
+// The guest's consumer index, read now. False: it is no index of this
+// ring (a bad one is reported by the push that finds the ring full by the
+// index it last read: cq_writer.cpp).
+bool consumer_now(const Cq& cq, uint32_t& cons) {
+    cons = cq.ring->consumer.load(std::memory_order_acquire);
+    return ring_valid_consumer(cons, cq.prod, cq.entries);
+}
+
 }  // namespace
 
 bool cq_unpolled(const Cq& cq, uint32_t end, uint32_t cons) {
@@ -39,8 +47,8 @@ void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicite
         // arms relative to the consumer index: the arming waits for the next
         // one. The guest's poll and arming can both fall between this
         // completion's publication and the load of arm_seq above.
-        const uint32_t cons = cq.ring->consumer.load(std::memory_order_acquire);
-        if (ring_valid_consumer(cons, cq.prod, cq.entries) && !cq_unpolled(cq, cq.prod, cons)) return;
+        uint32_t cons;
+        if (consumer_now(cq, cons) && !cq_unpolled(cq, cq.prod, cons)) return;
         // One record per arming, however many ibv_req_notify_cq calls it took.
         raise_event(ctx, cq, arm);
         return;
@@ -65,10 +73,8 @@ void cq_check_armings(Context& ctx) {
     for (uint32_t h : list) {
         Cq* cq = ctx.cqs.get(h);
         if (!cq || !cq->silent_listed) continue;  // destroyed (the handle may be reused)
-        const uint32_t cons = cq->ring->consumer.load(std::memory_order_acquire);
-        // A bad index is reported by the push that finds the ring full by
-        // the index it last read (cq_writer.cpp).
-        const bool cons_ok = ring_valid_consumer(cons, cq->prod, cq->entries);
+        uint32_t cons;
+        const bool cons_ok = consumer_now(*cq, cons);
         if (cq->silent && (!cons_ok || !cq_unpolled(*cq, cq->silent_end, cons))) cq->silent = false;
         if (cq->silent_solicited && (!cons_ok || !cq_unpolled(*cq, cq->silent_solicited_end, cons)))
             cq->silent_solicited = false;

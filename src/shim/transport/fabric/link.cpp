@@ -604,13 +604,8 @@ bool Link::on_fixed() {
     cur_ = m;
     ++stats.rx_msgs;
     if (hdr_.type == uint8_t(SegType::Request)) {
-        WireRequest w;
-        std::memcpy(&w, p, sizeof(w));
         Request req;
-        if (!decode(w, req)) return violation("malformed request");
-        if (req.slid != hdr_.src_lid || req.sqpn != hdr_.src_qpn || req.dlid != hdr_.dst_lid ||
-            req.dqpn != hdr_.dst_qpn || req.psn != hdr_.psn)
-            return violation("request addresses differ from its segment's");
+        if (!decode(hdr_, p, req)) return violation("malformed request");
         // Checked before the responder acts: an atomic is executed at once.
         if (hdr_.payload_len > (request_carries_payload(req.opcode) ? req.length : 0))
             return violation("more payload than announced");
@@ -943,9 +938,7 @@ bool Link::send_request(const Request& req, uint64_t ctx_id, const Span* local, 
     if (req.resend) ++stats.retries;
     m->notify_sent = req.qp_type != IBV_QPT_RC;
     m->sq_idx = req.sq_idx;
-    WireRequest w = encode(req);
-    std::memcpy(m->fixed, &w, sizeof(w));
-    m->fixed_len = sizeof(w);
+    m->fixed_len = encode(req, m->fixed);
     if (request_carries_payload(req.opcode) && req.length) {
         m->total = req.length;
         if (inline_payload) {
@@ -1014,9 +1007,7 @@ bool Link::send_multicast(const Request& req, const uint8_t* payload) {
                     : nullptr;
     if (!m) return false;
     m->notify_sent = false;  // its WQE completed when the copies were made
-    WireRequest w = encode(req);
-    std::memcpy(m->fixed, &w, sizeof(w));
-    m->fixed_len = sizeof(w);
+    m->fixed_len = encode(req, m->fixed);
     if (req.length) {
         uint8_t* room = m->payload_room(req.length);
         std::memcpy(room, payload, req.length);
@@ -1073,7 +1064,7 @@ void Link::queue_response(uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid, 
         pins->count = 0;
         m->fragile = m->pins.fragile();
     }
-    if (plain_ack && !length)
+    if (plain_ack)  // never with READ data (finish_request)
         delay_ack(*s);
     else
         commit(*s);

@@ -9,58 +9,76 @@
 
 namespace vrdma::shim::fabric {
 
-WireRequest encode(const Request& r) {
+namespace {
+
+bool gid_zero(const uint8_t g[16]) {
+    uint64_t w[2];
+    std::memcpy(w, g, 16);
+    return (w[0] | w[1]) == 0;
+}
+
+}  // namespace
+
+uint16_t encode(const Request& r, uint8_t out[kMaxFixed]) {
     WireRequest w{};
-    w.opcode = r.opcode;
-    w.qp_type = r.qp_type;
-    w.psn = r.psn;
-    w.slid = r.slid;
-    w.dlid = r.dlid;
-    w.sqpn = r.sqpn;
-    w.dqpn = r.dqpn;
+    w.opcode = uint16_t(r.opcode);
+    w.qp_type = uint8_t(r.qp_type);
+    w.pkey = r.pkey;
     w.sl = r.sl;
-    w.solicited = r.solicited;
-    w.has_imm = r.has_imm;
-    w.grh = r.grh;
     w.imm = r.imm;
-    w.length = r.length;
     w.rkey = r.rkey;
     // Only UD has a Q_Key; an RC request of an XRC_SEND QP carries the
     // target SRQ's number there (the XRCETH of IBA 9.8).
     w.qkey = r.qp_type == IBV_QPT_UD ? r.qkey : r.xrc_srqn;
+    w.length = uint32_t(r.length);  // the engine's requests are at most kMaxMsgSize
     w.remote_addr = r.remote_addr;
-    w.compare_add = r.compare_add;
-    w.swap = r.swap;
-    w.traffic_class = r.traffic_class;
-    w.hop_limit = r.hop_limit;
-    w.flow_label = r.flow_label;
-    w.pkey = r.pkey;
     w.src_incarnation = r.src_incarnation;
     w.dst_incarnation = r.dst_incarnation;
-    std::memcpy(w.sgid, r.sgid, 16);
-    std::memcpy(w.dgid, r.dgid, 16);
-    return w;
+    w.flags = uint8_t((r.solicited ? kReqSolicited : 0) | (r.has_imm ? kReqImm : 0) | (r.grh ? kReqGrh : 0));
+    // An extension goes only where it says something.
+    if (r.compare_add || r.swap) w.flags |= kReqOperands;
+    if (r.grh || r.traffic_class || r.hop_limit || r.flow_label || !gid_zero(r.sgid) || !gid_zero(r.dgid))
+        w.flags |= kReqAddress;
+    size_t at = sizeof(w);
+    if (w.flags & kReqOperands) {
+        const WireOperands o{r.compare_add, r.swap};
+        std::memcpy(out + at, &o, sizeof(o));
+        at += sizeof(o);
+    }
+    if (w.flags & kReqAddress) {
+        WireAddress g{};
+        g.traffic_class = r.traffic_class;
+        g.hop_limit = r.hop_limit;
+        g.flow_label = r.flow_label;
+        std::memcpy(g.sgid, r.sgid, 16);
+        std::memcpy(g.dgid, r.dgid, 16);
+        std::memcpy(out + at, &g, sizeof(g));
+        at += sizeof(g);
+    }
+    std::memcpy(out, &w, sizeof(w));
+    return uint16_t(at);
 }
 
-bool decode(const WireRequest& w, Request& r) {
+bool decode(const SegHeader& h, const uint8_t* fixed, Request& r) {
+    WireRequest w;
+    std::memcpy(&w, fixed, sizeof(w));
+    if ((w.flags & ~kReqFlagsKnown) || request_fixed_len(w.flags) != h.fixed_len || w.reserved) return false;
     if (w.qp_type != IBV_QPT_RC && w.qp_type != IBV_QPT_UD && w.qp_type != IBV_QPT_UC) return false;
     if (!is_request_opcode(w.opcode)) return false;
     if (is_tm_request(w.opcode) && w.qp_type != IBV_QPT_RC) return false;
-    if (w.psn > kPsnMask || w.sqpn > kPsnMask || w.dqpn > kPsnMask) return false;
-    if (w.sl > 15 || w.solicited > 1 || w.has_imm > 1 || w.grh > 1) return false;
-    if (w.length > kMaxMsgSize) return false;
+    if (w.sl > 15 || w.length > kMaxMsgSize) return false;
     r = Request{};
     r.opcode = w.opcode;
     r.qp_type = w.qp_type;
-    r.psn = w.psn;
-    r.slid = w.slid;
-    r.dlid = w.dlid;
-    r.sqpn = w.sqpn;
-    r.dqpn = w.dqpn;
+    r.psn = h.psn;
+    r.slid = h.src_lid;
+    r.dlid = h.dst_lid;
+    r.sqpn = h.src_qpn;
+    r.dqpn = h.dst_qpn;
     r.sl = w.sl;
-    r.solicited = w.solicited;
-    r.has_imm = w.has_imm;
-    r.grh = w.grh;
+    r.solicited = (w.flags & kReqSolicited) != 0;
+    r.has_imm = (w.flags & kReqImm) != 0;
+    r.grh = (w.flags & kReqGrh) != 0;
     r.imm = w.imm;
     r.length = w.length;
     r.rkey = w.rkey;
@@ -69,16 +87,27 @@ bool decode(const WireRequest& w, Request& r) {
     else
         r.xrc_srqn = w.qkey;
     r.remote_addr = w.remote_addr;
-    r.compare_add = w.compare_add;
-    r.swap = w.swap;
-    r.traffic_class = w.traffic_class;
-    r.hop_limit = w.hop_limit;
-    r.flow_label = w.flow_label & 0xfffff;
     r.pkey = w.pkey;
     r.src_incarnation = w.src_incarnation;
     r.dst_incarnation = w.dst_incarnation;
-    std::memcpy(r.sgid, w.sgid, 16);
-    std::memcpy(r.dgid, w.dgid, 16);
+    size_t at = sizeof(w);
+    if (w.flags & kReqOperands) {
+        WireOperands o;
+        std::memcpy(&o, fixed + at, sizeof(o));
+        at += sizeof(o);
+        r.compare_add = o.compare_add;
+        r.swap = o.swap;
+    }
+    if (w.flags & kReqAddress) {
+        WireAddress g;
+        std::memcpy(&g, fixed + at, sizeof(g));
+        if (g.reserved) return false;
+        r.traffic_class = g.traffic_class;
+        r.hop_limit = g.hop_limit;
+        r.flow_label = g.flow_label & 0xfffff;
+        std::memcpy(r.sgid, g.sgid, 16);
+        std::memcpy(r.dgid, g.dgid, 16);
+    }
     return true;
 }
 
@@ -136,8 +165,15 @@ bool header_ok(const SegHeader& h, const char** why) {
                        h.payload_len <= kMaxCmPayload && h.offset == 0
                    ? true
                    : bad("malformed rdma_cm message");
-    const size_t want = h.type == uint8_t(SegType::Request) ? sizeof(WireRequest) : sizeof(WireResponse);
-    if ((h.flags & kSegFirst) ? h.fixed_len != want : h.fixed_len != 0) return bad("wrong fixed part length");
+    // A request's extensions make four lengths (decode checks its flags
+    // name the one it has).
+    const bool fixed_ok = !(h.flags & kSegFirst)                   ? h.fixed_len == 0
+                          : h.type == uint8_t(SegType::Response) ? h.fixed_len == sizeof(WireResponse)
+                                                                 : h.fixed_len == request_fixed_len(0) ||
+                                                                       h.fixed_len == request_fixed_len(kReqOperands) ||
+                                                                       h.fixed_len == request_fixed_len(kReqAddress) ||
+                                                                       h.fixed_len == kMaxFixed;
+    if (!fixed_ok) return bad("wrong fixed part length");
     if (h.src_qpn > kPsnMask || h.dst_qpn > kPsnMask || h.psn > kPsnMask) return bad("QPN or PSN over 24 bits");
     if (h.offset > kMaxMsgSize) return bad("offset over the maximum message size");
     return true;

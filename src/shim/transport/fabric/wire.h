@@ -31,8 +31,10 @@ constexpr uint32_t kHelloMagic = 0x46524d56;  // "VMRF"
 // shim: the dialer names the one it wants); 8: rdma_cm messages (SegType::Cm);
 // 9: multicast (a UD request to a multicast LID, for the receiving worker's
 // members of the group); 10: tag-matching rendezvous requests (request.h:
-// kTmRndvRead, kTmRndvFin) and kRespTm in responses
-constexpr uint32_t kProtocolVersion = 10;
+// kTmRndvRead, kTmRndvFin) and kRespTm in responses; 11: the compact
+// request (a WireRequest of 48 bytes and extensions; the addresses and the
+// PSN only in the segment header)
+constexpr uint32_t kProtocolVersion = 11;
 constexpr uint32_t kMaxSegmentPayload = 64 * 1024;
 
 // Random per shim start: tells a restarted peer apart, and a connection of
@@ -66,7 +68,7 @@ constexpr uint8_t kAnyWorker = 0xff;
 constexpr uint32_t kMaxFabricWorkers = 64;
 
 enum class SegType : uint8_t {
-    Request = 1,   // requester -> responder shim: fixed part = WireRequest
+    Request = 1,   // requester -> responder shim: fixed part = WireRequest and extensions
     Response = 2,  // responder -> requester shim: fixed part = WireResponse; READ data as payload
     Error = 3,     // a refusal before closing: payload = text
     QpGone = 4,    // the source QP vanished (its process went away): its
@@ -106,33 +108,61 @@ struct SegHeader {
 };
 static_assert(sizeof(SegHeader) == 32);
 
+// A request's fixed part: a WireRequest, then the extensions its flags
+// name, in this order (docs/protocol.md "Fabric", protocol version 11).
+// The request's PSN and its source and destination (LID, QPN) are the
+// segment header's; fields an extension would carry are zero without it.
+// A 64-byte RDMA WRITE is 32 + 48 + 64 bytes on the wire (it was 32 + 128
+// + 64 before version 11: a third of the bytes sealed, sent and opened).
+enum ReqFlags : uint8_t {
+    kReqSolicited = 1,
+    kReqImm = 2,
+    kReqGrh = 4,       // the sender's address handle is global
+    kReqOperands = 8,  // a WireOperands follows
+    kReqAddress = 16,  // a WireAddress follows
+};
+constexpr uint8_t kReqFlagsKnown = 31;
+
 struct WireRequest {
-    uint32_t opcode;
-    uint32_t qp_type;
-    uint32_t psn;
-    uint16_t slid, dlid;
-    uint32_t sqpn, dqpn;
+    uint16_t opcode;   // enum ibv_wr_opcode, or the shim's own (request.h)
+    uint8_t qp_type;
+    uint8_t flags;     // ReqFlags
+    uint16_t pkey;     // the sending QP's P_Key
     uint8_t sl;
-    uint8_t solicited;
-    uint8_t has_imm;
-    uint8_t grh;
+    uint8_t reserved;  // 0
     uint32_t imm;
-    uint64_t length;
     uint32_t rkey;
-    uint32_t qkey;
+    uint32_t qkey;     // UD: the Q_Key; RC from an XRC_SEND QP: the target SRQ
+    uint32_t length;   // at most kMaxMsgSize
     uint64_t remote_addr;
-    uint64_t compare_add;
-    uint64_t swap;
-    uint8_t traffic_class;
-    uint8_t hop_limit;
-    uint16_t pkey;             // the sending QP's P_Key
-    uint32_t flow_label;
-    uint8_t sgid[16];
-    uint8_t dgid[16];
     uint64_t src_incarnation;  // RC, UC: the sending QP's incarnation
     uint64_t dst_incarnation;  // and the one it is bound to (0: not yet known)
 };
-static_assert(sizeof(WireRequest) == 128);
+static_assert(sizeof(WireRequest) == 48);
+
+// Atomics and ATOMIC_WRITE.
+struct WireOperands {
+    uint64_t compare_add;
+    uint64_t swap;
+};
+static_assert(sizeof(WireOperands) == 16);
+
+// A global route (UD with a GRH), or the 32 bytes a rendezvous FIN carries
+// in the GIDs' place (request.h kTmRndvFin).
+struct WireAddress {
+    uint8_t traffic_class;
+    uint8_t hop_limit;
+    uint16_t reserved;  // 0
+    uint32_t flow_label;
+    uint8_t sgid[16];
+    uint8_t dgid[16];
+};
+static_assert(sizeof(WireAddress) == 40);
+
+constexpr size_t request_fixed_len(uint8_t flags) {
+    return sizeof(WireRequest) + ((flags & kReqOperands) ? sizeof(WireOperands) : 0) +
+           ((flags & kReqAddress) ? sizeof(WireAddress) : 0);
+}
 
 // WireResponse::flags
 enum RespFlags : uint16_t { kRespTm = 1 };  // Response::tm
@@ -148,12 +178,15 @@ struct WireResponse {
 };
 static_assert(sizeof(WireResponse) == 32);
 
-constexpr size_t kMaxFixed = sizeof(WireRequest);
+constexpr size_t kMaxFixed = request_fixed_len(kReqOperands | kReqAddress);
 
-WireRequest encode(const Request& r);
-// Decodes and checks the encoding itself (enumerations, ranges). False:
-// a malformed request (the connection is a protocol violation).
-bool decode(const WireRequest& w, Request& r);
+// Writes r's fixed part to `out` and returns its length.
+uint16_t encode(const Request& r, uint8_t out[kMaxFixed]);
+// Decodes the fixed part of a request's first segment `h` (its length was
+// checked by header_ok) and checks the encoding itself (enumerations,
+// ranges, flags that match the length). False: a malformed request (the
+// connection is a protocol violation).
+bool decode(const SegHeader& h, const uint8_t* fixed, Request& r);
 WireResponse encode(const Response& r, uint64_t length);
 bool decode(const WireResponse& w, Response& r, uint64_t& length);
 
