@@ -30,7 +30,8 @@ uint16_t encode(const Request& r, uint8_t out[kMaxFixed]) {
     // Only UD has a Q_Key; an RC request of an XRC_SEND QP carries the
     // target SRQ's number there (the XRCETH of IBA 9.8).
     w.qkey = r.qp_type == IBV_QPT_UD ? r.qkey : r.xrc_srqn;
-    w.length = uint32_t(r.length);  // the engine's requests are at most kMaxMsgSize
+    static_assert(kMaxMsgSize <= UINT32_MAX, "a request's length fits its 32 bits");
+    w.length = uint32_t(r.length);  // the engine's requests are at most kMaxMsgSize (resolve_sges)
     w.remote_addr = r.remote_addr;
     w.src_incarnation = r.src_incarnation;
     w.dst_incarnation = r.dst_incarnation;
