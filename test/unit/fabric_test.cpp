@@ -201,20 +201,28 @@ void fill(uint8_t* p, size_t n, uint32_t seed) {
     for (size_t i = 0; i < n; ++i) p[i] = uint8_t((i * 2654435761u + seed) >> 13);
 }
 
-// A request segment as a peer shim would write it: header, fixed part,
-// payload.
-std::vector<uint8_t> request_segment(const Request& req, const std::vector<uint8_t>& payload, uint16_t hdr_src_lid) {
+// The header of a request's only segment, addressed as the request is
+// (but from `src_lid`).
+fabric::SegHeader request_header(const Request& req, uint16_t fixed_len, uint32_t payload_len, uint16_t src_lid) {
     fabric::SegHeader h{};
     h.type = uint8_t(fabric::SegType::Request);
     h.flags = fabric::kSegFirst | fabric::kSegLast;
-    uint8_t fixed[fabric::kMaxFixed];
-    h.fixed_len = fabric::encode(req, fixed);
-    h.payload_len = uint32_t(payload.size());
-    h.src_lid = hdr_src_lid;
+    h.fixed_len = fixed_len;
+    h.payload_len = payload_len;
+    h.src_lid = src_lid;
     h.dst_lid = req.dlid;
     h.src_qpn = req.sqpn;
     h.dst_qpn = req.dqpn;
     h.psn = req.psn;
+    return h;
+}
+
+// A request segment as a peer shim would write it: header, fixed part,
+// payload.
+std::vector<uint8_t> request_segment(const Request& req, const std::vector<uint8_t>& payload, uint16_t hdr_src_lid) {
+    uint8_t fixed[fabric::kMaxFixed];
+    const uint16_t fixed_len = fabric::encode(req, fixed);
+    const fabric::SegHeader h = request_header(req, fixed_len, uint32_t(payload.size()), hdr_src_lid);
     std::vector<uint8_t> out(sizeof(h) + h.fixed_len + payload.size());
     std::memcpy(out.data(), &h, sizeof(h));
     std::memcpy(out.data() + sizeof(h), fixed, h.fixed_len);
@@ -223,23 +231,11 @@ std::vector<uint8_t> request_segment(const Request& req, const std::vector<uint8
 }
 
 TEST_CASE("fabric: the compact request carries every field; extensions only where they say something", "[shim][fabric]") {
-    auto header_for = [](const Request& r, uint16_t fixed_len) {
-        fabric::SegHeader h{};
-        h.type = uint8_t(fabric::SegType::Request);
-        h.flags = fabric::kSegFirst | fabric::kSegLast;
-        h.fixed_len = fixed_len;
-        h.src_lid = r.slid;
-        h.dst_lid = r.dlid;
-        h.src_qpn = r.sqpn;
-        h.dst_qpn = r.dqpn;
-        h.psn = r.psn;
-        return h;
-    };
     auto round_trip = [&](const Request& r, size_t want_len) {
         uint8_t fixed[fabric::kMaxFixed];
         const uint16_t len = fabric::encode(r, fixed);
         CHECK(len == want_len);
-        const fabric::SegHeader h = header_for(r, len);
+        const fabric::SegHeader h = request_header(r, len, 0, r.slid);
         const char* why = "";
         CHECK(fabric::header_ok(h, &why));
         Request d;

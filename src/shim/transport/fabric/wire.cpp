@@ -17,6 +17,17 @@ bool gid_zero(const uint8_t g[16]) {
     return (w[0] | w[1]) == 0;
 }
 
+// A Request or Response segment's: a fixed part on the first segment
+// only. A request's extensions make four lengths (decode checks that its
+// flags name the one it has).
+bool fixed_len_ok(const SegHeader& h) {
+    if (!(h.flags & kSegFirst)) return h.fixed_len == 0;
+    if (h.type == uint8_t(SegType::Response)) return h.fixed_len == sizeof(WireResponse);
+    for (int ext : {0, int(kReqOperands), int(kReqAddress), kReqOperands | kReqAddress})
+        if (h.fixed_len == request_fixed_len(uint8_t(ext))) return true;
+    return false;
+}
+
 }  // namespace
 
 uint16_t encode(const Request& r, uint8_t out[kMaxFixed]) {
@@ -166,15 +177,7 @@ bool header_ok(const SegHeader& h, const char** why) {
                        h.payload_len <= kMaxCmPayload && h.offset == 0
                    ? true
                    : bad("malformed rdma_cm message");
-    // A request's extensions make four lengths (decode checks its flags
-    // name the one it has).
-    const bool fixed_ok = !(h.flags & kSegFirst)                   ? h.fixed_len == 0
-                          : h.type == uint8_t(SegType::Response) ? h.fixed_len == sizeof(WireResponse)
-                                                                 : h.fixed_len == request_fixed_len(0) ||
-                                                                       h.fixed_len == request_fixed_len(kReqOperands) ||
-                                                                       h.fixed_len == request_fixed_len(kReqAddress) ||
-                                                                       h.fixed_len == kMaxFixed;
-    if (!fixed_ok) return bad("wrong fixed part length");
+    if (!fixed_len_ok(h)) return bad("wrong fixed part length");
     if (h.src_qpn > kPsnMask || h.dst_qpn > kPsnMask || h.psn > kPsnMask) return bad("QPN or PSN over 24 bits");
     if (h.offset > kMaxMsgSize) return bad("offset over the maximum message size");
     return true;
