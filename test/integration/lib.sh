@@ -430,6 +430,9 @@ fabric_stop() {
     done
     if [ "$rc" -ne 0 ]; then
         for h in "${FABRIC_HOSTS[@]}"; do
+            # Its links' ups and downs first: the tail may have lost them.
+            echo "--- fabric events of host $h (${HOST_NS[$h]}):" >&2
+            grep -E "fabric: .*(peer .* (up|down)|violation|refus)" "$(host_log "$h")" 2>/dev/null | head -n 20 >&2 || true
             echo "--- log of host $h (${HOST_NS[$h]}):" >&2
             tail -n 50 "$(host_log "$h")" >&2 2>/dev/null || true
         done
