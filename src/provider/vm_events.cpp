@@ -27,26 +27,32 @@ constexpr long kShortPauseNs = 10'000, kLongestPauseNs = 1'000'000;
 constexpr auto kBusyFor = std::chrono::milliseconds(2);
 
 // Whether `cq`, armed, gets its event now: a completion past both the
-// consumer index the application published and the producer index of the
-// last event (the newer of the two), matching the arming. `prod`: the
-// producer index it decided on.
-bool due(const Cq& cq, bool solicited_only, uint32_t& prod) {
-    prod = cq.hdr->producer.load(std::memory_order_acquire);
+// consumer index the application published and the end of what the last
+// event covered (the newer of the two), matching the arming. `end`: the
+// index past the first such completion, which is all this event covers. A
+// host's shim raises the event as that completion lands, and every later
+// one finds the arming used and waits for the next (protocol.md "Completion
+// events"); this thread sees them in batches, and an event covering the
+// whole batch would leave an application that polls once per event (perftest
+// -e) waiting for a wake-up that never comes.
+bool due(const Cq& cq, bool solicited_only, uint32_t& end) {
+    const uint32_t prod = cq.hdr->producer.load(std::memory_order_acquire);
     const uint32_t cons = cq.hdr->consumer.load(std::memory_order_acquire);
     if (!ring_valid_producer(prod, cons, cq.entries) || prod == cons) return false;
-    // What is not polled and raised nothing yet: from the last event's
-    // producer index while its completions are not all polled (Cq::consumed
-    // says when they are), else from the consumer index.
+    // What is not polled and raised nothing yet: from the end of the last
+    // event while its completions are not all polled (Cq::consumed says when
+    // they are), else from the consumer index.
     uint32_t from = cons;
     if (cq.vm_event_pending.load(std::memory_order_acquire)) {
         const uint32_t last = cq.vm_event_prod.load(std::memory_order_relaxed);
         if (ring_count(prod, last, cq.entries) < ring_count(prod, cons, cq.entries)) from = last;
     }
-    if (from == prod) return false;
-    if (!solicited_only) return true;
     for (; from != prod; from = ring_next(from, cq.entries)) {
         const abi::Cqe& e = cq.cqes[ring_slot(from, cq.entries)];
-        if ((e.flags & abi::kCqeSolicited) || e.status != IBV_WC_SUCCESS) return true;
+        if (!solicited_only || (e.flags & abi::kCqeSolicited) || e.status != IBV_WC_SUCCESS) {
+            end = ring_next(from, cq.entries);
+            return true;
+        }
     }
     return false;
 }
@@ -101,15 +107,14 @@ void run(Context& ctx, VmEventPoller& p) {
             Cq& cq = *p.armed[i].cq;
             // A resize replaces the ring under arm_mu: look again next time.
             std::unique_lock arm(cq.arm_mu, std::try_to_lock);
-            uint32_t prod = 0;
-            if (!arm || !due(cq, p.armed[i].solicited_only, prod)) {
+            uint32_t end = 0;
+            if (!arm || !due(cq, p.armed[i].solicited_only, end)) {
                 ++i;
                 continue;
             }
-            // What this event covers, the completions up to the producer
-            // index it was decided on, before the record: the application
-            // may poll as soon as it reads it (Cq::consumed).
-            cq.vm_event_prod.store(prod, std::memory_order_relaxed);
+            // What this event covers, before the record: the application may
+            // poll as soon as it reads it (Cq::consumed).
+            cq.vm_event_prod.store(end, std::memory_order_relaxed);
             cq.vm_event_pending.store(true, std::memory_order_seq_cst);
             const uint64_t record = reinterpret_cast<uintptr_t>(&cq.vcq.cq);
             if (::write(cq.vm_channel_fd, &record, sizeof(record)) == ssize_t(sizeof(record))) ++cq.vm_events;
