@@ -447,6 +447,12 @@ void Fabric::service() {
         if (p.link_ && p.link_->state() == LinkState::Closed) link_closed(p);
         if (p.link_) watch(*p.link_, false);
         if (p.configured_ && !p.up() && !p.dialing_ && !p.connecting_ && now >= p.next_dial_ns_) {
+            // The peer is dialing this shim: its connection is in its
+            // handshake. Wait for it. Both dialing at once opens two
+            // connections, and the one closed as the duplicate may already
+            // carry messages or look, to the side that has not seen the
+            // other one yet, like the peer going down.
+            if (handshake_from(p.addr_.sin_addr.s_addr)) continue;
             // The peer dials this pair itself: give it the time to.
             if (p.instance_known_ && instance_ > p.instance_) {
                 if (!p.defer_until_ns_) p.defer_until_ns_ = now + kDeferNs;
@@ -471,6 +477,12 @@ LinkIdentity Fabric::identity(uint8_t target) const {
     me.hold = true;
     me.ack_delay_ns = uint64_t(cfg_.ack_delay_us) * 1000;
     return me;
+}
+
+bool Fabric::handshake_from(uint32_t ip) const {
+    for (const Pending& pd : pending_)
+        if (!pd.dialer && pd.source == ip && pd.link && pd.link->state() != LinkState::Closed) return true;
+    return false;
 }
 
 bool Fabric::mine(Pending& pd) {

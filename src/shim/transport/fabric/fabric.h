@@ -233,6 +233,8 @@ private:
     };
     // Whether a connection from `ip` may start a handshake now.
     bool admit(uint32_t ip);
+    // Whether a connection accepted from `ip` is in its handshake.
+    bool handshake_from(uint32_t ip) const;
     void accept_all();
     void dial(Peer& p);
     void on_connected(Peer& p);
