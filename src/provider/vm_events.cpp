@@ -32,7 +32,7 @@ constexpr auto kBusyFor = std::chrono::milliseconds(2);
 // index past the first such completion, which is all this event covers. A
 // host's shim raises the event as that completion lands, and every later
 // one finds the arming used and waits for the next (protocol.md "Completion
-// events"); this thread sees them in batches, and an event covering the
+// channels"); this thread sees them in batches, and an event covering the
 // whole batch would leave an application that polls once per event (perftest
 // -e) waiting for a wake-up that never comes.
 bool due(const Cq& cq, bool solicited_only, uint32_t& end) {

@@ -41,6 +41,8 @@ constexpr const char* kReplaced = "replaced by a duplicate connection";
 // A shim whose instance id is the larger waits this long for the peer's
 // connection to a pair of workers before it dials the pair itself.
 constexpr uint64_t kDeferNs = 1'000'000'000;
+// How long a dial waits for the peer's connection in its handshake.
+constexpr uint64_t kHandshakeWaitNs = 1'000'000'000;
 
 std::string ip_text(const sockaddr_in& a) {
     char buf[INET_ADDRSTRLEN] = "?";
@@ -448,11 +450,15 @@ void Fabric::service() {
         if (p.link_) watch(*p.link_, false);
         if (p.configured_ && !p.up() && !p.dialing_ && !p.connecting_ && now >= p.next_dial_ns_) {
             // The peer is dialing this shim: its connection is in its
-            // handshake. Wait for it. Both dialing at once opens two
-            // connections, and the one closed as the duplicate may already
-            // carry messages or look, to the side that has not seen the
-            // other one yet, like the peer going down.
-            if (handshake_from(p.addr_.sin_addr.s_addr)) continue;
+            // handshake. Wait for it (a while). Both dialing at once opens
+            // two connections, and the one closed as the duplicate may
+            // already carry messages or look, to the side that has not seen
+            // the other one yet, like the peer going down.
+            if (handshake_from(p.addr_.sin_addr.s_addr)) {
+                if (!p.handshake_wait_until_ns_) p.handshake_wait_until_ns_ = now + kHandshakeWaitNs;
+                if (now < p.handshake_wait_until_ns_) continue;
+            }
+            p.handshake_wait_until_ns_ = 0;
             // The peer dials this pair itself: give it the time to.
             if (p.instance_known_ && instance_ > p.instance_) {
                 if (!p.defer_until_ns_) p.defer_until_ns_ = now + kDeferNs;
@@ -664,6 +670,7 @@ void Fabric::establish(Pending& pd) {
     p->ever_up_ = true;
     p->instance_known_ = true;
     p->defer_until_ns_ = 0;
+    p->handshake_wait_until_ns_ = 0;
     p->refused_ = false;
     p->last_error_.clear();
     p->backoff_ns_ = 0;
@@ -723,6 +730,7 @@ void Fabric::link_closed(Peer& p) {
     p.ud_saved_ = std::move(l.ud_owners);
     p.link_.reset();
     p.defer_until_ns_ = 0;  // (a deferred dial waits again, once)
+    p.handshake_wait_until_ns_ = 0;
     eng_.rescan_all();
 }
 
@@ -739,7 +747,7 @@ uint64_t Fabric::next_deadline_ns() const {
         if (p->link_ && p->link_->input_buffered()) take(1);
     for (auto& p : peers_)
         if (p->configured_ && !p->up() && !p->dialing_ && !p->connecting_)
-            take(std::max<uint64_t>({p->next_dial_ns_, p->defer_until_ns_, 1}));
+            take(std::max<uint64_t>({p->next_dial_ns_, p->defer_until_ns_, p->handshake_wait_until_ns_, 1}));
     return best;
 }
 

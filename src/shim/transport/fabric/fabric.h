@@ -138,6 +138,10 @@ private:
     // defer_until_ns_ for its connection (and dials then if none came).
     bool instance_known_ = false;
     uint64_t defer_until_ns_ = 0;
+    // Set while a connection accepted from this peer's address is in its
+    // handshake: the dial waits for it until then, not longer (four stalled
+    // handshakes from that host must not keep this shim from dialing).
+    uint64_t handshake_wait_until_ns_ = 0;
     bool dialing_ = false;        // a connection of ours is being opened or authenticated
     UniqueFd connecting_;         // non-blocking connect() in progress
     uint64_t next_dial_ns_ = 0;
