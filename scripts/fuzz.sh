@@ -2,7 +2,8 @@
 # The libFuzzer harnesses of the shim (test/fuzz, docs/reliability.md):
 # configures BUILD_DIR (default build-fuzz/) with clang and -DVRDMA_FUZZ=ON,
 # builds, then for each target runs its seeds (test/fuzz/corpus/<target>/)
-# once and fuzzes for FUZZ_SECONDS (default 20) more. One target at a time.
+# once and fuzzes for FUZZ_SECONDS (default 20) more. As many targets at
+# once as there are cores (FUZZ_JOBS=N to choose).
 # Exits non-zero when a target crashes, leaks, times out or breaks one of
 # the harness's invariants; the input that did it is kept in
 # BUILD_DIR/artifacts/<target>/ and its reproduction command printed.
@@ -35,21 +36,18 @@ export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 flags=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
 
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-    bin="$build/test/fuzz/fuzz_$t"
-    seeds="$src/test/fuzz/corpus/$t"
-    art="$build/artifacts/$t/"
-    [ -x "$bin" ] || { echo "fuzz.sh: no target fuzz_$t" >&2; exit 1; }
+# fuzz_one TARGET: its seeds, then FUZZ_SECONDS of fuzzing; the verdict
+# line goes to $work/TARGET.summary, the reasons for a failure to
+# $work/TARGET.why.
+fuzz_one() {
+    local t=$1 bin="$build/test/fuzz/fuzz_$1" seeds="$src/test/fuzz/corpus/$1" art="$build/artifacts/$1/"
+    local log="$work/$t.log" rc=0 execs
     mkdir -p "$art" "$work/$t"
     if [ ! -d "$seeds" ]; then
-        seeds="$work/empty"
+        seeds="$work/empty-$t"
         mkdir -p "$seeds"
     fi
-    log="$work/$t.log"
     echo "--- fuzz_$t: $(find "$seeds" -type f | wc -l) seeds, then ${seconds} s"
-    rc=0
     # The seeds alone first: a regression on a known input is named as such.
     "$bin" "${flags[@]}" -artifact_prefix="$art" -runs=0 "$seeds" >"$log" 2>&1 || rc=$?
     if [ "$rc" -eq 0 ]; then
@@ -57,17 +55,39 @@ for t in "${targets[@]}"; do
     fi
     execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)"
     if [ "$rc" -ne 0 ]; then
-        failed+=("$t")
-        summary+=("$(printf '%-10s %12s executions  FAILED (exit %d)' "$t" "${execs:-?}" "$rc")")
-        echo "fuzz_$t FAILED (exit $rc):" >&2
-        grep -E 'ERROR|INVARIANT|runtime error|SUMMARY|Test unit written' "$log" >&2 || tail -n 40 "$log" >&2
-        echo "reproduce: $bin <the file named above>" >&2
+        printf '%-10s %12s executions  FAILED (exit %d)\n' "$t" "${execs:-?}" "$rc" >"$work/$t.summary"
+        {
+            echo "fuzz_$t FAILED (exit $rc):"
+            grep -E 'ERROR|INVARIANT|runtime error|SUMMARY|Test unit written' "$log" || tail -n 40 "$log"
+            echo "reproduce: $bin <the file named above>"
+        } >"$work/$t.why"
     else
-        summary+=("$(printf '%-10s %12s executions  crashes: 0' "$t" "$execs")")
+        printf '%-10s %12s executions  crashes: 0\n' "$t" "$execs" >"$work/$t.summary"
     fi
     if [ -n "${FUZZ_CORPUS_OUT:-}" ]; then
         mkdir -p "$FUZZ_CORPUS_OUT/$t"
         cp -n "$work/$t"/* "$FUZZ_CORPUS_OUT/$t/" 2>/dev/null || true
+    fi
+}
+
+for t in "${targets[@]}"; do
+    [ -x "$build/test/fuzz/fuzz_$t" ] || { echo "fuzz.sh: no target fuzz_$t" >&2; exit 1; }
+done
+# As many targets at once as there are cores (FUZZ_JOBS): each is one
+# single-threaded process, so each still gets its FUZZ_SECONDS of a core.
+jobs="${FUZZ_JOBS:-$(nproc)}"
+for t in "${targets[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    fuzz_one "$t" &
+done
+wait
+failed=()
+summary=()
+for t in "${targets[@]}"; do
+    summary+=("$(cat "$work/$t.summary" 2>/dev/null || echo "$t: no verdict (the runner died)")")
+    if [ -f "$work/$t.why" ] || [ ! -f "$work/$t.summary" ]; then
+        failed+=("$t")
+        cat "$work/$t.why" >&2 2>/dev/null || true
     fi
 done
 echo "--- fuzz summary (${seconds} s per target)"
