@@ -2,7 +2,6 @@
 // provider emulates and the shim's connection manager (docs/protocol.md
 // "rdma_cm"): what the kernel would report, error by error. Run by
 // rdma_cm.sh in guest a (10.0.0.1, fd00::1) beside guest b (10.0.0.2).
-#define CATCH_CONFIG_MAIN
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <poll.h>
