@@ -15,14 +15,17 @@ set -uo pipefail
 source "$(cd "$(dirname "$0")" && pwd)/lib.sh"
 : >"$results"
 
+# Field N of the last result row of a perftest bandwidth run in FILE.
+bw_row_field() { awk -v f="$1" '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ { v = $f } END { print v }' "$2"; }
 # The figure perftest prints for a run: BW average (MB/s) or t_avg (usec).
-bw_of() { awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ { v = $4 } END { print v }' "$1"; }
+bw_of() { bw_row_field 4 "$1"; }
 # ud_received_some NAME: on VM 1 (the receiving server), a UD burst run for
 # a duration reported datagrams received (perftest exits 0 with none).
 ud_received_some() {
     [ "$N" = 1 ] || return 0
     local n
-    n=$(awk '/^ *[0-9]+ +[0-9]+ +[0-9.]+ +[0-9.]+/ { v = $2 } END { print v + 0 }' "/tmp/$1.out")
+    n=$(bw_row_field 2 "/tmp/$1.out")
+    n=${n:-0}
     if [ "$n" -gt 0 ]; then ok "$1-received ($n datagrams)"; else
         fail "$1-received" "no datagram counted: $(tail -3 "/tmp/$1.out" | tr '\n' ' ')"
     fi

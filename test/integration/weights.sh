@@ -76,15 +76,18 @@ greedy_phase() {
     c_busy=$(awk -v a="$(field c busy_s)" -v b="$cb0" 'BEGIN { print a - b }')
     d_busy=$(awk -v a="$(field d busy_s)" -v b="$db0" 'BEGIN { print a - b }')
 }
+# ratio A B: A / B to two decimals (0 when B is 0).
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 # check_shares HEAVY LIGHT: the phase's weights on the guests' lines, and
-# HEAVY (weight 3) moved about three times LIGHT's (weight 1) bytes.
+# HEAVY (weight 3) moved about three times LIGHT's (weight 1) bytes; under
+# TSan (busy_lo set), HEAVY had at least busy_lo times LIGHT's busy time
+# and moved more bytes.
 check_shares() {
     [ "$(field "$1" weight)" = 3 ] && [ "$(field "$2" weight)" = 1 ] ||
         fail "vrdmactl load does not show the weights ($1 3, $2 1)"
     local heavy=$c_bytes light=$d_bytes heavy_s=$c_busy light_s=$d_busy r rs
     [ "$1" = c ] || { heavy=$d_bytes light=$c_bytes heavy_s=$d_busy light_s=$c_busy; }
-    r="$(awk -v a="$heavy" -v b="$light" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
-    rs="$(awk -v a="$heavy_s" -v b="$light_s" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
+    r="$(ratio "$heavy" "$light")" rs="$(ratio "$heavy_s" "$light_s")"
     echo "  $1 over $2 (weights 3 and 1): bytes $r, the worker's busy time $rs"
     if [ -n "$busy_lo" ]; then
         awk -v r="$rs" -v lo="$busy_lo" 'BEGIN { exit !(r >= lo) }' ||
