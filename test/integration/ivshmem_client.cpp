@@ -18,8 +18,9 @@
 // biased towards the edges of what is valid), random bytes over the
 // control blocks and command slots of the contexts it got attached,
 // replayed and half-written requests, each followed by a ring; then it
-// checks that the shim still serves a well-formed owner (Alloc, Attach,
-// QueryPort). Run under ASan, the shim must neither crash nor hang.
+// checks that the shim still serves a well-formed owner (its arena taken
+// before the rounds, Attach and QueryPort after them). Run under ASan, the
+// shim must neither crash nor hang.
 //
 // Prints what it saw, one line each; exits 0 when everything was as the
 // protocol says, 3 when the shim refused it (closed the connection before
@@ -160,6 +161,15 @@ void play_hostile(void* bar2, int bell, int rounds) {
     };
     std::vector<uint64_t> arenas, regions;
     uint64_t requests = 0, scribbles = 0;
+    // The well-formed owner that checks the shim still serves afterwards
+    // takes its arena now. A scribbled request that a random sequence
+    // number announces can carry any owner, one the test cannot name to
+    // Close, and with a large length fill the memory for good.
+    constexpr uint64_t kOwner = 424242, kArena = 64 * 1024;
+    VmReply first{};
+    if (mb.call(VmRequest{VmOp::Alloc, 0, kOwner, 0, kArena, 0}, first))
+        die((std::string("hostile: the checking owner's Alloc failed: ") + first.message).c_str());
+    const uint64_t arena = first.offset;
     // Three contexts to scribble over from the start (owners 1-3, which
     // the random requests then also Free, Detach, Close and reuse).
     for (uint64_t o = 1; o <= 3; ++o) {
@@ -216,17 +226,14 @@ void play_hostile(void* bar2, int bell, int rounds) {
             break;
         }
     }
-    // Whatever the sequence numbers were left at: a well-formed owner.
+    // Whatever the sequence numbers were left at: a Ping first, so that no
+    // announced request is still pending when the Attach (not idempotent)
+    // goes in; then the well-formed owner attaches its arena, and a context
+    // on it is served.
     VmReply r{};
-    constexpr uint64_t kOwner = 424242, kArena = 64 * 1024;
-    int rc = mb.call(VmRequest{VmOp::Alloc, 0, kOwner, 0, kArena, 0}, r);
-    if (rc == ENOMEM) {  // the hostile rounds filled the memory: owners 1-3 give theirs back
-        for (uint64_t o = 1; o < 4; ++o) mb.call(VmRequest{VmOp::Close, 0, o, 0, 0, 0}, r);
-        rc = mb.call(VmRequest{VmOp::Alloc, 0, kOwner, 0, kArena, 0}, r);
-    }
-    if (rc) die((std::string("after the hostile rounds, Alloc failed: ") + r.message).c_str());
-    const uint64_t arena = r.offset;
-    if ((rc = mb.call(VmRequest{VmOp::Attach, 0, kOwner, arena, kArena, 0x7e0000000000ull}, r)))
+    if (int rc = mb.call(VmRequest{VmOp::Ping, 0, 0, 0, 0, 0}, r))
+        die((std::string("after the hostile rounds, Ping failed: ") + std::strerror(rc)).c_str());
+    if (mb.call(VmRequest{VmOp::Attach, 0, kOwner, arena, kArena, 0x7e0000000000ull}, r))
         die((std::string("after the hostile rounds, Attach failed: ") + r.message).c_str());
     uint32_t seq = 0;
     CmdQueryPortReq q{1};
