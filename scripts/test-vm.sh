@@ -65,7 +65,7 @@ cleanup() {
     ip netns del "$ns_a" 2>/dev/null || true
     ip netns del "$ns_b" 2>/dev/null || true
     rm -rf "$run" "$far" "$log" "$far_log" "$run.host" "$run.far-client" "$run.kill" "$run.shimkill" "$run.pair" \
-        "$run.key"
+        "$run.key" "$run.hang"
 }
 trap cleanup EXIT
 ip netns add "$ns_a" && ip netns add "$ns_b"
@@ -153,13 +153,33 @@ rm -f "$work/share/vm1.waiting"
     kill -KILL "$shim" && echo "killed the shim (pid $shim) with SIGKILL" >"$run.shimkill"
 ) &
 shimkiller=$!
+# What the shim saw while a program in a VM hung: test/vm/vm-device.sh's
+# hang_dump asks through vmN.hang.ready, and waits for vmN.hang.done.
+rm -f "$work"/share/vm*.hang*
+(
+    while :; do
+        for n in 1 2; do
+            f=$work/share/vm$n.hang
+            [ -e "$f.ready" ] && [ ! -e "$f.done" ] || continue
+            {
+                echo "=== the shim when VM $n's program hung"
+                "$build/tools/vrdmactl" --run-dir "$run" counters || true
+                "$build/tools/vrdmactl" --run-dir "$run" load || true
+                timeout 30 gdb -p "$shim" -batch -ex "thread apply all bt" | grep -E '^(Thread|#)' || true
+            } >>"$run.hang" 2>&1
+            touch "$f.done"
+        done
+        sleep 0.5
+    done
+) &
+hangwatch=$!
 # VM 2 is killed on purpose: run-pair.sh reports it as failed (no vm2.rc);
 # VM 1 must end well, with the grace to do so after VM 2 went.
 VM_PEER_GRACE=240 VM_QEMU_ARGS1="$(device 1) $user_nic" VM_QEMU_ARGS2=$(device 2) \
     "$root/scripts/vm/run-pair.sh" --timeout 300 --gargs "$build" "$work" "$root/test/vm/vm-device.sh" "$root/test/vm/vm-device.sh" \
     >"$run.pair" 2>&1 || true
-kill "$client" "$far_client" "$killer" "$shimkiller" 2>/dev/null || true
-wait "$client" "$far_client" "$killer" "$shimkiller" 2>/dev/null || true
+kill "$client" "$far_client" "$killer" "$shimkiller" "$hangwatch" 2>/dev/null || true
+wait "$client" "$far_client" "$killer" "$shimkiller" "$hangwatch" 2>/dev/null || true
 for n in 1 2; do
     echo "--- VM $n"
     cat "$work/share/vm$n.results" 2>/dev/null || echo "(no results: see $work/share/vm$n.log)"
@@ -176,6 +196,13 @@ else
     status=1
 fi
 [ "$status" = 0 ] || sed 's/^/  run-pair| /' "$run.pair"
+# A program that hung and passed on its second run still shows here.
+for f in "$work/share/vm1.hang" "$work/share/vm2.hang" "$run.hang"; do
+    if [ -s "$f" ]; then
+        echo "--- what hung: $(basename "$f")"
+        sed 's/^/  /' "$f"
+    fi
+done
 
 for side in "host guest h:$run.host:${#vm_host_pingpongs[@]}" "guest f, across the fabric:$run.far-client:1"; do
     IFS=: read -r who out want <<<"$side"

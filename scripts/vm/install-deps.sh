@@ -7,7 +7,8 @@
 # a static busybox and cpio for the initramfs, kmod for depmod, xz-utils to
 # decompress the kernel, and the verbs tools the guests run from the
 # host's root (rdma-core, ibverbs-utils, perftest; iproute2 for `ip` and
-# `rdma`). Only what is missing is installed; prints nothing when all is
+# `rdma`; gdb for the backtraces test-vm takes of a program that hung).
+# Only what is missing is installed; prints nothing when all is
 # there. Needs root to install.
 set -euo pipefail
 
@@ -15,7 +16,7 @@ case "${1:-}" in -h | --help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;
 
 packages=(
     qemu-system-x86 seabios ipxe-qemu busybox-static kmod cpio gzip xz-utils
-    rdma-core ibverbs-utils perftest iproute2
+    rdma-core ibverbs-utils perftest iproute2 gdb
 )
 
 # shellcheck source=../lib/packages.sh
