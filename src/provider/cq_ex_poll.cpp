@@ -59,9 +59,10 @@ void end_poll(ibv_cq_ex* ibcq) {
     Cq& cq = *cq_of(ibcq);
     // Every completion start_poll/next_poll made current is consumed.
     uint32_t done = cq.cur ? ring_next(cq.poll_cons, cq.entries) : cq.poll_cons;
-    cq.consumed(cq.cons, done);
+    const uint32_t from = cq.cons;
     cq.cons = done;
     cq.hdr->consumer.store(done, std::memory_order_release);
+    cq.consumed(from, done);
     cq.cur = nullptr;
     cq.mu.unlock();
 }

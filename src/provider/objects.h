@@ -72,13 +72,22 @@ struct Cq {
     uint32_t vm_events = 0;
     std::atomic<uint32_t> vm_event_prod{0};
     std::atomic<bool> vm_event_pending{false};
-    // After a poll moved the consumer index from `from` to `to` (under mu):
-    // the last event's completions are all polled once it passed them.
+    // Inside a VM, under arm_mu: whether an arming is unused, and the
+    // producer index when it was made. A completion past that index raises
+    // the event even if the application polled it before the thread looked,
+    // as the shim raises it on a host the moment it lands.
+    bool vm_armed = false;
+    uint32_t vm_arm_prod = 0;
+    // After a poll moved the consumer index from `from` to `to` (under mu),
+    // and published it: the last event's completions are all polled once
+    // it passed them. Released after the index, so that the event thread,
+    // which reads the mark first, never sees it cleared with the old index
+    // (and raises an event for a completion polled already).
     void consumed(uint32_t from, uint32_t to) {
         if (!vm_event_pending.load(std::memory_order_relaxed)) return;
         const uint32_t last = vm_event_prod.load(std::memory_order_relaxed);
         if (ring_count(to, from, entries) >= ring_count(last, from, entries))
-            vm_event_pending.store(false, std::memory_order_relaxed);
+            vm_event_pending.store(false, std::memory_order_release);
     }
 };
 

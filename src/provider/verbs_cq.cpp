@@ -207,9 +207,10 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
             ++n;
         }
         if (n) {
-            cq->consumed(cq->cons, cons);
+            const uint32_t from = cq->cons;
             cq->cons = cons;
             cq->hdr->consumer.store(cons, std::memory_order_release);
+            cq->consumed(from, cons);
             cq->empty_polls = 0;
             return n;
         }
@@ -250,9 +251,10 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives) {
         }
     }
     if (!dropped) return;
-    cq.consumed(cq.cons, ring_advance(cq.cons, dropped, cq.entries));
+    const uint32_t from = cq.cons;
     cq.cons = ring_advance(cq.cons, dropped, cq.entries);
     cq.hdr->consumer.store(cq.cons, std::memory_order_release);
+    cq.consumed(from, cq.cons);
 }
 
 int resize_cq(ibv_cq* ibcq, int cqe) {
@@ -285,6 +287,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
     cq->entries = entries;
     cq->cons = 0;
     cq->vm_event_pending.store(false, std::memory_order_relaxed);  // indices start anew
+    cq->vm_arm_prod = cq->hdr->producer.load(std::memory_order_acquire);
     ibcq->cqe = int(entries - 1);
     return 0;
 }
@@ -299,6 +302,10 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
         cq->notify->arm_solicited.store(solicited_only ? 1 : 0, std::memory_order_relaxed);
         cq->notify->arm_seq.fetch_add(1, std::memory_order_release);
         ring_doorbell(*cq->ctx);
+        if (cq->vm_channel_fd >= 0 && !cq->vm_armed) {  // a second arming changes nothing
+            cq->vm_armed = true;
+            cq->vm_arm_prod = cq->hdr->producer.load(std::memory_order_acquire);
+        }
     }
     if (cq->vm_channel_fd >= 0) vm_events_arm(*cq->ctx, *cq, solicited_only != 0);
     return 0;

@@ -26,34 +26,51 @@ namespace {
 constexpr long kShortPauseNs = 10'000, kLongestPauseNs = 1'000'000;
 constexpr auto kBusyFor = std::chrono::milliseconds(2);
 
-// Whether `cq`, armed, gets its event now: a completion past both the
-// consumer index the application published and the end of what the last
-// event covered (the newer of the two), matching the arming. `end`: the
-// index past the first such completion, which is all this event covers. A
-// host's shim raises the event as that completion lands, and every later
-// one finds the arming used and waits for the next (protocol.md "Completion
-// channels"); this thread sees them in batches, and an event covering the
-// whole batch would leave an application that polls once per event (perftest
-// -e) waiting for a wake-up that never comes.
-bool due(const Cq& cq, bool solicited_only, uint32_t& end) {
+// Whether a completion wakes an arming: any, or for a solicited-only one a
+// solicited receive or an error.
+bool wakes(const abi::Cqe& e, bool solicited_only) {
+    return !solicited_only || (e.flags & abi::kCqeSolicited) || e.status != IBV_WC_SUCCESS;
+}
+
+// Whether `cq`, armed (its arm_mu held), gets its event now, by the shim's
+// rule on a host (protocol.md "Completion channels"):
+//  - a completion past both the consumer index the application published
+//    and the end of what the last event covered (the newer of the two),
+//    that wakes the arming. The event covers the first such completion
+//    only (`end`, `unpolled` true): the shim raises the event as that
+//    completion lands, and every later one finds the arming used and waits
+//    for the next; this thread sees them in batches, and an event covering
+//    the whole batch would leave an application that polls once per event
+//    (perftest -e) waiting for a wake-up that never comes;
+//  - or, failing that, a completion that landed after the arming and that
+//    the application polled before this thread looked (`unpolled` false):
+//    on a host the shim raised its event as it landed, and an application
+//    that waits for one event per completion (perftest -e, whose single
+//    channel serves its send and receive CQs) counts on it.
+bool due(const Cq& cq, bool solicited_only, uint32_t& end, bool& unpolled) {
+    // The mark before the consumer index: Cq::consumed clears it only after
+    // publishing the index that passed the event's completions.
+    const bool pending = cq.vm_event_pending.load(std::memory_order_acquire);
     const uint32_t prod = cq.hdr->producer.load(std::memory_order_acquire);
     const uint32_t cons = cq.hdr->consumer.load(std::memory_order_acquire);
-    if (!ring_valid_producer(prod, cons, cq.entries) || prod == cons) return false;
-    // What is not polled and raised nothing yet: from the end of the last
-    // event while its completions are not all polled (Cq::consumed says when
-    // they are), else from the consumer index.
+    if (!ring_valid_producer(prod, cons, cq.entries)) return false;
     uint32_t from = cons;
-    if (cq.vm_event_pending.load(std::memory_order_acquire)) {
+    if (pending) {
         const uint32_t last = cq.vm_event_prod.load(std::memory_order_relaxed);
         if (ring_count(prod, last, cq.entries) < ring_count(prod, cons, cq.entries)) from = last;
     }
     for (; from != prod; from = ring_next(from, cq.entries)) {
-        const abi::Cqe& e = cq.cqes[ring_slot(from, cq.entries)];
-        if (!solicited_only || (e.flags & abi::kCqeSolicited) || e.status != IBV_WC_SUCCESS) {
+        if (wakes(cq.cqes[ring_slot(from, cq.entries)], solicited_only)) {
             end = ring_next(from, cq.entries);
+            unpolled = true;
             return true;
         }
     }
+    const uint32_t landed = ring_count(prod, cq.vm_arm_prod, cq.entries);
+    unpolled = false;
+    if (landed >= cq.entries) return true;  // their slots were written over: some woke it
+    for (uint32_t i = cq.vm_arm_prod; i != prod; i = ring_next(i, cq.entries))
+        if (wakes(cq.cqes[ring_slot(i, cq.entries)], solicited_only)) return true;
     return false;
 }
 
@@ -108,14 +125,18 @@ void run(Context& ctx, VmEventPoller& p) {
             // A resize replaces the ring under arm_mu: look again next time.
             std::unique_lock arm(cq.arm_mu, std::try_to_lock);
             uint32_t end = 0;
-            if (!arm || !due(cq, p.armed[i].solicited_only, end)) {
+            bool unpolled = false;
+            if (!arm || !due(cq, p.armed[i].solicited_only, end, unpolled)) {
                 ++i;
                 continue;
             }
             // What this event covers, before the record: the application may
             // poll as soon as it reads it (Cq::consumed).
-            cq.vm_event_prod.store(end, std::memory_order_relaxed);
-            cq.vm_event_pending.store(true, std::memory_order_seq_cst);
+            if (unpolled) {
+                cq.vm_event_prod.store(end, std::memory_order_relaxed);
+                cq.vm_event_pending.store(true, std::memory_order_seq_cst);
+            }
+            cq.vm_armed = false;  // the next arming starts from the producer index then
             const uint64_t record = reinterpret_cast<uintptr_t>(&cq.vcq.cq);
             if (::write(cq.vm_channel_fd, &record, sizeof(record)) == ssize_t(sizeof(record))) ++cq.vm_events;
             p.armed.erase(p.armed.begin() + long(i));

@@ -31,7 +31,7 @@ bool cq_unpolled(const Cq& cq, uint32_t end, uint32_t cons) {
     return upto_end >= 1 && upto_end <= waiting;
 }
 
-void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited) {
+void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited, uint32_t arm_before) {
     if (!cq.channel_id) return;
     // Pairs with the guest's arming (a locked read-modify-write of arm_seq
     // and of the doorbell) followed by its poll: either the guest's poll
@@ -42,13 +42,16 @@ void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicite
     const uint32_t arm = cq.notify->arm_seq.load(std::memory_order_acquire);
     const bool armed = arm != cq.last_arm_seq;
     if (armed && (wakes_solicited || !cq.notify->arm_solicited.load(std::memory_order_relaxed))) {
-        // A completion the guest already polled before it armed (read after
-        // arm_seq: its poll came first) wakes nobody, as on an HCA, which
-        // arms relative to the consumer index: the arming waits for the next
-        // one. The guest's poll and arming can both fall between this
-        // completion's publication and the load of arm_seq above.
+        // Armed before the completion was published: it raises the event
+        // even if the guest polled it already, as on an HCA (perftest -e,
+        // one channel for its send and receive CQs, waits for one event per
+        // completion). Armed since: a completion the guest polled before it
+        // armed (read after arm_seq: its poll came first) wakes nobody, as
+        // on an HCA, which arms relative to the consumer index; the arming
+        // waits for the next one. The guest's poll and arming can both fall
+        // between this completion's publication and the load of arm_seq above.
         uint32_t cons;
-        if (consumer_now(cq, cons) && !cq_unpolled(cq, cq.prod, cons)) return;
+        if (arm_before == cq.last_arm_seq && consumer_now(cq, cons) && !cq_unpolled(cq, cq.prod, cons)) return;
         // One record per arming, however many ibv_req_notify_cq calls it took.
         raise_event(ctx, cq, arm);
         return;

@@ -26,10 +26,17 @@
 
 namespace vrdma::shim {
 
-// After a CQE was written to `cq` (handle `cq_handle`). `wakes_solicited`:
-// the CQE is a solicited receive or an error completion (it also wakes a
-// solicited-only arming).
-void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited);
+// arm_seq as read before a CQE's producer index is published (any value
+// when the CQ has no channel).
+inline uint32_t cq_arm_before_push(const Cq& cq) {
+    return cq.channel_id ? cq.notify->arm_seq.load(std::memory_order_acquire) : 0;
+}
+
+// After a CQE was written to `cq` (handle `cq_handle`) and published.
+// `wakes_solicited`: the CQE is a solicited receive or an error completion
+// (it also wakes a solicited-only arming). `arm_before`: cq_arm_before_push
+// of that CQE.
+void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicited, uint32_t arm_before);
 
 // Whether the completion just before index `end` is still unpolled, given
 // the guest's consumer index `cons` (checked) and the shim's producer.

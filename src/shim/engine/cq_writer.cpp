@@ -57,9 +57,10 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicit
         slot->completion_ns = clock_ns(CLOCK_MONOTONIC);
         slot->wallclock_ns = clock_ns(CLOCK_REALTIME);
     }
+    const uint32_t arm_before = cq_arm_before_push(*cq);
     cq->prod = ring_next(cq->prod, cq->entries);
     cq->ring->producer.store(cq->prod, std::memory_order_release);
-    cq_after_push(ctx, cq_handle, *cq, solicited || cqe.status != IBV_WC_SUCCESS);
+    cq_after_push(ctx, cq_handle, *cq, solicited || cqe.status != IBV_WC_SUCCESS, arm_before);
     return true;
 }
 
