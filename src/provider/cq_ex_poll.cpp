@@ -59,10 +59,7 @@ void end_poll(ibv_cq_ex* ibcq) {
     Cq& cq = *cq_of(ibcq);
     // Every completion start_poll/next_poll made current is consumed.
     uint32_t done = cq.cur ? ring_next(cq.poll_cons, cq.entries) : cq.poll_cons;
-    const uint32_t from = cq.cons;
-    cq.cons = done;
-    cq.hdr->consumer.store(done, std::memory_order_release);
-    cq.consumed(from, done);
+    cq.consume_to(done);
     cq.cur = nullptr;
     cq.mu.unlock();
 }

@@ -78,12 +78,15 @@ struct Cq {
     // as the shim raises it on a host the moment it lands.
     bool vm_armed = false;
     uint32_t vm_arm_prod = 0;
-    // After a poll moved the consumer index from `from` to `to` (under mu),
-    // and published it: the last event's completions are all polled once
-    // it passed them. Released after the index, so that the event thread,
-    // which reads the mark first, never sees it cleared with the old index
-    // (and raises an event for a completion polled already).
-    void consumed(uint32_t from, uint32_t to) {
+    // A poll (under mu) moves the consumer index to `to` and publishes it;
+    // then, inside a VM, the last event's mark is cleared once the index
+    // passed its completions. Released after the index, so that the event
+    // thread, which reads the mark first, never sees it cleared with the
+    // old index (and raises an event for a completion polled already).
+    void consume_to(uint32_t to) {
+        const uint32_t from = cons;
+        cons = to;
+        hdr->consumer.store(to, std::memory_order_release);
         if (!vm_event_pending.load(std::memory_order_relaxed)) return;
         const uint32_t last = vm_event_prod.load(std::memory_order_relaxed);
         if (ring_count(to, from, entries) >= ring_count(last, from, entries))

@@ -207,10 +207,7 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
             ++n;
         }
         if (n) {
-            const uint32_t from = cq->cons;
-            cq->cons = cons;
-            cq->hdr->consumer.store(cons, std::memory_order_release);
-            cq->consumed(from, cons);
+            cq->consume_to(cons);
             cq->empty_polls = 0;
             return n;
         }
@@ -251,10 +248,7 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives) {
         }
     }
     if (!dropped) return;
-    const uint32_t from = cq.cons;
-    cq.cons = ring_advance(cq.cons, dropped, cq.entries);
-    cq.hdr->consumer.store(cq.cons, std::memory_order_release);
-    cq.consumed(from, cq.cons);
+    cq.consume_to(ring_advance(cq.cons, dropped, cq.entries));
 }
 
 int resize_cq(ibv_cq* ibcq, int cqe) {

@@ -48,7 +48,7 @@ bool wakes(const abi::Cqe& e, bool solicited_only) {
 //    that waits for one event per completion (perftest -e, whose single
 //    channel serves its send and receive CQs) counts on it.
 bool due(const Cq& cq, bool solicited_only, uint32_t& end, bool& unpolled) {
-    // The mark before the consumer index: Cq::consumed clears it only after
+    // The mark before the consumer index: Cq::consume_to clears it only after
     // publishing the index that passed the event's completions.
     const bool pending = cq.vm_event_pending.load(std::memory_order_acquire);
     const uint32_t prod = cq.hdr->producer.load(std::memory_order_acquire);
@@ -131,7 +131,7 @@ void run(Context& ctx, VmEventPoller& p) {
                 continue;
             }
             // What this event covers, before the record: the application may
-            // poll as soon as it reads it (Cq::consumed).
+            // poll as soon as it reads it (Cq::consume_to).
             if (unpolled) {
                 cq.vm_event_prod.store(end, std::memory_order_relaxed);
                 cq.vm_event_pending.store(true, std::memory_order_seq_cst);
