@@ -182,7 +182,9 @@ bool Worker::pass() {
 }
 
 void Worker::run() {
-    uint64_t idle_since = monotonic_ns();
+    // When the worker last found nothing to do after finding work: 0 while
+    // it is busy, so that a busy pass reads no clock of its own.
+    uint64_t idle_since = 0;
     unsigned busy_passes = 0, idle_passes = 0;
     bool syscalls = false;  // every pass already makes some
     for (PollGroup* g : groups_) syscalls |= g->polls_with_syscalls();
@@ -191,13 +193,14 @@ void Worker::run() {
         bool progress = pass();
         reap_dead_contexts();
         if (progress) {
-            idle_since = monotonic_ns();
+            idle_since = 0;
             // Kicks of dormant contexts (engine.h) come through the epoll
             // too: looked at more often while there are any.
             if (++busy_passes % (engine_.dormant_count() ? 8 : 64) == 0) poll_events(0);
             continue;
         }
         uint64_t t = monotonic_ns();
+        if (!idle_since) idle_since = t;
         if (t - idle_since < kIdleSpinNs) {
             // With a fabric, every pass already reads its links (a syscall);
             // the epoll of the rest (connections, control, fabric accepts)
@@ -217,7 +220,7 @@ void Worker::run() {
         if (more) {
             inbox_.wake.asleep.store(false, std::memory_order_relaxed);
             engine_.set_sleeping(false);
-            idle_since = monotonic_ns();
+            idle_since = 0;
             continue;
         }
         int timeout_ms = -1;
@@ -240,7 +243,7 @@ void Worker::run() {
         asleep_ns_ += monotonic_ns() - asleep_from;
         inbox_.wake.asleep.store(false, std::memory_order_relaxed);
         engine_.set_sleeping(false);
-        idle_since = monotonic_ns();
+        idle_since = 0;
     }
     shutdown();
 }

@@ -11,7 +11,8 @@ uint64_t monotonic_ns();
 
 struct Clock {
     uint64_t (*read)() = monotonic_ns;
-    uint64_t now() const { return read(); }
+    mutable uint64_t latest = 0;  // the last reading, for what may start from it
+    uint64_t now() const { return latest = read(); }
 };
 
 }  // namespace vrdma::shim

@@ -289,7 +289,10 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         Engine& eng;
         ~TurnEnd() { eng.turns_.end_turn(eng.now()); }
     } turn_end{*this};
-    turns_.begin_turn(ctx, now());
+    // A turn starts where the pass or the turn before it ended (one clock
+    // read a turn, not two); the loads that found other contexts idle in
+    // between are charged to it.
+    turns_.begin_turn(ctx, latest_now());
     GuestLoad& load = ctx.guest().load;
     bool progress = false;
     // Once the turn is spent, the QPs not looked at yet wait for the next

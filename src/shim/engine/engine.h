@@ -180,6 +180,9 @@ public:
     Pins& scratch_pins() { return scratch_pins_; }
 
     uint64_t now() const { return clock_.now(); }
+    // The last reading of now(), made in this pass (at its start or at the
+    // end of the turn before): what a turn starts from without a read.
+    uint64_t latest_now() const { return clock_.latest; }
     void set_clock(uint64_t (*clock)()) { clock_.read = clock; }
 
     // The share of the worker each guest's turn gets (turn_scheduler.h):

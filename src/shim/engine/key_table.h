@@ -13,8 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <unordered_map>
-
+#include "flat_u32_map.h"
 #include "recent_ids.h"
 
 namespace vrdma::shim {
@@ -34,9 +33,9 @@ public:
     // The handle of the `kind` object `key` names exactly, 0 if none (the
     // fast path: one hash lookup).
     uint32_t lookup(uint32_t key, KeyKind kind) const {
-        auto it = live_.find(key >> 8);
-        if (it == live_.end() || it->second.key != key || it->second.kind != kind) return 0;
-        return it->second.handle;
+        const Entry* e = live_.find(key >> 8);
+        if (!e || e->key != key || e->kind != kind) return 0;
+        return e->handle;
     }
     // A window's new key: `key` with the tag of `new_key` (same index).
     // False if `key` is not live.
@@ -46,11 +45,11 @@ public:
 
 private:
     struct Entry {
-        uint32_t handle;
-        uint32_t key;
-        KeyKind kind;
+        uint32_t handle = 0;
+        uint32_t key = 0;
+        KeyKind kind = KeyKind::Mr;
     };
-    std::unordered_map<uint32_t, Entry> live_;  // by index
+    FlatU32Map<Entry> live_;  // by index
     RecentIds recent_{kQuarantine};             // released indices
 };
 

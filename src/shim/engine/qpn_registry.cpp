@@ -11,7 +11,7 @@ bool QpnRegistry::taken(uint32_t qpn) const { return shared_.qpn_taken(qpn); }
 
 void QpnRegistry::add(uint32_t qpn, Context& ctx, uint32_t handle) {
     shared_.take_qpn(qpn);
-    qpns_[qpn] = Loc{&ctx, handle};
+    qpns_.set(qpn, Loc{&ctx, handle});
 }
 
 void QpnRegistry::remove(uint32_t qpn) {
@@ -21,11 +21,11 @@ void QpnRegistry::remove(uint32_t qpn) {
 }
 
 QpRef QpnRegistry::find_by_qpn(uint32_t qpn) const {
-    auto it = qpns_.find(qpn);
-    if (it == qpns_.end() || it->second.ctx->dead) return {};
-    Qp* qp = it->second.ctx->qps.get(it->second.handle);
+    const Loc* loc = qpns_.find(qpn);
+    if (!loc || loc->ctx->dead) return {};
+    Qp* qp = loc->ctx->qps.get(loc->handle);
     if (!qp) return {};
-    return QpRef{it->second.ctx, qp, it->second.handle};
+    return QpRef{loc->ctx, qp, loc->handle};
 }
 
 QpRef QpnRegistry::find(uint16_t lid, uint32_t qpn) const {

@@ -6,7 +6,8 @@
 #pragma once
 
 #include <cstdint>
-#include <unordered_map>
+
+#include "flat_u32_map.h"
 
 namespace vrdma::shim {
 
@@ -44,11 +45,11 @@ public:
 
 private:
     struct Loc {
-        Context* ctx;
-        uint32_t handle;
+        Context* ctx = nullptr;
+        uint32_t handle = 0;
     };
     SharedTables& shared_;
-    std::unordered_map<uint32_t, Loc> qpns_;
+    FlatU32Map<Loc> qpns_;
 };
 
 }  // namespace vrdma::shim
