@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Instructions and clock reads per message in the shims, counted by
+# callgrind: the proxy for per-message work that needs neither a many-core
+# machine nor hardware counters (docs/performance.md, "Per-message work").
+# The shims run under `valgrind --tool=callgrind`, the clients natively, so
+# only the shims' work is counted. Separate from the tests; needs valgrind,
+# and root for the fabric part (network namespaces).
+#
+# Workloads:
+#   same host  ib_send_lat -s 8 -n ITERS_LAT between guests a and b of one
+#              shim: per message, ITERS_LAT each way
+#   fabric     ib_write_bw -s 64 -n ITERS_RATE from guest b (host 2) to
+#              guest a (host 1), two shims joined by the TCP fabric as in
+#              scripts/bench-fabric.sh: per write, for each shim
+#
+# Columns, per message, from `callgrind_annotate --inclusive=yes`:
+#   whole process  the worker thread (Worker::run): everything the shim did
+#                  for the messages, idle passes included (under valgrind a
+#                  shim runs many times slower, so it idles less than it
+#                  would natively: compare builds, not machines)
+#   passes         Engine::poll_once: finding work and serving contexts
+#   requester      requester_process: reading WQEs, starting requests and,
+#                  on one host, the responder and the copy
+#   fabric links   Fabric::poll_links: reading the links (frames, requests
+#                  for this host's responder, ACKs for its requester)
+#   sealing, opening  the fabric's AES-GCM frames (FrameChannel)
+#   clock reads    calls of clock_gettime
+#
+# Environment: BUILD_DIR (default build), ITERS_LAT (20000), ITERS_RATE
+# (100000), PARTS ("same fabric"), KEEP (a directory to keep the callgrind
+# files in, for callgrind_annotate).
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+build="${BUILD_DIR:-$src/build}"
+ITERS_LAT="${ITERS_LAT:-20000}"
+ITERS_RATE="${ITERS_RATE:-100000}"
+PARTS="${PARTS:-same fabric}"
+
+if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 0
+fi
+
+# per_message FILE N: one table's cells for callgrind file FILE over N
+# messages.
+per_message() {
+    local f="$1" n="$2" incl calls
+    incl="$(callgrind_annotate --inclusive=yes --threshold=100 "$f" 2>/dev/null)"
+    # Calls of clock_gettime: the sum of its callers' counts.
+    calls="$(callgrind_annotate --tree=caller "$f" 2>/dev/null | awk '
+        /^$/ { sum = 0; next }
+        /< / { if (match($0, /\(([0-9,]+)x\)/)) { c = substr($0, RSTART + 1, RLENGTH - 3); gsub(",", "", c); sum += c } next }
+        /\* .*clock_gettime/ { total += sum; sum = 0 }
+        END { print total + 0 }')"
+    awk -v n="$n" -v calls="$calls" '
+        function take(pat,   v) { v = $1; gsub(",", "", v); if ($0 ~ pat && !(pat in seen)) { seen[pat] = 1; val[pat] = v } }
+        { take(":vrdma::shim::Worker::run\\(\\) \\[")
+          take(":vrdma::shim::Engine::poll_once\\(\\) \\[")
+          take(":vrdma::shim::requester_process\\(.*\\) \\[")
+          take("Fabric::poll_links\\(\\) \\[")
+          take("FrameChannel::seal\\(.*\\) \\[")
+          take("FrameChannel::open_frame\\(\\) \\[") }
+        function cell(pat) { return (pat in val) ? sprintf("%.0f", val[pat] / n) : "-" }
+        END {
+            printf "%s | %s | %s | %s | %s | %s | %.1f |\n", cell(":vrdma::shim::Worker::run\\(\\) \\["),
+                cell(":vrdma::shim::Engine::poll_once\\(\\) \\["), cell(":vrdma::shim::requester_process\\(.*\\) \\["),
+                cell("Fabric::poll_links\\(\\) \\["),
+                cell("FrameChannel::seal\\(.*\\) \\["), cell("FrameChannel::open_frame\\(\\) \\["), calls / n
+        }' <<<"$incl"
+}
+
+if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
+    if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/null; then
+        echo "bench-instructions: no valgrind (apt-get install valgrind)" >&2
+        exit 3
+    fi
+    case " $PARTS " in *" fabric "*) [ "$(id -u)" -eq 0 ] ||
+        { echo "bench-instructions: the fabric part needs root (network namespaces); PARTS=same runs without" >&2; exit 3; } ;; esac
+    [ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$src/scripts/build.sh"
+    out="$(mktemp -d /tmp/vrdma-bench-instructions.XXXXXX)"
+    trap 'rm -rf "$out"' EXIT
+    echo "measuring (a few minutes: the shims run under callgrind)..." >&2
+    echo "| workload | shim | messages | instructions a message: whole process | passes | requester | fabric links | sealing | opening | clock reads a message |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    for part in $PARTS; do
+        case "$part" in same | fabric) ;; *) echo "bench-instructions: unknown part '$part' (same, fabric)" >&2; exit 2 ;; esac
+        echo "  $part" >&2
+        log="$out/$part.log"
+        if ! BENCH_INSTR_PHASE="$part" BENCH_INSTR_OUT="$out/$part" "$0" >"$log" 2>&1; then
+            cat "$log" >&2
+            echo "bench-instructions: the $part part failed" >&2
+            exit 1
+        fi
+        while IFS=$'\t' read -r file label n; do
+            echo "| $(sed 's/^same$/one host, ib_send_lat -s 8/; s/^fabric$/fabric, ib_write_bw -s 64/' <<<"$part") | $label | $n | $(per_message "$file" "$n")"
+        done <"$out/$part/files"
+    done
+    echo
+    echo "Machine: $(nproc) cores, $(uname -r); build $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')."
+    if [ -n "${KEEP:-}" ]; then
+        mkdir -p "$KEEP"
+        cp "$out"/*/callgrind.* "$KEEP"/
+        echo "callgrind files in $KEEP" >&2
+    fi
+    exit 0
+fi
+
+# One part, in its own process: its shims, under callgrind, and its clients.
+mkdir -p "$BENCH_INSTR_OUT"
+wrapper="$BENCH_INSTR_OUT/shim-under-callgrind"
+cat >"$wrapper" <<EOF
+#!/bin/sh
+exec valgrind --tool=callgrind --callgrind-out-file="$BENCH_INSTR_OUT/callgrind.%p" "$build/src/shim/vrdma-shim" "\$@"
+EOF
+chmod +x "$wrapper"
+if [ "$BENCH_INSTR_PHASE" = fabric ]; then
+    export VRDMA_TOPOLOGY=two-hosts
+else
+    export VRDMA_TOPOLOGY=one-host
+fi
+export VRDMA_BUILD_DIR="$build"
+# shellcheck source=../test/integration/lib.sh
+source "$src/test/integration/lib.sh"   # its EXIT trap stops the shims
+# shellcheck disable=SC2034  # read by lib.sh's start_shim and fabric_shim_cmd
+SHIM="$wrapper"
+start_shim a b
+port=23101
+if [ "$BENCH_INSTR_PHASE" = fabric ]; then
+    client_server 600 $port "ib_write_bw -d vrdma0 -p $port -s 64 -n $ITERS_RATE" \
+        "ib_write_bw -d vrdma0 -p $port -s 64 -n $ITERS_RATE 127.0.0.1"
+    printf '%s\t%s\t%s\n' "$BENCH_INSTR_OUT/callgrind.${HOST_PID[1]}" "host 1 (guest a: the responder)" "$ITERS_RATE" \
+        "$BENCH_INSTR_OUT/callgrind.${HOST_PID[2]}" "host 2 (guest b: it writes)" "$ITERS_RATE" >"$BENCH_INSTR_OUT/files"
+else
+    client_server 600 $port "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT" \
+        "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT 127.0.0.1"
+    printf '%s\t%s\t%s\n' "$BENCH_INSTR_OUT/callgrind.$SHIM_PID" "the shim" "$((2 * ITERS_LAT))" >"$BENCH_INSTR_OUT/files"
+fi
+# The EXIT trap stops the shims; callgrind writes its files as they exit.
