@@ -34,8 +34,6 @@ using abi::CmdOp;
 
 namespace {
 
-constexpr uint32_t kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 constexpr const char* kKey = "the fabric key of the unit tests";
 constexpr uint64_t kMiB = 1 << 20;
 

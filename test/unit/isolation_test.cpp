@@ -17,9 +17,6 @@ using abi::CmdOp;
 
 namespace {
 
-constexpr uint32_t kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-
 // Guest a's QP connected to guest b's QP X; a second process of guest b
 // (the attacker) ready to take X's number.
 struct Hijack : TwoGuests {

@@ -18,8 +18,6 @@ using namespace vrdma::shim::test;
 
 namespace {
 
-constexpr uint32_t kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 constexpr uint32_t kChannel = 7;
 constexpr uint64_t kCqHandle = 0xb0b;
 

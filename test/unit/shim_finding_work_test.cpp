@@ -15,7 +15,7 @@ using namespace vrdma::shim::test;
 using abi::CmdOp;
 
 namespace {
-constexpr uint32_t kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr uint32_t kAccessNoAtomics = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 // A QP with small rings: thousands of them fit in the test arena.
 QpSpec small_qp() {
@@ -42,7 +42,7 @@ TEST_CASE("finding work: commands and a QP's work bit cost O(1), not O(QPs)", "[
     // Commands: 50 PDs, an MR, a CQ, a query of a QP.
     uint64_t before = load.qp_visits;
     for (int i = 0; i < 50; ++i) (void)t.a.pd();
-    (void)t.a.mr(pd, 4096, kAllAccess);
+    (void)t.a.mr(pd, 4096, kAccessNoAtomics);
     (void)t.a.cq(16);
     t.run();
     CHECK(load.qp_visits - before == 0);
@@ -53,11 +53,11 @@ TEST_CASE("finding work: commands and a QP's work bit cost O(1), not O(QPs)", "[
     auto cqb = t.b.cq(64);
     auto qa = t.a.qp(pd, cq, cq);
     auto qb = t.b.qp(pb, cqb, cqb);
-    auto ma = t.a.mr(pd, 4096, kAllAccess);
-    auto mb = t.b.mr(pb, 4096, kAllAccess);
+    auto ma = t.a.mr(pd, 4096, kAccessNoAtomics);
+    auto mb = t.b.mr(pb, 4096, kAccessNoAtomics);
     before = load.qp_visits;
-    t.a.connect_rc(qa, 2, qb.qpn, kAllAccess);
-    t.b.connect_rc(qb, 1, qa.qpn, kAllAccess);
+    t.a.connect_rc(qa, 2, qb.qpn, kAccessNoAtomics);
+    t.b.connect_rc(qb, 1, qa.qpn, kAccessNoAtomics);
     t.run();
     CHECK(load.qp_visits - before <= 6);  // each of the connecting commands marks the QP
     before = load.qp_visits;
@@ -81,10 +81,10 @@ TEST_CASE("finding work: past 4096 QPs a work bit names a few QPs, and commands 
     auto pb = t.b.pd();
     auto cqb = t.b.cq(64);
     auto qb = t.b.qp(pb, cqb, cqb);
-    auto ma = t.a.mr(pd, 4096, kAllAccess);
-    auto mb = t.b.mr(pb, 4096, kAllAccess);
-    t.a.connect_rc(qa, 2, qb.qpn, kAllAccess);
-    t.b.connect_rc(qb, 1, qa.qpn, kAllAccess);
+    auto ma = t.a.mr(pd, 4096, kAccessNoAtomics);
+    auto mb = t.b.mr(pb, 4096, kAccessNoAtomics);
+    t.a.connect_rc(qa, 2, qb.qpn, kAccessNoAtomics);
+    t.b.connect_rc(qb, 1, qa.qpn, kAccessNoAtomics);
     t.run();
     const GuestLoad& load = t.ga.load;
     uint64_t before = load.qp_visits;

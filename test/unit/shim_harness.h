@@ -28,6 +28,10 @@ inline const bool g_quiet_logs = (set_log_level(LogLevel::Warn), true);
 inline uint64_t g_fake_now = 1'000'000'000;
 inline uint64_t fake_clock() { return g_fake_now; }
 
+// Every access an MR or a QP can give, atomics included.
+inline constexpr uint32_t kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
 using abi_client::CmdResult;
 using abi_client::QpSpec;  // the defaults: RC, 16 entries, SQ stride 1024, RQ stride 256, 4 SGEs, 256 inline
 

@@ -18,8 +18,6 @@ using abi::CmdOp;
 
 namespace {
 
-constexpr uint32_t kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 constexpr uint32_t kBig = 2 << 20;  // 32 slices, several turns
 
 // a's QP connected to b's, 2 MiB MRs; a's MR holds a pattern.

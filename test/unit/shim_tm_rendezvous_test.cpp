@@ -20,7 +20,7 @@ using abi::CmdOp;
 
 namespace {
 
-constexpr uint32_t kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr uint32_t kAccessNoAtomics = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 // Guest a's QP sends rendezvous requests to guest b's QP, whose receives
 // come from a TM SRQ.
@@ -50,10 +50,10 @@ struct TmRendezvous : TwoGuests {
         s.srq = srq;
         qa = a.qp(pd_a, cq_a, cq_a);
         qb = b.qp(pd_b, cq_b, cq_b, s);
-        ma = a.mr(pd_a, 1 << 20, kAllAccess);
-        mb = b.mr(pd_b, 1 << 20, kAllAccess);
-        a.connect_rc(qa, 2, qb.qpn, kAllAccess);
-        b.connect_rc(qb, 1, qa.qpn, kAllAccess);
+        ma = a.mr(pd_a, 1 << 20, kAccessNoAtomics);
+        mb = b.mr(pd_b, 1 << 20, kAccessNoAtomics);
+        a.connect_rc(qa, 2, qb.qpn, kAccessNoAtomics);
+        b.connect_rc(qb, 1, qa.qpn, kAccessNoAtomics);
     }
     // A tagged buffer of b: `len` bytes at `off` of its MR.
     void add_tag(uint64_t tag, uint64_t off, uint32_t len, uint64_t wr_id) {

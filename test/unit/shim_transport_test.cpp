@@ -14,9 +14,6 @@ using abi::CmdOp;
 
 namespace {
 
-constexpr uint32_t kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-
 // An RC pair: a's QP connected to b's QP, each with one CQ and a 64 KiB MR.
 struct RcPair : TwoGuests {
     uint32_t pd_a, pd_b;

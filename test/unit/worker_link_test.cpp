@@ -18,8 +18,6 @@ using namespace vrdma::shim::test;
 
 namespace {
 
-constexpr uint32_t kAllAccess =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 constexpr uint32_t kMrBytes = 4 << 20;
 
 // Guest a on worker 0 and guest b on worker 1, `pairs` RC QP pairs between
