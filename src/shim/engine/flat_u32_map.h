@@ -80,7 +80,7 @@ private:
         V value{};
     };
 
-    uint32_t home(uint32_t key) const { return uint32_t((uint64_t(key) * 0x9e3779b1u) & 0xffffffffu) >> (32 - bits_); }
+    uint32_t home(uint32_t key) const { return (key * 0x9e3779b1u) >> (32 - bits_); }  // unsigned: wraps mod 2^32
 
     void place(uint32_t key, V value) {
         uint32_t i = home(key);
