@@ -12,6 +12,10 @@
 #   fabric     ib_write_bw -s 64 -n ITERS_RATE from guest b (host 2) to
 #              guest a (host 1), two shims joined by the TCP fabric as in
 #              scripts/bench-fabric.sh: per write, for each shim
+#   fabric-lat ib_send_lat -s 8 -n ITERS_LAT between the same two guests:
+#              per message, each shim sending ITERS_LAT and receiving
+#              ITERS_LAT (a frame each, sealed by one shim, opened by the
+#              other)
 #
 # Columns, per message, from `callgrind_annotate --inclusive=yes`:
 #   whole process  the worker thread (Worker::run): everything the shim did
@@ -23,18 +27,19 @@
 #                  on one host, the responder and the copy
 #   fabric links   Fabric::poll_links: reading the links (frames, requests
 #                  for this host's responder, ACKs for its requester)
-#   sealing, opening  the fabric's AES-GCM frames (FrameChannel)
+#   sealing, opening  the fabric's AES-GCM frames (FrameCipher::seal or,
+#                  before it, FrameChannel::seal; FrameChannel::open_frame)
 #   clock reads    calls of clock_gettime
 #
 # Environment: BUILD_DIR (default build), ITERS_LAT (20000), ITERS_RATE
-# (100000), PARTS ("same fabric"), KEEP (a directory to keep the callgrind
+# (100000), PARTS ("same fabric fabric-lat"), KEEP (a directory to keep the callgrind
 # files in, for callgrind_annotate).
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$src/build}"
 ITERS_LAT="${ITERS_LAT:-20000}"
 ITERS_RATE="${ITERS_RATE:-100000}"
-PARTS="${PARTS:-same fabric}"
+PARTS="${PARTS:-same fabric fabric-lat}"
 
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -58,14 +63,14 @@ per_message() {
           take(":vrdma::shim::Engine::poll_once\\(\\) \\[")
           take(":vrdma::shim::requester_process\\(.*\\) \\[")
           take("Fabric::poll_links\\(\\) \\[")
-          take("FrameChannel::seal\\(.*\\) \\[")
+          take("Frame(Channel|Cipher)::seal\\(.*\\) \\[")
           take("FrameChannel::open_frame\\(\\) \\[") }
         function cell(pat) { return (pat in val) ? sprintf("%.0f", val[pat] / n) : "-" }
         END {
             printf "%s | %s | %s | %s | %s | %s | %.1f |\n", cell(":vrdma::shim::Worker::run\\(\\) \\["),
                 cell(":vrdma::shim::Engine::poll_once\\(\\) \\["), cell(":vrdma::shim::requester_process\\(.*\\) \\["),
                 cell("Fabric::poll_links\\(\\) \\["),
-                cell("FrameChannel::seal\\(.*\\) \\["), cell("FrameChannel::open_frame\\(\\) \\["), calls / n
+                cell("Frame(Channel|Cipher)::seal\\(.*\\) \\["), cell("FrameChannel::open_frame\\(\\) \\["), calls / n
         }' <<<"$incl"
 }
 
@@ -74,7 +79,7 @@ if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
         echo "bench-instructions: no valgrind (apt-get install valgrind)" >&2
         exit 3
     fi
-    case " $PARTS " in *" fabric "*) [ "$(id -u)" -eq 0 ] ||
+    case " $PARTS " in *" fabric"*) [ "$(id -u)" -eq 0 ] ||
         { echo "bench-instructions: the fabric part needs root (network namespaces); PARTS=same runs without" >&2; exit 3; } ;; esac
     [ -x "$build/src/shim/vrdma-shim" ] || BUILD_DIR="$build" "$src/scripts/build.sh"
     out="$(mktemp -d /tmp/vrdma-bench-instructions.XXXXXX)"
@@ -83,7 +88,9 @@ if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
     echo "| workload | shim | messages | instructions a message: whole process | passes | requester | fabric links | sealing | opening | clock reads a message |"
     echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     for part in $PARTS; do
-        case "$part" in same | fabric) ;; *) echo "bench-instructions: unknown part '$part' (same, fabric)" >&2; exit 2 ;; esac
+        case "$part" in same | fabric | fabric-lat) ;;
+            *) echo "bench-instructions: unknown part '$part' (same, fabric, fabric-lat)" >&2; exit 2 ;;
+        esac
         echo "  $part" >&2
         log="$out/$part.log"
         if ! BENCH_INSTR_PHASE="$part" BENCH_INSTR_OUT="$out/$part" "$0" >"$log" 2>&1; then
@@ -92,7 +99,7 @@ if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
             exit 1
         fi
         while IFS=$'\t' read -r file label n; do
-            echo "| $(sed 's/^same$/one host, ib_send_lat -s 8/; s/^fabric$/fabric, ib_write_bw -s 64/' <<<"$part") | $label | $n | $(per_message "$file" "$n")"
+            echo "| $(sed 's/^same$/one host, ib_send_lat -s 8/; s/^fabric$/fabric, ib_write_bw -s 64/; s/^fabric-lat$/fabric, ib_send_lat -s 8/' <<<"$part") | $label | $n | $(per_message "$file" "$n")"
         done <"$out/$part/files"
     done
     echo
@@ -113,7 +120,7 @@ cat >"$wrapper" <<EOF
 exec valgrind --tool=callgrind --callgrind-out-file="$BENCH_INSTR_OUT/callgrind.%p" "$build/src/shim/vrdma-shim" "\$@"
 EOF
 chmod +x "$wrapper"
-if [ "$BENCH_INSTR_PHASE" = fabric ]; then
+if [ "$BENCH_INSTR_PHASE" != same ]; then
     export VRDMA_TOPOLOGY=two-hosts
 else
     export VRDMA_TOPOLOGY=one-host
@@ -130,6 +137,11 @@ if [ "$BENCH_INSTR_PHASE" = fabric ]; then
         "ib_write_bw -d vrdma0 -p $port -s 64 -n $ITERS_RATE 127.0.0.1"
     printf '%s\t%s\t%s\n' "$BENCH_INSTR_OUT/callgrind.${HOST_PID[1]}" "host 1 (guest a: the responder)" "$ITERS_RATE" \
         "$BENCH_INSTR_OUT/callgrind.${HOST_PID[2]}" "host 2 (guest b: it writes)" "$ITERS_RATE" >"$BENCH_INSTR_OUT/files"
+elif [ "$BENCH_INSTR_PHASE" = fabric-lat ]; then
+    client_server 600 $port "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT" \
+        "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT 127.0.0.1"
+    printf '%s\t%s\t%s\n' "$BENCH_INSTR_OUT/callgrind.${HOST_PID[1]}" "host 1 (guest a)" "$((2 * ITERS_LAT))" \
+        "$BENCH_INSTR_OUT/callgrind.${HOST_PID[2]}" "host 2 (guest b)" "$((2 * ITERS_LAT))" >"$BENCH_INSTR_OUT/files"
 else
     client_server 600 $port "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT" \
         "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT 127.0.0.1"

@@ -15,7 +15,7 @@ packages=(
     libibverbs-dev ibverbs-utils rdma-core perftest python3-pyverbs
     librdmacm-dev rdmacm-utils
     openmpi-bin libopenmpi-dev ucx-utils
-    libfmt-dev catch2 libssl-dev libtoml11-dev python3-prometheus-client
+    libfmt-dev catch2 libssl-dev nettle-dev libtoml11-dev python3-prometheus-client
     iproute2 procps iptables iperf3 lintian podman runc
     clang libclang-rt-14-dev
 )

@@ -3,7 +3,8 @@
 # directory) and the systemd service in it.
 #   1. The package holds the shim, the tools, the provider where libibverbs
 #      loads providers with its .driver file, the unit and the example
-#      configuration (a conffile), and depends on libibverbs1 and libssl3.
+#      configuration (a conffile), and depends on libibverbs1, libssl3 and
+#      libnettle8.
 #   2. The unit passes systemd-analyze verify (where systemd is there).
 #   3. The packaged binaries work from the unpacked package: its shim runs
 #      the packaged configuration (run directory moved by the command line)
@@ -53,6 +54,7 @@ expect "$shim_deb" /usr/bin/vrdma-shim /usr/bin/vrdmactl /usr/lib/systemd/system
 expect "$provider_deb" "$libdir/libvrdma-rdmav34.so" /etc/libibverbs.d/vrdma.driver
 expect "$utils_deb" /usr/bin/vrdma-run /usr/bin/vrdma-mpirun
 dpkg-deb -f "$shim_deb" Depends | grep -q libssl3 || fail "vrdma-shim does not depend on libssl3"
+dpkg-deb -f "$shim_deb" Depends | grep -q libnettle8 || fail "vrdma-shim does not depend on libnettle8"
 dpkg-deb -f "$provider_deb" Depends | grep -q 'libibverbs1 (>= 44)' || fail "the provider does not depend on libibverbs1 44"
 dpkg-deb -f "$utils_deb" Depends | grep -q 'ibverbs-providers-vrdma' || fail "vrdma-utils does not depend on the provider"
 for pair in "$shim_deb /etc/vrdma/shim.toml" "$provider_deb /etc/libibverbs.d/vrdma.driver"; do
@@ -112,7 +114,7 @@ wait_notified() {  # PATTERN
 wait_notified '^READY=1 STATUS=serving 2 guest'
 [ -S "$work/run/default/vrdma.sock" ] || fail "READY=1 came before the guest was published"
 [ "$(stat -c %U "$work/run/other/vrdma.sock")" = nobody ] || fail "guest other's socket was not given to nobody"
-grep -q NoNewPrivs:.*1 "/proc/$shim_pid/status" 2>/dev/null || [ "${#jail[@]}" -eq 0 ] ||
+grep -q 'NoNewPrivs:.*1' "/proc/$shim_pid/status" 2>/dev/null || [ "${#jail[@]}" -eq 0 ] ||
     fail "the shim does not run with no new privileges"
 SYSFS_PATH="$work/run/default/sys" LD_PRELOAD="$root$libdir/libvrdma-rdmav34.so" \
     RDMAV_DRIVERS="$root$libdir/libvrdma" ibv_devinfo >"$work/devinfo" 2>&1 || true

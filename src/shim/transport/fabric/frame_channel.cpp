@@ -39,74 +39,35 @@ FrameChannel::FrameChannel(int fd, CryptoMode mode, FrameKeySource send, FrameKe
     : fd_(fd), mode_(mode) {
     send_.source = std::move(send);
     recv_.source = std::move(recv);
-    send_.ctx = EVP_CIPHER_CTX_new();
-    recv_.ctx = EVP_CIPHER_CTX_new();
     in_.resize(4 * kFrameMax);
     out_.resize(4 * kFrameMax);
-    if (!send_.ctx || !recv_.ctx || EVP_EncryptInit_ex(send_.ctx, EVP_aes_128_gcm(), nullptr, nullptr, nullptr) != 1 ||
-        EVP_DecryptInit_ex(recv_.ctx, EVP_aes_128_gcm(), nullptr, nullptr, nullptr) != 1) {
+    if (!send_.cipher.ok() || !recv_.cipher.ok()) {
         error_ = "cannot set up AES-GCM";
         return;
     }
-    if (!load_keys(send_, 0, true) || !load_keys(recv_, 0, false)) error_ = "cannot derive the frame keys";
+    if (!load_keys(send_, 0) || !load_keys(recv_, 0)) error_ = "cannot derive the frame keys";
 }
 
 FrameChannel::~FrameChannel() {
-    EVP_CIPHER_CTX_free(send_.ctx);
-    EVP_CIPHER_CTX_free(recv_.ctx);
     OPENSSL_cleanse(&send_.keys, sizeof(send_.keys));
     OPENSSL_cleanse(&recv_.keys, sizeof(recv_.keys));
 }
 
-bool FrameChannel::load_keys(Direction& d, uint64_t g, bool sealing) {
+bool FrameChannel::load_keys(Direction& d, uint64_t g) {
     if (!d.source || !d.source(g, d.keys)) return false;
     d.generation = g;
-    return sealing ? EVP_EncryptInit_ex(d.ctx, nullptr, nullptr, d.keys.key, nullptr) == 1
-                   : EVP_DecryptInit_ex(d.ctx, nullptr, nullptr, d.keys.key, nullptr) == 1;
+    return d.cipher.set_key(d.keys.key);
 }
 
-bool FrameChannel::advance(Direction& d, bool sealing) {
+bool FrameChannel::advance(Direction& d) {
     ++d.seq;
     if (d.seq % frames_per_key_ != 0) return true;
-    return load_keys(d, d.generation + 1, sealing);
+    return load_keys(d, d.generation + 1);
 }
 
 void FrameChannel::nonce(const Direction& d, uint8_t out[kFrameIvBytes]) const {
     std::memcpy(out, d.keys.iv, kFrameIvBytes);
     for (int i = 0; i < 8; ++i) out[kFrameIvBytes - 1 - i] ^= uint8_t(d.seq >> (8 * i));
-}
-
-bool FrameChannel::seal(uint8_t* f, const void* src, size_t n) {
-    EVP_CIPHER_CTX* c = send_.ctx;
-    uint8_t iv[kFrameIvBytes], none[16];
-    nonce(send_, iv);
-    uint8_t* data = f + kFrameHeaderBytes;
-    int outl = 0;
-    if (EVP_EncryptInit_ex(c, nullptr, nullptr, nullptr, iv) != 1 ||
-        EVP_EncryptUpdate(c, nullptr, &outl, f, int(kFrameHeaderBytes)) != 1)
-        return false;
-    if (mode_ == CryptoMode::Encrypt) {
-        // One pass from the guest's memory to the ciphertext.
-        if (EVP_EncryptUpdate(c, data, &outl, static_cast<const uint8_t*>(src), int(n)) != 1) return false;
-    } else {
-        std::memcpy(data, src, n);
-        if (EVP_EncryptUpdate(c, nullptr, &outl, data, int(n)) != 1) return false;
-    }
-    return EVP_EncryptFinal_ex(c, none, &outl) == 1 &&
-           EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, int(kFrameTagBytes), data + n) == 1;
-}
-
-bool FrameChannel::open(uint8_t* f, size_t n) {
-    EVP_CIPHER_CTX* c = recv_.ctx;
-    uint8_t iv[kFrameIvBytes], none[16];
-    nonce(recv_, iv);
-    uint8_t* data = f + kFrameHeaderBytes;
-    int outl = 0;
-    return EVP_DecryptInit_ex(c, nullptr, nullptr, nullptr, iv) == 1 &&
-           EVP_DecryptUpdate(c, nullptr, &outl, f, int(kFrameHeaderBytes)) == 1 &&
-           EVP_DecryptUpdate(c, mode_ == CryptoMode::Encrypt ? data : nullptr, &outl, data, int(n)) == 1 &&
-           EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, int(kFrameTagBytes), data + n) == 1 &&
-           EVP_DecryptFinal_ex(c, none, &outl) == 1;
 }
 
 ssize_t FrameChannel::failed(const std::string& why) {
@@ -127,9 +88,11 @@ ssize_t FrameChannel::write(const void* p, size_t n) {
     uint8_t* f = out_.data() + out_end_;
     const uint32_t len32 = uint32_t(len);
     std::memcpy(f, &len32, kFrameHeaderBytes);
-    if (!seal(f, p, len)) return failed("AES-GCM failed");
+    uint8_t iv[kFrameIvBytes];
+    nonce(send_, iv);
+    if (!send_.cipher.seal(mode_, iv, f, kFrameHeaderBytes, p, len)) return failed("AES-GCM failed");
     out_end_ += frame;
-    if (!advance(send_, true)) return failed("cannot derive the next frame keys");
+    if (!advance(send_)) return failed("cannot derive the next frame keys");
     return ssize_t(len);
 }
 
@@ -160,13 +123,15 @@ bool FrameChannel::open_frame() {
         return false;
     }
     if (have < kFrameHeaderBytes + len + kFrameTagBytes) return false;
-    if (!open(f, len)) {
+    uint8_t iv[kFrameIvBytes];
+    nonce(recv_, iv);
+    if (!recv_.cipher.open(mode_, iv, f, kFrameHeaderBytes, len)) {
         tampered_ = true;
         failed(mode_ == CryptoMode::Encrypt ? "a frame failed its authentication (bad tag)"
                                             : "a frame failed its integrity check (bad tag)");
         return false;
     }
-    if (!advance(recv_, false)) {
+    if (!advance(recv_)) {
         failed("cannot derive the next frame keys");
         return false;
     }

@@ -9,7 +9,8 @@
 // length its authenticated data (TLS 1.3's record protection, in frames of
 // 64 KiB instead of records of 16 KiB). integrity: the bytes travel as they
 // are, and the tag is GCM's over the empty plaintext with the length and
-// the bytes as authenticated data (GMAC).
+// the bytes as authenticated data (GMAC). frame_cipher.h does the AES-GCM
+// (two implementations of it, by the frame's size).
 //
 // The nonce is the IV XOR the frame's sequence number in its direction, so
 // a changed, dropped, reordered or replayed frame fails. Every
@@ -27,7 +28,6 @@
 // flush_output().
 #pragma once
 
-#include <openssl/evp.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -36,17 +36,14 @@
 #include <string>
 #include <vector>
 
+#include "frame_cipher.h"
+
 namespace vrdma::shim::fabric {
 
-// --fabric-crypto: what the frames protect.
-enum class CryptoMode : uint8_t {
-    Encrypt = 1,    // confidentiality, integrity, order
-    Integrity = 2,  // integrity and order; the bytes travel in clear
-};
 const char* crypto_mode_name(CryptoMode m);
 bool parse_crypto_mode(const std::string& text, CryptoMode& out);
 
-constexpr size_t kFrameKeyBytes = 16, kFrameIvBytes = 12, kFrameTagBytes = 16, kFrameHeaderBytes = 4;
+constexpr size_t kFrameHeaderBytes = 4;
 constexpr size_t kMaxFrameData = 64 * 1024;
 // 2^20 frames of at most 64 KiB: at most 64 GiB under one key, below the
 // 2^24.5 full 16 KiB records (about 380 GB) RFC 8446 section 5.5 allows.
@@ -84,25 +81,27 @@ public:
     // many times each direction moved to new keys.
     void set_frames_per_key(uint64_t n) { frames_per_key_ = n; }
     uint64_t send_generation() const { return send_.generation; }
+    // Tests: both directions' ciphers use one implementation of AES-GCM.
+    void force_cipher(FrameCipher::Impl impl) {
+        send_.cipher.force(impl);
+        recv_.cipher.force(impl);
+    }
     uint64_t recv_generation() const { return recv_.generation; }
 
 private:
     // One direction: its key schedule and where it stands in it.
     struct Direction {
+        explicit Direction(bool sealing) : cipher(sealing) {}
         FrameKeySource source;
         FrameKeys keys{};
-        EVP_CIPHER_CTX* ctx = nullptr;
+        FrameCipher cipher;
         uint64_t seq = 0, generation = 0;
     };
-    // Loads generation `g` of d's keys into its cipher context.
-    bool load_keys(Direction& d, uint64_t g, bool sealing);
+    // Loads generation `g` of d's keys into its cipher.
+    bool load_keys(Direction& d, uint64_t g);
     // After a frame: the next one may be under new keys.
-    bool advance(Direction& d, bool sealing);
+    bool advance(Direction& d);
     void nonce(const Direction& d, uint8_t out[kFrameIvBytes]) const;
-    // Seals data (n bytes at f + header) in place: encrypts or tags it.
-    bool seal(uint8_t* f, const void* src, size_t n);
-    // Verifies (and decrypts in place) the frame at f of n data bytes.
-    bool open(uint8_t* f, size_t n);
     // A whole frame at the front of the input: verified (its data becomes
     // readable) or the channel fails.
     bool open_frame();
@@ -111,7 +110,7 @@ private:
     int fd_;
     CryptoMode mode_;
     uint64_t frames_per_key_ = kFramesPerKey;
-    Direction send_, recv_;
+    Direction send_{true}, recv_{false};
 
     // Sealed frames [out_pos_, out_end_) not yet sent.
     std::vector<uint8_t> out_;
