@@ -9,7 +9,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "flat_u32_map.h"
+#include "flat_map.h"
 #include "handle_table.h"
 #include "qp_state.h"
 #include "segment_table.h"
@@ -205,43 +205,71 @@ TEST_CASE("QP state machine follows the IB rules", "[shim][qp]") {
     CHECK_FALSE(qp_modify_is_ok(IBV_QPS_SQE, IBV_QPS_RTS, IBV_QPT_XRC_SEND, 0));
 }
 
+namespace {
+// FlatMap<K, uint64_t> against std::unordered_map over `steps` random set,
+// erase and find operations on keys below `range` (times `stride`).
+template <class K>
+void flat_map_agrees(uint64_t range, uint64_t stride) {
+    CAPTURE(sizeof(K), range, stride);
+    FlatMap<K, uint64_t> map;
+    std::unordered_map<K, uint64_t> oracle;
+    std::mt19937_64 rng(range + stride);
+    for (int step = 0; step < 200000; ++step) {
+        const K key = K((rng() % range) * stride);
+        switch (rng() % 3) {
+        case 0:
+            map.set(key, step);
+            oracle[key] = uint64_t(step);
+            break;
+        case 1:
+            REQUIRE(map.erase(key) == (oracle.erase(key) == 1));
+            break;
+        default: {
+            const uint64_t* v = map.find(key);
+            auto it = oracle.find(key);
+            REQUIRE((v != nullptr) == (it != oracle.end()));
+            if (v) REQUIRE(*v == it->second);
+        }
+        }
+        REQUIRE(map.size() == oracle.size());
+    }
+    for (auto& [k, v] : oracle) {
+        REQUIRE(map.find(k));
+        CHECK(*map.find(k) == v);
+    }
+    size_t visited = 0;
+    map.for_each([&](K k, uint64_t& v) {
+        ++visited;
+        auto it = oracle.find(k);
+        REQUIRE(it != oracle.end());
+        CHECK(it->second == v);
+    });
+    CHECK(visited == oracle.size());
+    map.clear();
+    CHECK(map.size() == 0);
+    for (auto& [k, v] : oracle) CHECK_FALSE(map.find(k));
+}
+}  // namespace
+
 TEST_CASE("the flat map of keys and QPNs agrees with std::unordered_map through growth and churn",
           "[shim][tables]") {
     // Keys from a small range collide and cluster often, so erase's shifting
-    // of the entries behind a hole is exercised; then random 24-bit keys.
-    for (uint32_t range : {64u, 1u << 24}) {
-        CAPTURE(range);
-        FlatU32Map<uint64_t> map;
-        std::unordered_map<uint32_t, uint64_t> oracle;
-        std::mt19937 rng(range);
-        for (int step = 0; step < 200000; ++step) {
-            const uint32_t key = rng() % range;
-            switch (rng() % 3) {
-            case 0:
-                map.set(key, step);
-                oracle[key] = uint64_t(step);
-                break;
-            case 1:
-                REQUIRE(map.erase(key) == (oracle.erase(key) == 1));
-                break;
-            default: {
-                const uint64_t* v = map.find(key);
-                auto it = oracle.find(key);
-                REQUIRE((v != nullptr) == (it != oracle.end()));
-                if (v) REQUIRE(*v == it->second);
-            }
-            }
-            REQUIRE(map.size() == oracle.size());
-        }
-        for (auto& [k, v] : oracle) {
-            REQUIRE(map.find(k));
-            CHECK(*map.find(k) == v);
-        }
-    }
+    // of the entries behind a hole is exercised; then random 24-bit keys;
+    // then 64-bit keys as the fabric makes them (a LID above a QPN), where
+    // only the high bits differ and the hash must still spread them.
+    flat_map_agrees<uint32_t>(64, 1);
+    flat_map_agrees<uint32_t>(1u << 24, 1);
+    flat_map_agrees<uint64_t>(64, 1);
+    flat_map_agrees<uint64_t>(1u << 24, 1);
+    flat_map_agrees<uint64_t>(1u << 16, uint64_t(1) << 32);
     // The empty marker is no key, whatever a guest names.
     FlatU32Map<int> map;
     map.set(FlatU32Map<int>::kEmpty, 1);
     CHECK(map.size() == 0);
     CHECK_FALSE(map.find(FlatU32Map<int>::kEmpty));
     CHECK_FALSE(map.erase(FlatU32Map<int>::kEmpty));
+    FlatMap<uint64_t, int> wide;
+    wide.set(FlatMap<uint64_t, int>::kEmpty, 1);
+    CHECK(wide.size() == 0);
+    CHECK_FALSE(wide.find(FlatMap<uint64_t, int>::kEmpty));
 }

@@ -13,7 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include "flat_u32_map.h"
+#include "flat_map.h"
 #include "recent_ids.h"
 
 namespace vrdma::shim {

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "flat_u32_map.h"
+#include "flat_map.h"
 
 namespace vrdma::shim {
 

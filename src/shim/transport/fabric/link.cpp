@@ -274,14 +274,14 @@ void Link::close(const std::string& reason) {
     }
     inbound_.clear();
     cur_ = nullptr;
-    for (auto& [k, s] : senders_) {
+    senders_.for_each([this](uint64_t, std::unique_ptr<QpSender>& s) {
         for (uint32_t i = 0; i < s->count; ++i) {
             if (s->at(i).notify_sent) notify_sent(s->at(i));
             s->at(i).pins.clear();
         }
         if (s->wake_ctx)
             if (Context* c = eng_->find_context(s->wake_ctx)) c->request_rescan();
-    }
+    });
     senders_.clear();
     rr_.clear();
     delayed_acks_.clear();
@@ -844,9 +844,9 @@ void Link::release_inbound(InMsg* m) {
 // ---------------------------------------------------------------------------
 
 QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
+    // (A key's top 16 bits are 0: it is never the map's empty marker.)
     uint64_t k = qp_key(lid, qpn);
-    auto it = senders_.find(k);
-    if (it != senders_.end()) return it->second.get();
+    if (std::unique_ptr<QpSender>* found = senders_.find(k)) return found->get();
     if (!create) return nullptr;
     std::unique_ptr<QpSender> s;
     if (!idle_senders_.empty()) {
@@ -862,7 +862,7 @@ QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
     s->wake_ctx = 0;
 
     QpSender* p = s.get();
-    senders_.emplace(k, std::move(s));
+    senders_.set(k, std::move(s));
     return p;
 }
 
@@ -1170,10 +1170,10 @@ void Link::batch_done() {
     // holds only those with output.
     for (QpSender* s : batch_senders_) {
         if (s->count || s->in_rr || s->ack_delayed || s->wake_ctx) continue;
-        auto it = senders_.find(s->key);
-        if (it == senders_.end()) continue;
-        if (idle_senders_.size() < 16) idle_senders_.push_back(std::move(it->second));  // about 2 MiB kept
-        senders_.erase(it);
+        std::unique_ptr<QpSender>* queue = senders_.find(s->key);
+        if (!queue) continue;
+        if (idle_senders_.size() < 16) idle_senders_.push_back(std::move(*queue));  // about 2 MiB kept
+        senders_.erase(s->key);
     }
     batch_senders_.clear();
     iov_.clear();

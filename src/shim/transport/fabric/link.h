@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "device_model.h"
+#include "flat_map.h"
 #include "frame_channel.h"
 #include "request.h"
 #include "responder.h"
@@ -344,7 +345,7 @@ private:
     // Headers and small or fragile pieces of the batch, copied for one write.
     std::vector<uint8_t> stage_;
     size_t stage_len_ = 0, stage_pos_ = 0;
-    std::unordered_map<uint64_t, std::unique_ptr<QpSender>> senders_;
+    FlatMap<uint64_t, std::unique_ptr<QpSender>> senders_;  // by qp_key(lid, QPN)
     std::vector<std::unique_ptr<QpSender>> idle_senders_;  // emptied queues, reused
     std::deque<QpSender*> rr_;
     std::vector<QpSender*> delayed_acks_;

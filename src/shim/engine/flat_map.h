@@ -1,31 +1,38 @@
-// A map from 32-bit keys to small values, for the lookups every message
-// makes (an SGE's key, a request's destination QPN). std::unordered_map
-// costs a division by its prime bucket count and a node to chase per
-// lookup; this is one array, open addressing with linear probing, indexed
-// by a multiplicative hash (the top bits of key * 2^32/phi) of a power of
-// two, at most half full. Erase shifts the entries behind the hole back
-// instead of leaving tombstones, so that probes stay short however many
-// keys come and go (keys and QPNs churn for the life of a shim).
+// A map from integer keys (32 or 64 bits) to small values, for the
+// lookups every message makes (an SGE's key, a request's destination QPN,
+// the fabric's queue of a QP's output). std::unordered_map costs a
+// division by its prime bucket count and a node to chase per lookup, and
+// allocates a node per insertion; this is one array, open addressing with
+// linear probing, indexed by a multiplicative hash (the top bits of
+// key * 2^w/phi) of a power of two, at most half full. Erase shifts the
+// entries behind the hole back instead of leaving tombstones, so that
+// probes stay short however many keys come and go (keys, QPNs and the
+// fabric's per-QP queues churn for the life of a shim).
 //
-// kEmpty is never a key: set() ignores it, find() finds nothing. Pointers
-// returned by find() are valid until the next set() or erase().
+// kEmpty (all ones) is never a key: set() ignores it, find() finds
+// nothing. Pointers returned by find() are valid until the next set(),
+// erase() or clear().
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace vrdma::shim {
 
-template <class V>
-class FlatU32Map {
+template <class K, class V>
+class FlatMap {
+    static_assert(std::is_same_v<K, uint32_t> || std::is_same_v<K, uint64_t>, "32- or 64-bit unsigned keys");
+
 public:
-    static constexpr uint32_t kEmpty = 0xffffffffu;
+    static constexpr K kEmpty = std::numeric_limits<K>::max();
 
-    FlatU32Map() { rehash(kMinBits); }
+    FlatMap() { rehash(kMinBits); }
 
-    V* find(uint32_t key) {
+    V* find(K key) {
         if (key == kEmpty) return nullptr;  // a guest may name any number
         for (uint32_t i = home(key);; i = (i + 1) & mask_) {
             Slot& s = slots_[i];
@@ -33,11 +40,11 @@ public:
             if (s.key == kEmpty) return nullptr;
         }
     }
-    const V* find(uint32_t key) const { return const_cast<FlatU32Map*>(this)->find(key); }
-    bool contains(uint32_t key) const { return find(key) != nullptr; }
+    const V* find(K key) const { return const_cast<FlatMap*>(this)->find(key); }
+    bool contains(K key) const { return find(key) != nullptr; }
 
     // Inserts `key` or replaces its value.
-    void set(uint32_t key, V value) {
+    void set(K key, V value) {
         if (key == kEmpty) return;
         if (V* v = find(key)) {
             *v = std::move(value);
@@ -49,7 +56,7 @@ public:
     }
 
     // False if `key` was not there.
-    bool erase(uint32_t key) {
+    bool erase(K key) {
         if (key == kEmpty) return false;
         uint32_t hole = home(key);
         while (slots_[hole].key != key) {
@@ -73,16 +80,36 @@ public:
 
     size_t size() const { return size_; }
 
+    // f(key, value) for every entry, in no particular order; f must not
+    // change the map.
+    template <class F>
+    void for_each(F&& f) {
+        for (Slot& s : slots_)
+            if (s.key != kEmpty) f(s.key, s.value);
+    }
+
+    void clear() {
+        slots_.clear();
+        size_ = 0;
+        rehash(kMinBits);
+    }
+
 private:
     static constexpr uint32_t kMinBits = 3;
     struct Slot {
-        uint32_t key = kEmpty;
+        K key = kEmpty;
         V value{};
     };
 
-    uint32_t home(uint32_t key) const { return (key * 0x9e3779b1u) >> (32 - bits_); }  // unsigned: wraps mod 2^32
+    // Unsigned: the product wraps mod 2^32 or 2^64.
+    uint32_t home(K key) const {
+        if constexpr (sizeof(K) == 4)
+            return (key * 0x9e3779b1u) >> (32 - bits_);
+        else
+            return uint32_t((key * 0x9e3779b97f4a7c15ull) >> (64 - bits_));
+    }
 
-    void place(uint32_t key, V value) {
+    void place(K key, V value) {
         uint32_t i = home(key);
         while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
         slots_[i].key = key;
@@ -92,7 +119,7 @@ private:
     void rehash(uint32_t bits) {
         std::vector<Slot> old = std::move(slots_);
         bits_ = bits;
-        slots_.assign(size_t(1) << bits, Slot{});
+        slots_ = std::vector<Slot>(size_t(1) << bits);  // values may be move-only
         mask_ = uint32_t(slots_.size() - 1);
         for (Slot& s : old)
             if (s.key != kEmpty) place(s.key, std::move(s.value));
@@ -103,5 +130,8 @@ private:
     uint32_t bits_ = 0;
     uint32_t mask_ = 0;
 };
+
+template <class V>
+using FlatU32Map = FlatMap<uint32_t, V>;
 
 }  // namespace vrdma::shim
