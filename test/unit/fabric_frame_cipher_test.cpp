@@ -4,9 +4,13 @@
 // opens what the other sealed, and each refuses a frame with a changed
 // byte, in both --fabric-crypto modes and at every size around the
 // point where the choice changes.
+#include <openssl/err.h>
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <optional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -123,4 +127,26 @@ TEST_CASE("fabric: frame cipher: frames up to kSmallFrameBytes go through nettle
     CHECK_FALSE(c.uses_nettle(kSmallFrameBytes + 1));
     c.force(Impl::OpenSsl);
     CHECK_FALSE(c.uses_nettle(1));
+}
+
+TEST_CASE("fabric: frame cipher: with OpenSSL in FIPS mode every frame goes through OpenSSL", "[shim][fabric]") {
+    // Only the default properties change (fips=yes); no frame is sealed,
+    // so no FIPS provider needs to be installed.
+    struct Restore {
+        ~Restore() {
+            EVP_default_properties_enable_fips(nullptr, 0);
+            ERR_clear_error();  // the AES-GCM that could not be fetched under fips=yes
+        }
+    };
+    std::optional<FrameCipher> c;
+    {
+        Restore restore;
+        REQUIRE(EVP_default_properties_enable_fips(nullptr, 1) == 1);
+        c.emplace(true);
+    }
+    REQUIRE(EVP_default_properties_is_fips_enabled(nullptr) == 0);
+    CHECK_FALSE(c->uses_nettle(1));
+    CHECK_FALSE(c->uses_nettle(kSmallFrameBytes));
+    FrameCipher after(true);
+    CHECK(after.uses_nettle(1) == FrameCipher::nettle_usable());
 }

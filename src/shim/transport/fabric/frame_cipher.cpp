@@ -16,7 +16,8 @@ bool FrameCipher::nettle_usable() {
 #endif
 }
 
-FrameCipher::FrameCipher(bool sealing) : sealing_(sealing) {
+FrameCipher::FrameCipher(bool sealing)
+    : sealing_(sealing), small_by_nettle_(nettle_usable() && EVP_default_properties_is_fips_enabled(nullptr) != 1) {
     EVP_CIPHER_CTX* c = EVP_CIPHER_CTX_new();
     if (!c) return;
     const int r = sealing ? EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), nullptr, nullptr, nullptr)
@@ -49,7 +50,7 @@ bool FrameCipher::uses_nettle(size_t n) const {
         case Impl::Auto:
             break;
     }
-    return n <= kSmallFrameBytes && nettle_usable();
+    return n <= kSmallFrameBytes && small_by_nettle_;
 }
 
 bool FrameCipher::seal(CryptoMode mode, const uint8_t iv[kFrameIvBytes], uint8_t* f, size_t header,

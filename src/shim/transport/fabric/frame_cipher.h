@@ -8,8 +8,10 @@
 //     about twice as fast a byte.
 // The bytes on the wire are the same either way (fabric_test.cpp, "both
 // implementations seal every size alike"), so the choice is each end's
-// own. nettle is used only where the CPU has AES-NI and PCLMULQDQ: its
-// fallback without them is table code, which leaks through the cache.
+// own. nettle is used only where the CPU has AES-NI and PCLMULQDQ (its
+// fallback without them is table code, which leaks through the cache),
+// and never where OpenSSL runs in FIPS mode (its default properties ask
+// for fips=yes): there every frame stays in the validated module.
 #pragma once
 
 #include <openssl/evp.h>
@@ -70,6 +72,7 @@ private:
     bool open_nettle(CryptoMode mode, const uint8_t* iv, uint8_t* f, size_t header, size_t n);
 
     bool sealing_;
+    bool small_by_nettle_;  // nettle_usable() and not FIPS, at construction
     Impl impl_ = Impl::Auto;
     EVP_CIPHER_CTX* evp_ = nullptr;
     gcm_aes128_ctx nettle_{};
