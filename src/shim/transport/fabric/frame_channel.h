@@ -81,11 +81,6 @@ public:
     // many times each direction moved to new keys.
     void set_frames_per_key(uint64_t n) { frames_per_key_ = n; }
     uint64_t send_generation() const { return send_.generation; }
-    // Tests: both directions' ciphers use one implementation of AES-GCM.
-    void force_cipher(FrameCipher::Impl impl) {
-        send_.cipher.force(impl);
-        recv_.cipher.force(impl);
-    }
     uint64_t recv_generation() const { return recv_.generation; }
 
 private:

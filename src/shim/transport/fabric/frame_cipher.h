@@ -6,8 +6,8 @@
 //     1,000 instructions to seal or open against about 3,000);
 //   - above: OpenSSL's, whose AES-NI code with GHASH stitched into it is
 //     about twice as fast a byte.
-// The bytes on the wire are the same either way (fabric_test.cpp, "both
-// implementations seal every size alike"), so the choice is each end's
+// The bytes on the wire are the same either way (fabric_frame_cipher_test.cpp,
+// "both implementations seal every size alike"), so the choice is each end's
 // own. nettle is used only where the CPU has AES-NI and PCLMULQDQ (its
 // fallback without them is table code, which leaks through the cache),
 // and never where OpenSSL runs in FIPS mode (its default properties ask
