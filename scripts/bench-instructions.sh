@@ -22,10 +22,15 @@
 #                  for the messages, idle passes included (under valgrind a
 #                  shim runs many times slower, so it idles less than it
 #                  would natively: compare builds, not machines)
+#   loop passes    calls of Worker::pass a message: how often the loop went
+#                  round, idle passes included. Whole-process counts of two
+#                  runs compare only where this is close: a run in which
+#                  the shim waited more for its clients made more passes
+#                  (the latency parts are sensitive to it)
 #   passes         Engine::poll_once: finding work and serving contexts
 #   requester      requester_process: reading WQEs, starting requests and,
 #                  on one host, the responder and the copy
-#   fabric links   Fabric::poll_links: reading the links (frames, requests
+#   fabric links   Fabric::read_links (poll_links before it): reading the links (frames, requests
 #                  for this host's responder, ACKs for its requester)
 #   sealing, opening  the fabric's AES-GCM frames (FrameCipher::seal or,
 #                  before it, FrameChannel::seal; FrameChannel::open_frame)
@@ -51,26 +56,28 @@ fi
 per_message() {
     local f="$1" n="$2" incl calls
     incl="$(callgrind_annotate --inclusive=yes --threshold=100 "$f" 2>/dev/null)"
-    # Calls of clock_gettime: the sum of its callers' counts.
+    # Calls of clock_gettime and of Worker::pass: the sums of their
+    # callers' counts.
     calls="$(callgrind_annotate --tree=caller "$f" 2>/dev/null | awk '
         /^$/ { sum = 0; next }
         /< / { if (match($0, /\(([0-9,]+)x\)/)) { c = substr($0, RSTART + 1, RLENGTH - 3); gsub(",", "", c); sum += c } next }
-        /\* .*clock_gettime/ { total += sum; sum = 0 }
-        END { print total + 0 }')"
-    awk -v n="$n" -v calls="$calls" '
+        /\* .*clock_gettime/ { clock += sum; sum = 0 }
+        /\* .*Worker::pass\(\) \[/ { passes += sum; sum = 0 }
+        END { print clock + 0, passes + 0 }')"
+    awk -v n="$n" -v clock_calls="${calls% *}" -v pass_calls="${calls#* }" '
         function take(pat,   v) { v = $1; gsub(",", "", v); if ($0 ~ pat && !(pat in seen)) { seen[pat] = 1; val[pat] = v } }
         { take(":vrdma::shim::Worker::run\\(\\) \\[")
           take(":vrdma::shim::Engine::poll_once\\(\\) \\[")
           take(":vrdma::shim::requester_process\\(.*\\) \\[")
-          take("Fabric::poll_links\\(\\) \\[")
+          take("Fabric::(poll_links|read_links)\\(\\) \\[")
           take("Frame(Channel|Cipher)::seal\\(.*\\) \\[")
           take("FrameChannel::open_frame\\(\\) \\[") }
         function cell(pat) { return (pat in val) ? sprintf("%.0f", val[pat] / n) : "-" }
         END {
-            printf "%s | %s | %s | %s | %s | %s | %.1f |\n", cell(":vrdma::shim::Worker::run\\(\\) \\["),
+            printf "%s | %.1f | %s | %s | %s | %s | %s | %.1f |\n", cell(":vrdma::shim::Worker::run\\(\\) \\["), pass_calls / n,
                 cell(":vrdma::shim::Engine::poll_once\\(\\) \\["), cell(":vrdma::shim::requester_process\\(.*\\) \\["),
-                cell("Fabric::poll_links\\(\\) \\["),
-                cell("Frame(Channel|Cipher)::seal\\(.*\\) \\["), cell("FrameChannel::open_frame\\(\\) \\["), calls / n
+                cell("Fabric::(poll_links|read_links)\\(\\) \\["),
+                cell("Frame(Channel|Cipher)::seal\\(.*\\) \\["), cell("FrameChannel::open_frame\\(\\) \\["), clock_calls / n
         }' <<<"$incl"
 }
 
@@ -85,8 +92,8 @@ if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
     out="$(mktemp -d /tmp/vrdma-bench-instructions.XXXXXX)"
     trap 'rm -rf "$out"' EXIT
     echo "measuring (a few minutes: the shims run under callgrind)..." >&2
-    echo "| workload | shim | messages | instructions a message: whole process | passes | requester | fabric links | sealing | opening | clock reads a message |"
-    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    echo "| workload | shim | messages | instructions a message: whole process | loop passes a message | passes | requester | fabric links | sealing | opening | clock reads a message |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     for part in $PARTS; do
         case "$part" in same | fabric | fabric-lat) ;;
             *) echo "bench-instructions: unknown part '$part' (same, fabric, fabric-lat)" >&2; exit 2 ;;

@@ -362,7 +362,7 @@ void Fabric::poll() {
     service();
 }
 
-bool Fabric::poll_links() {
+bool Fabric::read_links() {
     uint64_t moved = 0;
     for (auto& p : peers_)
         if (p->link_ && p->link_->state() == LinkState::Up) {
@@ -370,13 +370,19 @@ bool Fabric::poll_links() {
             p->link_->on_readable();
             if (p->link_) moved += p->link_->stats.rx_bytes - before;
         }
-    // What the reads queued (ACKs, read responses) is watched for: the
-    // daemon may sleep before its next flush.
-    service();
     return moved != 0;
 }
 
-bool Fabric::flush() {
+bool Fabric::poll(Engine&) {
+    bool moved = write_links();  // both, whatever the first did
+    moved |= read_links();
+    // Once a pass, after both: what the reads queued is watched for, and
+    // the links' lives move on.
+    service();
+    return moved;
+}
+
+bool Fabric::write_links() {
     uint64_t moved = 0, now = 0;
     for (auto& p : peers_) {
         if (!p->link_ || p->link_->state() != LinkState::Up) continue;
@@ -388,21 +394,22 @@ bool Fabric::flush() {
             const uint64_t before = p->link_->stats.tx_bytes;
             p->link_->flush();
             moved += p->link_->stats.tx_bytes - before;
-            if (p->link_->state() != LinkState::Closed) watch(*p->link_, false);
         }
     }
-    service();
     return moved != 0;
 }
 
 // Moves links through their life: handshakes that finished or failed,
 // connections that closed, dials that are due.
 void Fabric::service() {
-    const uint64_t now = monotonic_ns();
+    // The clock only where something waits on it: with every peer up and no
+    // handshake under way (the steady state), a pass reads none here.
+    uint64_t now_ns = 0;
+    auto now = [&] { return now_ns ? now_ns : (now_ns = monotonic_ns()); };
     for (size_t i = 0; i < pending_.size();) {
         Pending& pd = pending_[i];
         Link& l = *pd.link;
-        if (l.state() == LinkState::Handshake && now > pd.deadline_ns) {
+        if (l.state() == LinkState::Handshake && now() > pd.deadline_ns) {
             ++counters_.handshake_timeout;
             l.close("handshake timed out");
         }
@@ -425,7 +432,7 @@ void Fabric::service() {
                 pd.dialer->dialing_ = false;
                 pd.dialer->last_error_ = l.close_reason();
                 pd.dialer->refused_ = l.auth_failed() || l.close_reason().rfind("refused", 0) == 0;
-                if (pd.dialer->refused_) pd.dialer->next_dial_ns_ = now + kRefusedRedialNs;
+                if (pd.dialer->refused_) pd.dialer->next_dial_ns_ = now() + kRefusedRedialNs;
             }
             pending_.erase(pending_.begin() + long(i));
             continue;
@@ -448,24 +455,24 @@ void Fabric::service() {
         Peer& p = *up;
         if (p.link_ && p.link_->state() == LinkState::Closed) link_closed(p);
         if (p.link_) watch(*p.link_, false);
-        if (p.configured_ && !p.up() && !p.dialing_ && !p.connecting_ && now >= p.next_dial_ns_) {
+        if (p.configured_ && !p.up() && !p.dialing_ && !p.connecting_ && now() >= p.next_dial_ns_) {
             // The peer is dialing this shim: its connection is in its
             // handshake. Wait for it (a while). Both dialing at once opens
             // two connections, and the one closed as the duplicate may
             // already carry messages or look, to the side that has not seen
             // the other one yet, like the peer going down.
             if (handshake_from(p.addr_.sin_addr.s_addr)) {
-                if (!p.handshake_wait_until_ns_) p.handshake_wait_until_ns_ = now + kHandshakeWaitNs;
-                if (now < p.handshake_wait_until_ns_) continue;
+                if (!p.handshake_wait_until_ns_) p.handshake_wait_until_ns_ = now() + kHandshakeWaitNs;
+                if (now() < p.handshake_wait_until_ns_) continue;
             }
             p.handshake_wait_until_ns_ = 0;
             // The peer dials this pair itself: give it the time to.
             if (p.instance_known_ && instance_ > p.instance_) {
-                if (!p.defer_until_ns_) p.defer_until_ns_ = now + kDeferNs;
-                if (now < p.defer_until_ns_) continue;
+                if (!p.defer_until_ns_) p.defer_until_ns_ = now() + kDeferNs;
+                if (now() < p.defer_until_ns_) continue;
             }
             p.backoff_ns_ = p.backoff_ns_ ? std::min(p.backoff_ns_ * 2, kDialBackoffMaxNs) : kDialBackoffMinNs;
-            p.next_dial_ns_ = now + p.backoff_ns_;
+            p.next_dial_ns_ = now() + p.backoff_ns_;
             dial(p);
         }
     }

@@ -181,27 +181,15 @@ public:
     // What worker 0 learned of a configured peer (FabricConfig::learned):
     // each of its workers becomes a configured peer here.
     void learn(const std::string& address, const sockaddr_in& addr, const InstanceId& instance, uint8_t workers);
-    // Reads what the connected peers sent, one read per link and no
-    // epoll_wait: the daemon's busy loop calls this every pass (poll()
-    // handles the rest when the fabric's epoll fd reports it). True if
-    // bytes came in.
-    bool poll_links();
-    // Writes what the requesters and responders queued. True if bytes went
-    // out: what they finished may have completed WQEs (UD and UC sends
-    // complete once written) and marked QPs for the engine's next pass, so
-    // the caller must not go to sleep before that pass.
-    bool flush();
     // Earliest dial or handshake deadline (0: none).
     uint64_t next_deadline_ns() const override;
 
-    // As a poll group of its worker (poll_group.h): each pass flushes and
-    // reads the links; the epoll fd reports the rest (accepts, dials,
-    // handshakes).
-    bool poll(Engine&) override {
-        bool moved = flush();  // both, whatever the first did
-        moved |= poll_links();
-        return moved;
-    }
+    // As a poll group of its worker (poll_group.h): each pass writes and
+    // reads the links, one read per link and no epoll_wait, then services
+    // them; the epoll fd reports the rest (accepts, dials, handshakes). True
+    // if bytes moved either way: the caller must not go to sleep before its
+    // next pass (what was written may have completed WQEs).
+    bool poll(Engine&) override;
     std::vector<int> fds() const override { return {epoll_fd()}; }
     void on_event(Engine&, size_t) override { poll(); }
     bool polls_with_syscalls() const override { return true; }
@@ -242,7 +230,19 @@ private:
     void accept_all();
     void dial(Peer& p);
     void on_connected(Peer& p);
+    // Once a pass (poll(Engine&)), or after a read or flush from outside
+    // it: links watched for what they have to write, finished or failed
+    // handshakes, closed connections, dials that are due.
     void service();
+    // Reads what the connected peers sent, one read per link and no
+    // epoll_wait (poll() handles the rest when the fabric's epoll fd reports
+    // it). True if bytes came in.
+    bool read_links();
+    // Writes what the requesters and responders queued. True if bytes went
+    // out: what they finished may have completed WQEs (UD and UC sends
+    // complete once written) and marked QPs for the engine's next pass, so
+    // the caller must not go to sleep before that pass.
+    bool write_links();
     void establish(Pending& pending);
     // Whether `pd` (accepted, its Hellos through) belongs to this worker;
     // if not it is handed off or refused.
