@@ -17,12 +17,13 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 9;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+constexpr uint32_t kVersion = 10;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
                                   // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova;
                                   // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn);
                                   // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits);
                                   // 9: completion timestamps (CmdCreateCqReq::flags, Cqe::completion_ns);
                                   //    tag matching (TM SRQs, TmOp, Cqe::tm_tag, DeviceAttr::max_tm_tags)
+                                  // 10: RingHeader::produced (a CQ's completions, free-running)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -120,9 +121,18 @@ static_assert(sizeof(SockReply) == 128);
 // Header at the start of every ring's memory; slots follow at offset
 // sizeof(RingHeader). The producer writes `producer`, the consumer writes
 // `consumer` (see ring.h for the index encoding).
+//
+// `produced`, in a CQ's ring only: how many completions the shim added
+// since the CQ was created, free-running (it wraps at 2^32, not with the
+// indices) and kept across a resize; written before `producer`, which
+// publishes it. The indices come round every twice the ring's entries, so
+// they cannot tell none from that many; a process in a VM counts the
+// completions since an arming by it (protocol.md "VM guests"). Nothing
+// reads it back in the shim.
 struct RingHeader {
     alignas(kCacheLine) std::atomic<uint32_t> producer;
-    uint32_t pad0[15];
+    std::atomic<uint32_t> produced;
+    uint32_t pad0[14];
     alignas(kCacheLine) std::atomic<uint32_t> consumer;
     uint32_t pad1[15];
 };

@@ -73,11 +73,13 @@ struct Cq {
     std::atomic<uint32_t> vm_event_prod{0};
     std::atomic<bool> vm_event_pending{false};
     // Inside a VM, under arm_mu: whether an arming is unused, and the
-    // producer index when it was made. A completion past that index raises
-    // the event even if the application polled it before the thread looked,
-    // as the shim raises it on a host the moment it lands.
+    // producer index and count (RingHeader::produced) when it was made. A
+    // completion past that index raises the event even if the application
+    // polled it before the thread looked, as the shim raises it on a host
+    // the moment it lands; the count tells twice the entries from none.
     bool vm_armed = false;
     uint32_t vm_arm_prod = 0;
+    uint32_t vm_arm_produced = 0;  // RingHeader::produced at the arming
     // A poll (under mu) moves the consumer index to `to` and publishes it;
     // then, inside a VM, the last event's mark is cleared once the index
     // passed its completions. Released after the index, so that the event

@@ -19,6 +19,14 @@ uint32_t pow2_at_least(uint64_t v) {
     while (p < v) p <<= 1;
     return p > UINT32_MAX ? 0 : uint32_t(p);
 }
+
+// Inside a VM: where the ring stands at an arming. The count first: a
+// completion that lands between the two reads is then counted as after
+// the arming (an event too many, never one too few).
+void take_vm_arm_mark(Cq& cq) {
+    cq.vm_arm_produced = cq.hdr->produced.load(std::memory_order_acquire);
+    cq.vm_arm_prod = cq.hdr->producer.load(std::memory_order_acquire);
+}
 }  // namespace
 
 namespace {
@@ -281,7 +289,7 @@ int resize_cq(ibv_cq* ibcq, int cqe) {
     cq->entries = entries;
     cq->cons = 0;
     cq->vm_event_pending.store(false, std::memory_order_relaxed);  // indices start anew
-    cq->vm_arm_prod = cq->hdr->producer.load(std::memory_order_acquire);
+    take_vm_arm_mark(*cq);
     ibcq->cqe = int(entries - 1);
     return 0;
 }
@@ -298,7 +306,7 @@ int req_notify_cq(ibv_cq* ibcq, int solicited_only) {
         ring_doorbell(*cq->ctx);
         if (cq->vm_channel_fd >= 0 && !cq->vm_armed) {  // a second arming changes nothing
             cq->vm_armed = true;
-            cq->vm_arm_prod = cq->hdr->producer.load(std::memory_order_acquire);
+            take_vm_arm_mark(*cq);
         }
     }
     if (cq->vm_channel_fd >= 0) vm_events_arm(*cq->ctx, *cq, solicited_only != 0);

@@ -115,3 +115,52 @@ TEST_CASE("an arming made after the guest polled every completion waits for the 
     REQUIRE(t.b.poll(t.cq_b).size() == 1);
     t.a.poll(t.cq_a);
 }
+
+// The indices of a ring of 4 come round every 8 completions, so that after
+// 8 a process in a VM would read none since its arming (vm_events.cpp
+// counts them with RingHeader::produced instead).
+TEST_CASE("a CQ's ring counts its completions past the wrap of its indices and across a resize", "[shim][events]") {
+    TwoGuests t;
+    const uint32_t pd_a = t.a.pd(), pd_b = t.b.pd();
+    auto cq_a = t.a.cq(4);
+    auto cq_b = t.b.cq(64);
+    auto qa = t.a.qp(pd_a, cq_a, cq_a);
+    auto qb = t.b.qp(pd_b, cq_b, cq_b);
+    auto ma = t.a.mr(pd_a, 4096, kAllAccess);
+    auto mb = t.b.mr(pd_b, 4096, kAllAccess);
+    t.a.connect_rc(qa, 2, qb.qpn, kAllAccess);
+    t.b.connect_rc(qb, 1, qa.qpn, kAllAccess);
+    auto send_one = [&](uint64_t wr_id) {
+        t.b.post_recv(qb.rq, wr_id, {abi::Sge{mb.addr, 64, mb.lkey}});
+        t.a.post_send(qa.sq, send_wqe(wr_id, IBV_WR_SEND), {abi::Sge{ma.addr, 8, ma.lkey}});
+        t.run(2);
+        REQUIRE(t.a.poll(cq_a).size() == 1);
+        REQUIRE(t.b.poll(cq_b).size() == 1);
+    };
+    CHECK(t.a.ring_header(cq_a.ring)->produced.load() == 0);
+    for (uint64_t i = 1; i <= 8; ++i) send_one(i);
+    CHECK(t.a.ring_header(cq_a.ring)->producer.load() == 0);  // where it started
+    CHECK(t.a.ring_header(cq_a.ring)->produced.load() == 8);
+    send_one(9);
+    CHECK(t.a.ring_header(cq_a.ring)->producer.load() == 1);
+    CHECK(t.a.ring_header(cq_a.ring)->produced.load() == 9);
+
+    // A resize starts the indices again; the count goes on in the new ring.
+    const uint64_t ring = t.a.alloc(abi::cq_ring_bytes(16));
+    abi::CmdResizeCqReq r{};
+    r.cq_handle = cq_a.handle;
+    r.ring_gva = ring;
+    r.entries = 16;
+    r.cqe = 15;
+    REQUIRE(t.a.cmd(abi::CmdOp::ResizeCq, r).status == 0);
+    cq_a.ring = ring;
+    cq_a.entries = 16;
+    cq_a.cons = 0;
+    CHECK(t.a.ring_header(ring)->producer.load() == 0);
+    CHECK(t.a.ring_header(ring)->produced.load() == 9);
+    send_one(10);
+    CHECK(t.a.ring_header(ring)->producer.load() == 1);
+    CHECK(t.a.ring_header(ring)->produced.load() == 10);
+    // The other guest's CQ counts its own.
+    CHECK(t.b.ring_header(cq_b.ring)->produced.load() == 10);
+}

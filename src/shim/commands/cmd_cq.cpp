@@ -29,6 +29,7 @@ int cmd_create_cq(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
     cq->timestamps = (r.flags & abi::kCqTimestamps) != 0;
     cq->keep = std::move(ring.keepalive);
     cq->last_arm_seq = cq->notify->arm_seq.load(std::memory_order_acquire);
+    cq->ring->produced.store(0, std::memory_order_relaxed);
     cq->ring->producer.store(0, std::memory_order_release);
     uint32_t h = ctx.cqs.insert(std::move(cq));
     if (!h) return ENOMEM;
@@ -106,6 +107,7 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     notify->arm_solicited.store(cq->notify->arm_solicited.load(std::memory_order_relaxed), std::memory_order_relaxed);
     notify->arm_seq.store(cq->notify->arm_seq.load(std::memory_order_acquire), std::memory_order_release);
     hdr->consumer.store(0, std::memory_order_relaxed);
+    hdr->produced.store(cq->produced, std::memory_order_relaxed);  // the count goes on
     hdr->producer.store(outstanding, std::memory_order_release);
     cq->ring = hdr;
     cq->notify = notify;

@@ -59,6 +59,7 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicit
     }
     const uint32_t arm_before = cq_arm_before_push(*cq);
     cq->prod = ring_next(cq->prod, cq->entries);
+    cq->ring->produced.store(++cq->produced, std::memory_order_relaxed);  // the producer's store publishes it
     cq->ring->producer.store(cq->prod, std::memory_order_release);
     cq_after_push(ctx, cq_handle, *cq, solicited || cqe.status != IBV_WC_SUCCESS, arm_before);
     return true;

@@ -78,6 +78,7 @@ struct Cq {
     abi::Cqe* slots = nullptr;
     uint32_t entries = 0;
     uint32_t prod = 0;            // shim-owned producer index (never read back)
+    uint32_t produced = 0;        // completions added, for RingHeader::produced
     // The guest's consumer index as last read and checked: read again only
     // when the ring looks full by it, so that a completion does not pull
     // the line the guest writes at every poll (cq_push).
