@@ -6,7 +6,8 @@
 # Separate from the tests; needs root (perf, network namespaces).
 #
 # Workloads, each with perf stat attached to every shim for its length:
-#   same host   ib_send_lat -s 8 between guests a and b of one shim
+#   same host   ib_send_lat -s 8 between guests a and b of one shim, then
+#               the same with -e (the guests sleep until completion events)
 #   fabric      ib_send_lat -s 8 between guest a (host 1) and guest b
 #               (host 2), two shims joined by the TCP fabric as in
 #               scripts/bench-fabric.sh
@@ -142,4 +143,7 @@ if [ "$BENCH_SYSCALLS_PHASE" = fabric ]; then
     measure "fabric, ib_write_bw 64 B" "$ITERS_RATE" ib_write_bw -s 64 -n "$ITERS_RATE"
 else
     measure "same host, ib_send_lat 8 B" "$ITERS_LAT" ib_send_lat -s 8 -n "$ITERS_LAT"
+    # The guests wait for completion events: the shim has a core to itself
+    # between messages (idle_yield.h).
+    measure "same host, ib_send_lat -e 8 B" "$ITERS_LAT" ib_send_lat -s 8 -n "$ITERS_LAT" -e
 fi
