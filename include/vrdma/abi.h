@@ -23,7 +23,8 @@ constexpr uint32_t kVersion = 10;  // 2: work slots (ControlBlock::work_bits); 3
                                   // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits);
                                   // 9: completion timestamps (CmdCreateCqReq::flags, Cqe::completion_ns);
                                   //    tag matching (TM SRQs, TmOp, Cqe::tm_tag, DeviceAttr::max_tm_tags)
-                                  // 10: RingHeader::produced (a CQ's completions, free-running)
+                                  // 10: RingHeader::produced (a CQ's completions, free-running);
+                                  //     kCqeOwner (a completion says itself that it is new)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -196,6 +197,16 @@ static_assert(sizeof(RecvWqe) == 16);
 // Cqe::flags: the receive of a message sent with IBV_SEND_SOLICITED (ibv_wc
 // has no such field: a VM's event thread reads it, vm_events.h).
 constexpr uint16_t kCqeSolicited = 1;
+// Cqe::flags: the owner bit (as mlx5's). The shim sets it in the first lap
+// of the indices and clears it in the second (ring.h cqe_owner), and
+// writes the flags word last, with release: a poller sees that the
+// completion at its consumer index is new, and whole, from that one line,
+// without reading the producer index's. A new ring is all zeros, so none
+// of its slots looks new.
+constexpr uint16_t kCqeOwner = 2;
+// The owner bit of a completion at index `idx` (ring.h) of a CQ of
+// `entries` slots: set in the first lap of the indices, clear in the second.
+constexpr uint16_t cqe_owner(uint32_t idx, uint32_t entries) { return (idx & entries) ? 0 : kCqeOwner; }
 
 struct Cqe {
     uint64_t wr_id;
@@ -231,6 +242,8 @@ struct Cqe {
     };
 };
 static_assert(sizeof(Cqe) == 64);
+// The flags word goes last (cq_push): the bytes before it, then those after.
+static_assert(offsetof(Cqe, flags) == 46 && offsetof(Cqe, completion_ns) == 48);
 
 // CQ memory: RingHeader, then CqNotify, then `entries` Cqe slots.
 // The provider arms the CQ without a command: it writes arm_seq (incremented

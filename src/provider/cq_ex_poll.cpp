@@ -17,9 +17,7 @@ const abi::Cqe& cur(ibv_cq_ex* c) { return *cq_of(c)->cur; }
 
 // Makes the completion at poll_cons current, if the shim has written it.
 int load_current(Cq& cq) {
-    uint32_t prod = cq.hdr->producer.load(std::memory_order_acquire);
-    if (!ring_valid_producer(prod, cq.cons, cq.entries)) return EIO;  // the ring is corrupt
-    if (cq.poll_cons == prod) return ENOENT;
+    if (!cq.cqe_ready(cq.poll_cons)) return ENOENT;
     cq.cur = &cq.cqes[ring_slot(cq.poll_cons, cq.entries)];
     ibv_cq_ex& ex = cq.vcq.cq_ex;
     ex.wr_id = cq.cur->wr_id;

@@ -94,6 +94,13 @@ struct Cq {
         if (ring_count(to, from, entries) >= ring_count(last, from, entries))
             vm_event_pending.store(false, std::memory_order_release);
     }
+    // Whether the shim wrote the completion at index `idx`, by its owner bit
+    // (abi.h kCqeOwner), read with acquire: its other bytes are then whole.
+    // A poll reads no other line of the shim's than the completion's.
+    bool cqe_ready(uint32_t idx) const {
+        const abi::Cqe& e = cqes[ring_slot(idx, entries)];
+        return (__atomic_load_n(&e.flags, __ATOMIC_ACQUIRE) & abi::kCqeOwner) == abi::cqe_owner(idx, entries);
+    }
 };
 
 // A send queue, receive queue or SRQ ring of which the provider is the producer.

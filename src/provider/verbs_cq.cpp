@@ -192,10 +192,8 @@ int poll_cq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) {
     int n = 0;
     {
         std::lock_guard lock(cq->mu);
-        uint32_t prod = cq->hdr->producer.load(std::memory_order_acquire);
-        if (!ring_valid_producer(prod, cq->cons, cq->entries)) return -1;
         uint32_t cons = cq->cons;
-        while (n < num_entries && cons != prod) {
+        while (n < num_entries && cq->cqe_ready(cons)) {
             const abi::Cqe& e = cq->cqes[ring_slot(cons, cq->entries)];
             ibv_wc& w = wc[n];
             w.wr_id = e.wr_id;
@@ -252,7 +250,12 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives) {
         if (e.qp_num == qp_num && (receives || !receive)) {
             ++dropped;
         } else if (dropped) {
-            cq.cqes[ring_slot(ring_advance(idx, dropped, cq.entries), cq.entries)] = e;
+            // It moves to another index, perhaps in the other lap: the
+            // owner bit of its new place.
+            const uint32_t to = ring_advance(idx, dropped, cq.entries);
+            abi::Cqe& moved = cq.cqes[ring_slot(to, cq.entries)];
+            moved = e;
+            moved.flags = uint16_t((moved.flags & ~abi::kCqeOwner) | abi::cqe_owner(to, cq.entries));
         }
     }
     if (!dropped) return;

@@ -369,6 +369,61 @@ TEST_CASE("a QP moved to RESET leaves none of its completions in its CQs; anothe
     CHECK(ibv_destroy_cq(shared) == 0);
 }
 
+// The completions that stay slide over the removed ones, here from the
+// CQ's first lap of indices into its second: a completion says by its
+// owner bit which lap it was written in (abi.h kCqeOwner), so each one
+// moved must say the lap of its new place, or a poll would not see it.
+TEST_CASE("a QP moved to RESET across the wrap of its CQ: the completions that stay are polled whole", "[rc][flush]") {
+    Device dev, peer(Device::kPeer);
+    ibv_cq* shared = ibv_create_cq(peer.ctx, 4, nullptr, nullptr, 0);
+    REQUIRE(shared);
+    {
+        QpOptions o;
+        o.send_cq = o.recv_cq = shared;
+        Qp a(dev), b(peer, o), other(peer, o);
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+        connect_rc(other.qp, dev.lid, a.qpn());  // never used: it only flushes
+        Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+        // Six messages polled: the next completions are at indices 6 to 9
+        // of a CQ of 8, two in its first lap and two in its second.
+        for (int i = 0; i < 6; ++i) {
+            REQUIRE(post_recv(b.qp, 50 + i, {sge(rbuf, i * 64, 64)}) == 0);
+            ibv_send_wr wr{};
+            wr.opcode = IBV_WR_SEND;
+            wr.send_flags = IBV_SEND_SIGNALED;
+            REQUIRE(post_send(a.qp, wr, {sge(buf, 0, 32)}) == 0);
+            REQUIRE(poll_one(a.send_cq));
+            auto r = poll_one(shared);
+            REQUIRE(r);
+            REQUIRE(r->wr_id == uint64_t(50 + i));
+        }
+        for (int i = 0; i < 2; ++i) {
+            REQUIRE(post_recv(other.qp, 70 + i, {sge(rbuf, 1024 + i * 64, 64)}) == 0);
+            REQUIRE(post_recv(b.qp, 60 + i, {sge(rbuf, 2048 + i * 64, 64)}) == 0);
+        }
+        // other's two flushes first (the first lap), then b's (the second).
+        ibv_qp_attr at{};
+        at.qp_state = IBV_QPS_ERR;
+        REQUIRE(ibv_modify_qp(other.qp, &at, IBV_QP_STATE) == 0);
+        usleep(50 * 1000);
+        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
+        usleep(50 * 1000);
+        // b's go; other's slide into the second lap.
+        at.qp_state = IBV_QPS_RESET;
+        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
+        for (int i = 0; i < 2; ++i) {
+            auto r = poll_one(shared);
+            REQUIRE(r);
+            CHECK(r->qp_num == other.qpn());
+            CHECK(r->wr_id == uint64_t(70 + i));
+            CHECK(r->status == IBV_WC_WR_FLUSH_ERR);
+        }
+        CHECK(cq_stays_empty(shared, 100));
+    }
+    CHECK(ibv_destroy_cq(shared) == 0);
+}
+
 TEST_CASE("a peer that is not connected: RETRY_EXC_ERR, not a hang", "[rc]") {
     Device dev, peer(Device::kPeer);
     Qp a(dev), b(peer);

@@ -36,8 +36,9 @@ void cq_after_push(Context& ctx, uint32_t cq_handle, Cq& cq, bool wakes_solicite
     // Pairs with the guest's arming (a locked read-modify-write of arm_seq
     // and of the doorbell) followed by its poll: either the guest's poll
     // sees the CQE just published, or this load sees the new arm_seq.
-    // Without the fence the producer store could still sit in this CPU's
-    // store buffer while arm_seq is read, and both sides would miss.
+    // Without the fence the CQE's publication (its owner bit, which the
+    // guest's poll reads) could still sit in this CPU's store buffer while
+    // arm_seq is read, and both sides would miss.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     const uint32_t arm = cq.notify->arm_seq.load(std::memory_order_acquire);
     const bool armed = arm != cq.last_arm_seq;

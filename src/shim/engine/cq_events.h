@@ -26,8 +26,8 @@
 
 namespace vrdma::shim {
 
-// arm_seq as read before a CQE's producer index is published (any value
-// when the CQ has no channel).
+// arm_seq as read before a CQE is published (its owner bit, then the
+// producer index; any value when the CQ has no channel).
 inline uint32_t cq_arm_before_push(const Cq& cq) {
     return cq.channel_id ? cq.notify->arm_seq.load(std::memory_order_acquire) : 0;
 }

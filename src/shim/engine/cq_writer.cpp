@@ -49,15 +49,22 @@ bool cq_push(Context& ctx, uint32_t cq_handle, const abi::Cqe& cqe, bool solicit
         cq->cons_seen = cons;
     }
     abi::Cqe* slot = &cq->slots[ring_slot(cq->prod, cq->entries)];
-    std::memcpy(slot, &cqe, sizeof(cqe));
-    slot->flags = solicited ? abi::kCqeSolicited : 0;
+    // The flags word, with the owner bit, goes last (abi.h kCqeOwner).
+    constexpr size_t kFlagsAt = offsetof(abi::Cqe, flags), kAfterFlags = kFlagsAt + sizeof(uint16_t);
+    std::memcpy(slot, &cqe, kFlagsAt);
+    std::memcpy(reinterpret_cast<uint8_t*>(slot) + kAfterFlags, reinterpret_cast<const uint8_t*>(&cqe) + kAfterFlags,
+                sizeof(cqe) - kAfterFlags);
     if (cq->timestamps) {
         // Two vDSO clock reads, only for CQs that asked (ibv_create_cq_ex
         // with IBV_WC_EX_WITH_COMPLETION_TIMESTAMP or _WALLCLOCK).
         slot->completion_ns = clock_ns(CLOCK_MONOTONIC);
         slot->wallclock_ns = clock_ns(CLOCK_REALTIME);
     }
+    // Before the guest can see the completion: its owner bit publishes it
+    // to a poll, the producer index to the VM's event thread (cq_events.h).
     const uint32_t arm_before = cq_arm_before_push(*cq);
+    const uint16_t flags = uint16_t((solicited ? abi::kCqeSolicited : 0) | abi::cqe_owner(cq->prod, cq->entries));
+    __atomic_store_n(&slot->flags, flags, __ATOMIC_RELEASE);
     cq->prod = ring_next(cq->prod, cq->entries);
     cq->ring->produced.store(++cq->produced, std::memory_order_relaxed);  // the producer's store publishes it
     cq->ring->producer.store(cq->prod, std::memory_order_release);
