@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "verbs_fixture.h"
@@ -19,6 +20,74 @@ constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCE
 
 void fill(Buffer& b, uint8_t seed) {
     for (size_t i = 0; i < b.size; ++i) b.data[i] = static_cast<uint8_t>(seed + i * 7);
+}
+
+// a's QP connected to b's on the peer device, and `other` there, connected
+// to a but never used (it only flushes its receives); b and other complete
+// into `shared`.
+struct SharedCqQps {
+    static QpOptions on(ibv_cq* cq) {
+        QpOptions o;
+        o.send_cq = o.recv_cq = cq;
+        return o;
+    }
+    Qp a, b, other;
+    Buffer buf, rbuf;
+    ibv_cq* shared;
+    SharedCqQps(Device& dev, Device& peer, ibv_cq* cq)
+        : a(dev), b(peer, on(cq)), other(peer, on(cq)), buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll), shared(cq) {
+        connect_rc(a.qp, peer.lid, b.qpn());
+        connect_rc(b.qp, dev.lid, a.qpn());
+        connect_rc(other.qp, dev.lid, a.qpn());
+    }
+    // A SEND from a to b, received as `wr_id` at `offset` of rbuf: its send
+    // completion checked, its receive completion returned.
+    auto send_to_b(uint64_t wr_id, size_t offset) {
+        REQUIRE(post_recv(b.qp, wr_id, {sge(rbuf, offset, 64)}) == 0);
+        ibv_send_wr wr{};
+        wr.opcode = IBV_WR_SEND;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        REQUIRE(post_send(a.qp, wr, {sge(buf, 0, 32)}) == 0);
+        auto s = poll_one(a.send_cq);
+        REQUIRE(s);
+        CHECK(s->status == IBV_WC_SUCCESS);
+        return poll_one(shared);
+    }
+    // The CQ holds `n` flushed receives of other's, wr_ids from `first` on,
+    // and nothing else.
+    void expect_only_flushes_of_other(uint64_t first, int n) {
+        for (int i = 0; i < n; ++i) {
+            auto r = poll_one(shared);
+            REQUIRE(r);
+            CHECK(r->qp_num == other.qpn());
+            CHECK(r->wr_id == first + uint64_t(i));
+            CHECK(r->status == IBV_WC_WR_FLUSH_ERR);
+        }
+        CHECK(cq_stays_empty(shared, 100));
+    }
+};
+
+// Two devices, a CQ of `cqe` on the peer and the QPs above on it; close()
+// destroys the QPs, then the CQ (true if it could).
+struct FlushSetup {
+    Device dev, peer{Device::kPeer};
+    ibv_cq* shared;
+    std::optional<SharedCqQps> qps;
+    explicit FlushSetup(int cqe) : shared(ibv_create_cq(peer.ctx, cqe, nullptr, nullptr, 0)) {
+        REQUIRE(shared);
+        qps.emplace(dev, peer, shared);
+    }
+    bool close() {
+        qps.reset();
+        return ibv_destroy_cq(shared) == 0;
+    }
+};
+
+// ERR flushes a QP's receives into its CQ; RESET takes its completions out.
+void move_to(ibv_qp* qp, ibv_qp_state state) {
+    ibv_qp_attr at{};
+    at.qp_state = state;
+    REQUIRE(ibv_modify_qp(qp, &at, IBV_QP_STATE) == 0);
 }
 }  // namespace
 
@@ -321,52 +390,27 @@ TEST_CASE("a QP moved to ERR flushes its posted receives", "[rc][flush]") {
 }
 
 TEST_CASE("a QP moved to RESET leaves none of its completions in its CQs; another QP's stay", "[rc][flush]") {
-    Device dev, peer(Device::kPeer);
-    ibv_cq* shared = ibv_create_cq(peer.ctx, 64, nullptr, nullptr, 0);
-    REQUIRE(shared);
+    FlushSetup f(64);
     {
-        QpOptions o;
-        o.send_cq = o.recv_cq = shared;
-        Qp a(dev), b(peer, o), other(peer, o);
-        connect_rc(a.qp, peer.lid, b.qpn());
-        connect_rc(b.qp, dev.lid, a.qpn());
-        connect_rc(other.qp, dev.lid, a.qpn());  // never used: it only flushes
-        Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+        SharedCqQps& t = *f.qps;
+        auto& [a, b, other, buf, rbuf, shared] = t;
         for (int i = 0; i < 3; ++i) {
             REQUIRE(post_recv(b.qp, 60 + i, {sge(rbuf, i * 64, 64)}) == 0);
             REQUIRE(post_recv(other.qp, 70 + i, {sge(rbuf, 1024 + i * 64, 64)}) == 0);
         }
-        ibv_qp_attr at{};
-        at.qp_state = IBV_QPS_ERR;
-        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
-        REQUIRE(ibv_modify_qp(other.qp, &at, IBV_QP_STATE) == 0);
+        move_to(b.qp, IBV_QPS_ERR);
+        move_to(other.qp, IBV_QPS_ERR);
         usleep(100 * 1000);  // the six flushes are in the CQ
-        at.qp_state = IBV_QPS_RESET;
-        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
-        for (int i = 0; i < 3; ++i) {
-            auto r = poll_one(shared);
-            REQUIRE(r);
-            CHECK(r->qp_num == other.qpn());
-            CHECK(r->wr_id == uint64_t(70 + i));
-            CHECK(r->status == IBV_WC_WR_FLUSH_ERR);
-        }
-        CHECK(cq_stays_empty(shared, 100));
+        move_to(b.qp, IBV_QPS_RESET);
+        t.expect_only_flushes_of_other(70, 3);
         // Reconnected from RESET, b works, and its CQ holds only what is new.
-        connect_rc(b.qp, dev.lid, a.qpn());
-        REQUIRE(post_recv(b.qp, 80, {sge(rbuf, 2048, 64)}) == 0);
-        ibv_send_wr wr{};
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        REQUIRE(post_send(a.qp, wr, {sge(buf, 0, 32)}) == 0);
-        auto s = poll_one(a.send_cq);
-        REQUIRE(s);
-        CHECK(s->status == IBV_WC_SUCCESS);
-        auto r = poll_one(shared);
+        connect_rc(b.qp, f.dev.lid, a.qpn());
+        auto r = t.send_to_b(80, 2048);
         REQUIRE(r);
         CHECK(r->wr_id == 80u);
         CHECK(r->status == IBV_WC_SUCCESS);
     }
-    CHECK(ibv_destroy_cq(shared) == 0);
+    CHECK(f.close());
 }
 
 // The completions that stay slide over the removed ones, here from the
@@ -374,27 +418,14 @@ TEST_CASE("a QP moved to RESET leaves none of its completions in its CQs; anothe
 // owner bit which lap it was written in (abi.h kCqeOwner), so each one
 // moved must say the lap of its new place, or a poll would not see it.
 TEST_CASE("a QP moved to RESET across the wrap of its CQ: the completions that stay are polled whole", "[rc][flush]") {
-    Device dev, peer(Device::kPeer);
-    ibv_cq* shared = ibv_create_cq(peer.ctx, 4, nullptr, nullptr, 0);
-    REQUIRE(shared);
+    FlushSetup f(4);
     {
-        QpOptions o;
-        o.send_cq = o.recv_cq = shared;
-        Qp a(dev), b(peer, o), other(peer, o);
-        connect_rc(a.qp, peer.lid, b.qpn());
-        connect_rc(b.qp, dev.lid, a.qpn());
-        connect_rc(other.qp, dev.lid, a.qpn());  // never used: it only flushes
-        Buffer buf(dev.pd, 4096, kAll), rbuf(peer.pd, 4096, kAll);
+        SharedCqQps& t = *f.qps;
+        auto& [a, b, other, buf, rbuf, shared] = t;
         // Six messages polled: the next completions are at indices 6 to 9
         // of a CQ of 8, two in its first lap and two in its second.
         for (int i = 0; i < 6; ++i) {
-            REQUIRE(post_recv(b.qp, 50 + i, {sge(rbuf, i * 64, 64)}) == 0);
-            ibv_send_wr wr{};
-            wr.opcode = IBV_WR_SEND;
-            wr.send_flags = IBV_SEND_SIGNALED;
-            REQUIRE(post_send(a.qp, wr, {sge(buf, 0, 32)}) == 0);
-            REQUIRE(poll_one(a.send_cq));
-            auto r = poll_one(shared);
+            auto r = t.send_to_b(50 + i, size_t(i) * 64);
             REQUIRE(r);
             REQUIRE(r->wr_id == uint64_t(50 + i));
         }
@@ -403,25 +434,15 @@ TEST_CASE("a QP moved to RESET across the wrap of its CQ: the completions that s
             REQUIRE(post_recv(b.qp, 60 + i, {sge(rbuf, 2048 + i * 64, 64)}) == 0);
         }
         // other's two flushes first (the first lap), then b's (the second).
-        ibv_qp_attr at{};
-        at.qp_state = IBV_QPS_ERR;
-        REQUIRE(ibv_modify_qp(other.qp, &at, IBV_QP_STATE) == 0);
+        move_to(other.qp, IBV_QPS_ERR);
         usleep(50 * 1000);
-        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
+        move_to(b.qp, IBV_QPS_ERR);
         usleep(50 * 1000);
         // b's go; other's slide into the second lap.
-        at.qp_state = IBV_QPS_RESET;
-        REQUIRE(ibv_modify_qp(b.qp, &at, IBV_QP_STATE) == 0);
-        for (int i = 0; i < 2; ++i) {
-            auto r = poll_one(shared);
-            REQUIRE(r);
-            CHECK(r->qp_num == other.qpn());
-            CHECK(r->wr_id == uint64_t(70 + i));
-            CHECK(r->status == IBV_WC_WR_FLUSH_ERR);
-        }
-        CHECK(cq_stays_empty(shared, 100));
+        move_to(b.qp, IBV_QPS_RESET);
+        t.expect_only_flushes_of_other(70, 2);
     }
-    CHECK(ibv_destroy_cq(shared) == 0);
+    CHECK(f.close());
 }
 
 TEST_CASE("a peer that is not connected: RETRY_EXC_ERR, not a hang", "[rc]") {
