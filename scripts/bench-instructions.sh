@@ -30,8 +30,9 @@
 #   passes         Engine::poll_once: finding work and serving contexts
 #   requester      requester_process: reading WQEs, starting requests and,
 #                  on one host, the responder and the copy
-#   fabric links   Fabric::read_links (poll_links before it): reading the links (frames, requests
-#                  for this host's responder, ACKs for its requester)
+#   fabric links   Fabric::read_links (poll_links before it): reading the
+#                  links (frames, requests for this host's responder, ACKs
+#                  for its requester)
 #   sealing, opening  the fabric's AES-GCM frames (FrameCipher::seal or,
 #                  before it, FrameChannel::seal; FrameChannel::open_frame)
 #   clock reads    calls of clock_gettime

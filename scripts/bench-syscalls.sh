@@ -143,7 +143,7 @@ if [ "$BENCH_SYSCALLS_PHASE" = fabric ]; then
     measure "fabric, ib_write_bw 64 B" "$ITERS_RATE" ib_write_bw -s 64 -n "$ITERS_RATE"
 else
     measure "same host, ib_send_lat 8 B" "$ITERS_LAT" ib_send_lat -s 8 -n "$ITERS_LAT"
-    # The guests wait for completion events: the shim has a core to itself
-    # between messages (idle_yield.h).
+    # The guests wait for completion events: between messages they sleep
+    # and the shim idles.
     measure "same host, ib_send_lat -e 8 B" "$ITERS_LAT" ib_send_lat -s 8 -n "$ITERS_LAT" -e
 fi

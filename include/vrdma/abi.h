@@ -198,7 +198,7 @@ static_assert(sizeof(RecvWqe) == 16);
 // has no such field: a VM's event thread reads it, vm_events.h).
 constexpr uint16_t kCqeSolicited = 1;
 // Cqe::flags: the owner bit (as mlx5's). The shim sets it in the first lap
-// of the indices and clears it in the second (ring.h cqe_owner), and
+// of the indices and clears it in the second (cqe_owner below), and
 // writes the flags word last, with release: a poller sees that the
 // completion at its consumer index is new, and whole, from that one line,
 // without reading the producer index's. A new ring is all zeros, so none
@@ -207,6 +207,11 @@ constexpr uint16_t kCqeOwner = 2;
 // The owner bit of a completion at index `idx` (ring.h) of a CQ of
 // `entries` slots: set in the first lap of the indices, clear in the second.
 constexpr uint16_t cqe_owner(uint32_t idx, uint32_t entries) { return (idx & entries) ? 0 : kCqeOwner; }
+// The flags of a completion moved to index `idx` (a resize's copy, the
+// removal of a QP's completions): its own, with the owner bit of its new place.
+constexpr uint16_t cqe_flags_at(uint16_t flags, uint32_t idx, uint32_t entries) {
+    return uint16_t((flags & ~kCqeOwner) | cqe_owner(idx, entries));
+}
 
 struct Cqe {
     uint64_t wr_id;

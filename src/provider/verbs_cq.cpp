@@ -255,7 +255,7 @@ void discard_completions(Cq& cq, uint32_t qp_num, bool receives) {
             const uint32_t to = ring_advance(idx, dropped, cq.entries);
             abi::Cqe& moved = cq.cqes[ring_slot(to, cq.entries)];
             moved = e;
-            moved.flags = uint16_t((moved.flags & ~abi::kCqeOwner) | abi::cqe_owner(to, cq.entries));
+            moved.flags = abi::cqe_flags_at(moved.flags, to, cq.entries);
         }
     }
     if (!dropped) return;

@@ -66,12 +66,13 @@ bool due(const Cq& cq, bool solicited_only, uint32_t& end, bool& unpolled) {
             return true;
         }
     }
-    const uint32_t landed = ring_count(prod, cq.vm_arm_prod, cq.entries);
-    // The indices come round every twice the entries: the count (read after
-    // the producer index, so at least as new) tells that many from none.
-    const uint32_t counted = cq.hdr->produced.load(std::memory_order_acquire) - cq.vm_arm_produced;
+    // How many landed since the arming: by the count, not the indices, which
+    // come round every twice the entries. Read after the producer index (and
+    // taken before it at the arming), it is never below what the indices
+    // from vm_arm_prod to prod hold.
+    const uint32_t landed = cq.hdr->produced.load(std::memory_order_acquire) - cq.vm_arm_produced;
     unpolled = false;
-    if (landed >= cq.entries || counted >= cq.entries) return true;  // their slots were written over: some woke it
+    if (landed >= cq.entries) return true;  // their slots were written over: some woke it
     for (uint32_t i = cq.vm_arm_prod; i != prod; i = ring_next(i, cq.entries))
         if (wakes(cq.cqes[ring_slot(i, cq.entries)], solicited_only)) return true;
     return false;

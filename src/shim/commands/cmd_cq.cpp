@@ -95,8 +95,7 @@ int cmd_resize_cq(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) 
     // Completions in flight keep their order; the new ring starts at index 0.
     for (uint32_t i = 0, idx = cons; i < outstanding; ++i, idx = ring_next(idx, cq->entries)) {
         std::memcpy(&slots[i], &cq->slots[ring_slot(idx, cq->entries)], sizeof(abi::Cqe));
-        // Index i of the new ring is in its first lap: the owner bit set.
-        slots[i].flags = uint16_t((slots[i].flags & ~abi::kCqeOwner) | abi::cqe_owner(i, r.entries));
+        slots[i].flags = abi::cqe_flags_at(slots[i].flags, i, r.entries);
     }
     // Silent completions (cq_events.h) keep their distance from the consumer.
     auto move_silent = [&](bool& silent, uint32_t& end) {

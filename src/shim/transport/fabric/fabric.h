@@ -230,9 +230,10 @@ private:
     void accept_all();
     void dial(Peer& p);
     void on_connected(Peer& p);
-    // Once a pass (poll(Engine&)), or after a read or flush from outside
-    // it: links watched for what they have to write, finished or failed
-    // handshakes, closed connections, dials that are due.
+    // Once a pass (poll(Engine&)), after each epoll event (poll()), and when
+    // a link is adopted or a peer learned: links watched for what they have
+    // to write, finished or failed handshakes, closed connections, dials
+    // that are due.
     void service();
     // Reads what the connected peers sent, one read per link and no
     // epoll_wait (poll() handles the rest when the fabric's epoll fd reports
