@@ -10,6 +10,7 @@
 
 #include "context.h"
 #include "events.h"
+#include "queue_lock.h"  // cpu_relax
 #include "vrdma/ring.h"
 #include "vrdma/vm_abi.h"
 #include "vrdma_common/fd_passing.h"
@@ -17,12 +18,6 @@
 
 namespace vrdma::prov {
 namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
-}
 
 // True if the socket says the shim went away (hangup, error or EOF).
 bool shim_gone(Context& ctx, short revents) {

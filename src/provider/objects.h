@@ -5,12 +5,12 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "context.h"
+#include "queue_lock.h"
 #include "rdma_core_private.h"
 #include "vrdma/abi.h"
 #include "vrdma/ring.h"
@@ -54,8 +54,8 @@ struct Cq {
     uint32_t cons = 0;         // our consumer index
     uint32_t empty_polls = 0;
     uint32_t idle_polls = 0;   // empty polls that yielded the CPU (shim liveness checks)
-    std::mutex mu;             // held by poll_cq, and from start_poll to end_poll
-    std::mutex arm_mu;         // req_notify_cq against resize_cq (which holds mu, then this)
+    QueueLock mu;              // held by poll_cq, and from start_poll to end_poll
+    QueueLock arm_mu;          // req_notify_cq against resize_cq (which holds mu, then this)
     // Extended CQ (ibv_create_cq_ex): the completion start_poll/next_poll
     // made current, and the index past it (published at end_poll).
     const abi::Cqe* cur = nullptr;
@@ -118,7 +118,7 @@ struct WorkQueue {
     uint32_t max_sge = 0;
     uint32_t max_wr = 0;       // as reported to the application
     uint32_t work_slot = abi::kNoWorkSlot;  // the QP's bit in ControlBlock::work_bits
-    std::mutex mu;
+    QueueLock mu;              // held by a post, and from wr_start to wr_complete
 
     uint8_t* slot(uint32_t idx) { return slots + size_t(idx & (entries - 1)) * stride; }
 };
