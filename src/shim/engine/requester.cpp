@@ -165,7 +165,10 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
         qp.req.wait = SqWait::None;
         qp.req.retries_left = qp.attr.retry_cnt;
         qp.req.rnr_left = qp.attr.rnr_retry;
-        qp.req.ack_since_ns = eng.now();
+        // Progress restarts the timer of what is still in flight; with
+        // nothing in flight (a synchronous transport, or the last ACK)
+        // there is no timer, and no clock to read.
+        if (qp.req.sq_next != qp.sq.cons) qp.req.ack_since_ns = eng.now();
         arm_ack_timer(qp);
         return;
     }
