@@ -16,6 +16,9 @@
 #              per message, each shim sending ITERS_LAT and receiving
 #              ITERS_LAT (a frame each, sealed by one shim, opened by the
 #              other)
+#   provider   the same-host workload with the shim native and the client
+#              (guest b) under callgrind: the provider's side of a message,
+#              in a table of its own (below)
 #
 # Columns, per message, from `callgrind_annotate --inclusive=yes`:
 #   whole process  the worker thread (Worker::run): everything the shim did
@@ -37,15 +40,26 @@
 #                  before it, FrameChannel::seal; FrameChannel::open_frame)
 #   clock reads    calls of clock_gettime
 #
+# The provider table, per call of the verb in the client's libvrdma
+# (inclusive: what the application pays for the call):
+#   post_send, post_recv  one work request each
+#   poll_cq    a call of ibv_poll_cq; most find nothing (the client spins
+#              on its CQ between messages), so this is close to the cost of
+#              an empty poll
+#   polls a round trip, and the provider a round trip: the calls of
+#              ibv_poll_cq, and the three verbs' inclusive counts, over
+#              the client's round trips (a message sent, one received),
+#              spinning included
+#
 # Environment: BUILD_DIR (default build), ITERS_LAT (20000), ITERS_RATE
-# (100000), PARTS ("same fabric fabric-lat"), KEEP (a directory to keep the callgrind
+# (100000), PARTS ("same fabric fabric-lat provider"), KEEP (a directory to keep the callgrind
 # files in, for callgrind_annotate).
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD_DIR:-$src/build}"
 ITERS_LAT="${ITERS_LAT:-20000}"
 ITERS_RATE="${ITERS_RATE:-100000}"
-PARTS="${PARTS:-same fabric fabric-lat}"
+PARTS="${PARTS:-same fabric fabric-lat provider}"
 
 if [ "${1:-}" = --help ] || [ "${1:-}" = -h ]; then
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
@@ -82,6 +96,28 @@ per_message() {
         }' <<<"$incl"
 }
 
+# per_verb FILE N: the provider table's cells for the client's callgrind
+# file FILE over N round trips.
+per_verb() {
+    # From a directory without sources: run in the checkout, callgrind_annotate
+    # leaves out callers it has no source for (the client's code).
+    (cd / && callgrind_annotate --tree=caller "$1" 2>/dev/null) | awk -v n="$2" '
+        # The callers of a function ("<": the cost of their calls of it,
+        # and how many) come before it ("*").
+        /^$/ { cost = 0; calls = 0; next }
+        /< / { v = $1; gsub(",", "", v); cost += v
+               if (match($0, /\(([0-9,]+)x\)/)) { c = substr($0, RSTART + 1, RLENGTH - 3); gsub(",", "", c); calls += c }
+               next }
+        /\* .*vrdma::prov::(post_send|post_recv|poll_cq)\(ibv_/ {
+            verb = $0; sub(/.*vrdma::prov::/, "", verb); sub(/\(.*/, "", verb)
+            incl[verb] += cost; ncalls[verb] += calls; cost = 0; calls = 0 }
+        function per_call(verb) { return ncalls[verb] ? sprintf("%.0f", incl[verb] / ncalls[verb]) : "-" }
+        END {
+            printf "%s | %s | %s | %.1f | %.0f |\n", per_call("post_send"), per_call("post_recv"), per_call("poll_cq"),
+                ncalls["poll_cq"] / n, (incl["post_send"] + incl["post_recv"] + incl["poll_cq"]) / n
+        }'
+}
+
 if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
     if ! command -v valgrind >/dev/null || ! command -v callgrind_annotate >/dev/null; then
         echo "bench-instructions: no valgrind (apt-get install valgrind)" >&2
@@ -93,11 +129,14 @@ if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
     out="$(mktemp -d /tmp/vrdma-bench-instructions.XXXXXX)"
     trap 'rm -rf "$out"' EXIT
     echo "measuring (a few minutes: the shims run under callgrind)..." >&2
-    echo "| workload | shim | messages | instructions a message: whole process | loop passes a message | passes | requester | fabric links | sealing | opening | clock reads a message |"
-    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    if tr ' ' '\n' <<<"$PARTS" | grep -v '^provider$' | grep -q .; then
+        echo "| workload | shim | messages | instructions a message: whole process | loop passes a message | passes | requester | fabric links | sealing | opening | clock reads a message |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    fi
+    provider_rows=""
     for part in $PARTS; do
-        case "$part" in same | fabric | fabric-lat) ;;
-            *) echo "bench-instructions: unknown part '$part' (same, fabric, fabric-lat)" >&2; exit 2 ;;
+        case "$part" in same | fabric | fabric-lat | provider) ;;
+            *) echo "bench-instructions: unknown part '$part' (same, fabric, fabric-lat, provider)" >&2; exit 2 ;;
         esac
         echo "  $part" >&2
         log="$out/$part.log"
@@ -107,9 +146,19 @@ if [ -z "${BENCH_INSTR_PHASE:-}" ]; then
             exit 1
         fi
         while IFS=$'\t' read -r file label n; do
+            if [ "$part" = provider ]; then
+                provider_rows+="| one host, ib_send_lat -s 8 | $label | $n | $(per_verb "$file" "$n")"$'\n'
+                continue
+            fi
             echo "| $(sed 's/^same$/one host, ib_send_lat -s 8/; s/^fabric$/fabric, ib_write_bw -s 64/; s/^fabric-lat$/fabric, ib_send_lat -s 8/' <<<"$part") | $label | $n | $(per_message "$file" "$n")"
         done <"$out/$part/files"
     done
+    if [ -n "$provider_rows" ]; then
+        echo
+        echo "| workload | client | round trips | post_send a call | post_recv a call | poll_cq a call | polls a round trip | provider a round trip |"
+        echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        printf '%s' "$provider_rows"
+    fi
     echo
     echo "Machine: $(nproc) cores, $(uname -r); build $(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo '?')."
     if [ -n "${KEEP:-}" ]; then
@@ -128,7 +177,12 @@ cat >"$wrapper" <<EOF
 exec valgrind --tool=callgrind --callgrind-out-file="$BENCH_INSTR_OUT/callgrind.%p" "$build/src/shim/vrdma-shim" "\$@"
 EOF
 chmod +x "$wrapper"
-if [ "$BENCH_INSTR_PHASE" != same ]; then
+if [ "$BENCH_INSTR_PHASE" = provider ]; then
+    SHIM_UNDER_CALLGRIND=""
+else
+    SHIM_UNDER_CALLGRIND="$wrapper"
+fi
+if [ "$BENCH_INSTR_PHASE" != same ] && [ "$BENCH_INSTR_PHASE" != provider ]; then
     export VRDMA_TOPOLOGY=two-hosts
 else
     export VRDMA_TOPOLOGY=one-host
@@ -137,7 +191,7 @@ export VRDMA_BUILD_DIR="$build"
 # shellcheck source=../test/integration/lib.sh
 source "$src/test/integration/lib.sh"   # its EXIT trap stops the shims
 # shellcheck disable=SC2034  # read by lib.sh's start_shim and fabric_shim_cmd
-SHIM="$wrapper"
+[ -n "$SHIM_UNDER_CALLGRIND" ] && SHIM="$SHIM_UNDER_CALLGRIND"
 start_shim a b
 port=23101
 if [ "$BENCH_INSTR_PHASE" = fabric ]; then
@@ -150,6 +204,10 @@ elif [ "$BENCH_INSTR_PHASE" = fabric-lat ]; then
         "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT 127.0.0.1"
     printf '%s\t%s\t%s\n' "$BENCH_INSTR_OUT/callgrind.${HOST_PID[1]}" "host 1 (guest a)" "$((2 * ITERS_LAT))" \
         "$BENCH_INSTR_OUT/callgrind.${HOST_PID[2]}" "host 2 (guest b)" "$((2 * ITERS_LAT))" >"$BENCH_INSTR_OUT/files"
+elif [ "$BENCH_INSTR_PHASE" = provider ]; then
+    client_server 600 $port "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT" \
+        "valgrind --tool=callgrind --callgrind-out-file=$BENCH_INSTR_OUT/callgrind.client ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT 127.0.0.1"
+    printf '%s\t%s\t%s\n' "$BENCH_INSTR_OUT/callgrind.client" "guest b" "$ITERS_LAT" >"$BENCH_INSTR_OUT/files"
 else
     client_server 600 $port "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT" \
         "ib_send_lat -d vrdma0 -p $port -s 8 -n $ITERS_LAT 127.0.0.1"
