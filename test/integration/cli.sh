@@ -34,6 +34,7 @@ expect_fail 1 '^vrdma-shim: --hca: (no RDMA device named nosuch0|cannot list RDM
 expect_fail 2 'names 1 CPU for 2 workers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --workers 2 --worker-cpus 0
 expect_fail 2 'worker-cpus wants CPU numbers' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --worker-cpus 1-0
 expect_fail 2 'is not one this process may run on' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --worker-cpus 4095
+expect_fail 2 'idle-yield must be auto or always' "$SHIM" --run-dir /tmp/vrdma-cli-none --guest a --idle-yield sometimes
 expect_fail 2 'no guest' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none -- true
 expect_fail 2 'no program' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a
 expect_fail 3 'is vrdma-shim running' "$VRDMA_RUN" --run-dir /tmp/vrdma-cli-none --guest a -- true

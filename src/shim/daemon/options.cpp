@@ -26,6 +26,7 @@ const char* help_template() {
 SYNOPSIS
     vrdma-shim [--config FILE] [--run-dir DIR] --guest NAME[:owner=USER][:group=GROUP][:pkeys=P,...][:controlled-qkeys]
                [:worker=K][:weight=W][:ip=ADDR,...] [--guest ...] [--workers N] [--worker-cpus LIST]
+               [--idle-yield auto|always]
                [--lid-base N] [--lid-count N]
                [--attach-timeout SECONDS]
                [--rkey-guess-limit N] [--qkey-guess-limit N]
@@ -178,6 +179,20 @@ OPTIONS
         guests' processes do not use, or pin the guests it serves beside it
         (taskset), so that a busy tenant's worker and processes share cores
         with nobody else's. Default: not pinned.
+
+    --idle-yield auto|always
+        Between messages a worker keeps polling for a tenth of a
+        millisecond before it sleeps. With always, it gives its CPU away
+        (sched_yield) after each such pass, so that a guest's process on
+        the same CPU runs at once. With auto (the default), it does so
+        only while the host has more runnable threads than the shim has
+        CPUs (the kernel's count, read every 10 ms): where every thread
+        has a core the yield gives the CPU to nobody and costs a system
+        call of about half a microsecond, which a message arriving then
+        waits for. Pinned workers (--worker-cpus) always yield, since
+        the guests pinned beside them are not seen in a host-wide count.
+        Use always where guests' processes are pinned to the CPUs of
+        unpinned workers.
 
     --lid-base N
         LID of the first guest (default 1); the guest at position i (from 0)
@@ -582,6 +597,14 @@ bool parse_arg_list(int argc, char** argv, Options& o, std::string& error) {
                 error = "--lid-base must be a LID in 1..0xbfff, not '" + v + "'";
                 return false;
             }
+        } else if (a == "--idle-yield") {
+            std::string v;
+            if (!need_value(v)) return false;
+            if (v != "auto" && v != "always") {
+                error = "--idle-yield must be auto or always, not '" + v + "'";
+                return false;
+            }
+            o.idle_yield_always = v == "always";
         } else if (a == "--attach-timeout") {
             std::string v;
             if (!need_value(v)) return false;

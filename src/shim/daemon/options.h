@@ -31,6 +31,9 @@ struct Options {
     // --worker-cpus: the CPU each worker is pinned to, by worker (empty:
     // not pinned).
     std::vector<uint32_t> worker_cpus;
+    // --idle-yield always: an idle pass yields its CPU even where every
+    // runnable thread has one (core_census.h; default auto).
+    bool idle_yield_always = false;
     uint32_t lid_base = 1;
     LogLevel log_level = LogLevel::Info;
     Quotas quotas;  // per guest, --quota KEY=VALUE

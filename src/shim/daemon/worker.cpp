@@ -188,6 +188,9 @@ void Worker::run() {
     unsigned busy_passes = 0, idle_passes = 0;
     bool syscalls = false;  // every pass already makes some
     for (PollGroup* g : groups_) syscalls |= g->polls_with_syscalls();
+    // A pinned worker's CPU may be shared with guests pinned beside it,
+    // which the host-wide count does not show: it always yields.
+    const bool census = !opts_.idle_yield_always && index_ >= opts_.worker_cpus.size();
     while (!stop_.load(std::memory_order_relaxed)) {
         run_tasks();
         bool progress = pass();
@@ -202,11 +205,16 @@ void Worker::run() {
         uint64_t t = monotonic_ns();
         if (!idle_since) idle_since = t;
         if (t - idle_since < kIdleSpinNs) {
+            // Where every runnable thread has a core, the yield would give
+            // this one to nobody: the pass goes round without it
+            // (core_census.h).
+            const bool spare = census && census_.cores_to_spare(t);
             // With a fabric, every pass already reads its links (a syscall);
             // the epoll of the rest (connections, control, fabric accepts)
-            // is looked at every 8th pass, a few microseconds apart.
-            if (!syscalls || ++idle_passes % 8 == 0) poll_events(0);
-            sched_yield();
+            // is looked at every 8th pass, and so it is where nothing
+            // yields: those passes make no system call.
+            if ((!syscalls && !spare) || ++idle_passes % 8 == 0) poll_events(0);
+            if (!spare) sched_yield();
             continue;
         }
         // Going to sleep: announce it, then look at every ring once more so

@@ -10,8 +10,9 @@
 //
 // The loop (run): a pass over every awake context, the links, and the
 // transports' poll groups (poll_group.h: the fabric, the device), while
-// there is work; with none, it keeps passing and yields the CPU after each
-// pass for kIdleSpinNs; then it announces that it sleeps (to its guests, in
+// there is work; with none, it keeps passing for kIdleSpinNs, yielding the
+// CPU after each pass unless every runnable thread of the host has a core
+// (core_census.h); then it announces that it sleeps (to its guests, in
 // every control block, and to the other workers, in its WorkerWake), arms
 // the poll groups, looks at everything once more so that nothing rung
 // before the announcement is missed, and sleeps in epoll_wait on the kick
@@ -31,6 +32,7 @@
 #include <vector>
 
 #include "attach.h"
+#include "core_census.h"
 #include "epoll_set.h"
 #include "engine.h"
 #include "options.h"
@@ -147,6 +149,7 @@ private:
     std::vector<std::function<void()>> tasks_;
     std::atomic<bool> has_tasks_{false};
     uint64_t asleep_ns_ = 0;
+    CoreCensus census_;  // whether an idle pass yields
 };
 
 }  // namespace vrdma::shim

@@ -1,0 +1,40 @@
+// The rule by which a worker's idle pass yields its CPU (core_census.h).
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "core_census.h"
+
+using vrdma::shim::CoreCensus;
+
+namespace {
+unsigned running_in(const char* text) { return CoreCensus::parse_running(text, std::strlen(text)); }
+}  // namespace
+
+TEST_CASE("the idle pass yields only where a runnable thread has no CPU", "[worker][idle]") {
+    SECTION("the rule: no more runnable threads than CPUs") {
+        // A 2-core host with the shim and two polling guests: yield.
+        CHECK_FALSE(CoreCensus::spare(3, 2));
+        // The shim and one client thread on 2 cores: a core each.
+        CHECK(CoreCensus::spare(2, 2));
+        CHECK(CoreCensus::spare(4, 16));
+        CHECK_FALSE(CoreCensus::spare(17, 16));
+        // Nothing known: yield, as always.
+        CHECK_FALSE(CoreCensus::spare(0, 2));
+        CHECK_FALSE(CoreCensus::spare(2, 0));
+    }
+    SECTION("the count is /proc/loadavg's running threads") {
+        CHECK(running_in("0.30 1.52 1.90 1/109 29668\n") == 1);
+        CHECK(running_in("12.00 11.50 10.25 17/2301 4242\n") == 17);
+        CHECK(running_in("0.00 0.00 0.00 123456789/999 1\n") == 123456789);
+        CHECK(running_in("0.00 0.00 0.00 1234567890/999 1\n") == 0);  // too long to be a count
+        CHECK(running_in("0.00 0.00 0.00 /109 1\n") == 0);
+        CHECK(running_in("garbage") == 0);
+        CHECK(running_in("") == 0);
+    }
+    SECTION("read from this host, sampled") {
+        CoreCensus census;
+        // Whatever the answer, it stays the same within a sample's time.
+        const bool first = census.cores_to_spare(1'000'000'000);
+        CHECK(census.cores_to_spare(1'000'000'000 + CoreCensus::kSampleNs - 1) == first);
+    }
+}
