@@ -13,6 +13,13 @@
 #   QPs                        guests a and b with 0, 1000 and 4000 idle
 #                              connected QPs in one context (the cost of
 #                              finding work must not grow with them)
+#   RC ping-pong from one      vrdma-idle-qps --one-thread: one client
+#   thread                     thread drives both ends, so the shim's worker
+#                              and the client have a core each even on 2
+#                              cores (the shape of a many-core host, where
+#                              the worker does not yield: --idle-yield);
+#                              beside the 2-process shared-memory round trip,
+#                              the same two hops
 # and prints a markdown table with the ratios and the targets with their
 # verdicts (the table in docs/performance.md comes from here): send
 # latency at most 1.5 x the relay, event mode at most 3 x polling, and at
@@ -60,6 +67,8 @@ shm_relay="$(median "${relay[@]}")"
 shm_pp="$(median "${pp[@]}")"
 idle_lines="$(in_guest a,b "$build/tools/vrdma-idle-qps" 0 1000 4000)"
 idle() { awk -v n="$1" '$2 == n { print $3 }' <<<"$idle_lines"; }
+one_thread="$(in_guest a,b "$build/tools/vrdma-idle-qps" --one-thread 0 | awk '{print $3}')"
+shm_rt="$(awk -v v="$shm_pp" 'BEGIN { printf "%.2f", 2 * v }')"
 
 write_bw="$(echo "$bw_line" | awk '{print $4}')"      # BW average [MB/sec]
 
@@ -86,4 +95,8 @@ $(latency_rounds_table)
 | RC ping-pong 8 B, one way (us, median of 5 rounds; vrdma-idle-qps) | 0 idle QPs | 1000 idle QPs | 4000 idle QPs | 4000 against 0 |
 | --- | --- | --- | --- | --- |
 | one context holds the idle QPs (connected, RTS) | $(idle 0) | $(idle 1000) | $(idle 4000) | $(ratio "$(idle 4000)" "$(idle 0)") x |
+
+| RC ping-pong 8 B driven by one thread, one way (us, median of 5 rounds; vrdma-idle-qps --one-thread) | baseline: the same two hops, a 2-process shared-memory round trip (us, 2 x the ping-pong's median) | ratio |
+| --- | --- | --- |
+| $one_thread | $shm_rt | $(ratio "$one_thread" "$shm_rt") x |
 TABLE

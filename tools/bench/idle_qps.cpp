@@ -150,6 +150,24 @@ void bounce(End& e, bool first, std::atomic<int>& ready) {
     }
 }
 
+// kIters round trips driven by one thread: a sends, b's receive is reaped
+// and b answers, a reaps its send and the answer, b its send. Only one
+// thread of the client is runnable: with the shim's worker, two, so on a
+// 2-core host each has a core (the shape of a many-core host's ping-pong).
+void bounce_one_thread(End& a, End& b) {
+    for (int i = 0; i < kIters; ++i) {
+        post_send(a);
+        reap(b, 1);
+        post_recv(b);
+        post_send(b);
+        reap(a, 2);
+        post_recv(a);
+        reap(b, 1);
+    }
+}
+
+bool g_one_thread = false;
+
 // One-way latency (us) between a and b: the median of kRounds rounds of
 // kIters round trips (a round that shared its core with the shim's worker
 // or was preempted does not move it).
@@ -158,9 +176,13 @@ double measure(End& a, End& b) {
     for (double& v : r) {
         std::atomic<int> ready{0};
         auto t0 = std::chrono::steady_clock::now();
-        std::thread tb([&] { bounce(b, false, ready); });
-        bounce(a, true, ready);
-        tb.join();
+        if (g_one_thread) {
+            bounce_one_thread(a, b);
+        } else {
+            std::thread tb([&] { bounce(b, false, ready); });
+            bounce(a, true, ready);
+            tb.join();
+        }
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         v = s * 1e6 / kIters / 2;
     }
@@ -192,7 +214,8 @@ std::vector<long> parse_counts(const char* list) {
 int main(int argc, char** argv) {
     if (argc > 1 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h"))) {
         std::printf(
-            "usage: vrdma-run --guest a --guest b -- vrdma-idle-qps [--contexts N,...] [IDLE...]\n"
+            "usage: vrdma-run --guest a --guest b -- vrdma-idle-qps [--one-thread] [--contexts N,...]\n"
+            "                                                       [IDLE...]\n"
             "RC ping-pong of 8 bytes between vrdma0 and vrdma1 (two threads) while\n"
             "vrdma0's context holds IDLE connected but idle RC QPs (default: 0 1000\n"
             "4000, in that order; each count adds QPs to the previous ones).\n"
@@ -201,12 +224,19 @@ int main(int argc, char** argv) {
             "--contexts N,...  then (the idle QPs destroyed) opens more contexts\n"
             "        on vrdma0, each with a PD, a CQ and an RC QP at RTS that never\n"
             "        carry traffic, up to each count in turn, and prints\n"
-            "        idle-contexts COUNT VALUE us.\n",
+            "        idle-contexts COUNT VALUE us.\n"
+            "--one-thread  one thread drives both ends in turn (send, reap, answer),\n"
+            "        so the client has one runnable thread, not two: beside the\n"
+            "        shim's worker, a core each on a 2-core host.\n",
             kRounds, kIters);
         return 0;
     }
     std::vector<long> counts, context_counts;
     for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--one-thread")) {
+            g_one_thread = true;
+            continue;
+        }
         if (!std::strcmp(argv[i], "--contexts") && i + 1 < argc) {
             context_counts = parse_counts(argv[++i]);
             continue;
