@@ -43,7 +43,8 @@ private:
     static constexpr unsigned kSpins = 64;
 
     void lock_contended() noexcept {
-        for (unsigned spins = 0;; ++spins) {
+        unsigned spins = 0;
+        do {
             // Reads until it looks free, so that waiters do not pull the
             // line from the holder with exchanges.
             while (held_.load(std::memory_order_relaxed)) {
@@ -54,8 +55,7 @@ private:
                     sched_yield();
                 }
             }
-            if (!held_.exchange(true, std::memory_order_acquire)) return;
-        }
+        } while (held_.exchange(true, std::memory_order_acquire));
     }
 
     std::atomic<bool> held_{false};

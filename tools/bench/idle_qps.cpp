@@ -166,17 +166,16 @@ void bounce_one_thread(End& a, End& b) {
     }
 }
 
-bool g_one_thread = false;
-
 // One-way latency (us) between a and b: the median of kRounds rounds of
 // kIters round trips (a round that shared its core with the shim's worker
-// or was preempted does not move it).
-double measure(End& a, End& b) {
+// or was preempted does not move it), from two threads or, with
+// `one_thread`, from this one.
+double measure(End& a, End& b, bool one_thread) {
     double r[kRounds];
     for (double& v : r) {
         std::atomic<int> ready{0};
         auto t0 = std::chrono::steady_clock::now();
-        if (g_one_thread) {
+        if (one_thread) {
             bounce_one_thread(a, b);
         } else {
             std::thread tb([&] { bounce(b, false, ready); });
@@ -232,9 +231,10 @@ int main(int argc, char** argv) {
         return 0;
     }
     std::vector<long> counts, context_counts;
+    bool one_thread = false;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--one-thread")) {
-            g_one_thread = true;
+            one_thread = true;
             continue;
         }
         if (!std::strcmp(argv[i], "--contexts") && i + 1 < argc) {
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
             idle_a.push_back(qa);
             idle_b.push_back(qb);
         }
-        std::printf("idle-qps %zu %.2f us\n", idle_a.size(), measure(a, b));
+        std::printf("idle-qps %zu %.2f us\n", idle_a.size(), measure(a, b, one_thread));
         std::fflush(stdout);
     }
     for (ibv_qp* q : idle_a) ibv_destroy_qp(q);
@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
             open_end(devs[0], idle_ctx.back());
             connect(idle_ctx.back().qp, b.lid, b.qp->qp_num);
         }
-        std::printf("idle-contexts %zu %.2f us\n", idle_ctx.size(), measure(a, b));
+        std::printf("idle-contexts %zu %.2f us\n", idle_ctx.size(), measure(a, b, one_thread));
         std::fflush(stdout);
     }
     for (End& e : idle_ctx) ibv_destroy_qp(e.qp);
