@@ -107,7 +107,7 @@ public:
     }
 
     // One pass over every context. Returns true if anything progressed.
-    bool poll_once();
+    [[gnu::noinline]] bool poll_once();  // noinline: scripts/bench-instructions.sh counts it by name
     // Earliest deadline of a QP waiting for an RNR or retry timer (0: none).
     uint64_t next_deadline_ns() const;
     // The worker goes to sleep or wakes: told to the awake contexts' guests.

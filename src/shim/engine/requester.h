@@ -27,7 +27,9 @@ struct Pins;
 // One pass over the QP's send queue (and receive queue when flushing).
 // Returns true if anything progressed.
 // At most `max_wqes` new WQEs start (send_posted_datagrams).
-bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t now, uint32_t max_wqes = UINT32_MAX);
+// noinline: scripts/bench-instructions.sh counts it by name.
+[[gnu::noinline]] bool requester_process(Engine& eng, Context& ctx, Qp& qp, uint64_t now,
+                                         uint32_t max_wqes = UINT32_MAX);
 
 // A UD QP's datagrams that were posted and not yet taken leave now,
 // whatever the turn's budget, as many as `allowance` says (it goes down by

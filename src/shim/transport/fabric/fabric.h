@@ -238,7 +238,7 @@ private:
     // Reads what the connected peers sent, one read per link and no
     // epoll_wait (poll() handles the rest when the fabric's epoll fd reports
     // it). True if bytes came in.
-    bool read_links();
+    [[gnu::noinline]] bool read_links();  // noinline: scripts/bench-instructions.sh counts it by name
     // Writes what the requesters and responders queued. True if bytes went
     // out: what they finished may have completed WQEs (UD and UC sends
     // complete once written) and marked QPs for the engine's next pass, so

@@ -99,7 +99,7 @@ private:
     void nonce(const Direction& d, uint8_t out[kFrameIvBytes]) const;
     // A whole frame at the front of the input: verified (its data becomes
     // readable) or the channel fails.
-    bool open_frame();
+    [[gnu::noinline]] bool open_frame();  // noinline: scripts/bench-instructions.sh counts it by name
     ssize_t failed(const std::string& why);
 
     int fd_;
