@@ -90,18 +90,18 @@ bool partition_ok(Engine& eng, const Request& req, Context& ctx, Qp& qp) {
 // Only the QP this one (RC or UC) is connected to may talk to it: the
 // (LID, QPN) it names, and the very incarnation it is bound to, itself bound
 // to this one, so that a QP that got a vanished peer's QPN is a stranger.
-// A sender on this shim is checked against the truth; one on another shim
-// by the incarnations its shim puts in the request: a request meant for an
+// Both are told by the incarnations in the request: a request meant for an
 // earlier QP with this QPN, or from another QP than the bound one, is a
-// stranger. A connection to another shim binds on its first message
-// (bind_remote_peer).
+// stranger. A sender this engine serves built the request just now from its
+// QP as it is (requester.cpp, stamp_source), with no wire in between, so its
+// incarnations are the truth, and both QPs must be bound to each other. One
+// on another shim or worker gets them from its shim; such a connection binds
+// on its first message (bind_remote_peer).
 bool from_connected_peer(Engine& eng, const Request& req, Qp& qp) {
     if (qp.attr.dest_qp_num != req.sqpn || qp.attr.ah.dlid != req.slid) return false;
-    if (eng.serves(req.slid)) {
-        QpRef src = eng.qpns().find(req.slid, req.sqpn);
-        return src && qp.peer_incarnation && src.qp->incarnation == qp.peer_incarnation &&
-               src.qp->peer_incarnation == qp.incarnation;
-    }
+    if (eng.serves(req.slid))
+        return qp.peer_incarnation && req.src_incarnation == qp.peer_incarnation &&
+               req.dst_incarnation == qp.incarnation;
     if (!req.src_incarnation) return false;
     if (req.dst_incarnation && req.dst_incarnation != qp.incarnation) return false;
     return !qp.peer_incarnation || qp.peer_incarnation == req.src_incarnation;
