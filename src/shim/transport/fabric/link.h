@@ -267,7 +267,7 @@ private:
     bool violation(const char* why);
     // A UD or UC request left (or will never leave): its WQE may complete.
     void notify_sent(OutMsg& m);
-    void begin_request(InMsg& m, const Request& req);
+    void begin_request(InMsg& m);
     void begin_multicast(InMsg& m, const Request& req);
     void finish_request(InMsg& m);
     void begin_response(InMsg& m, const Response& resp, uint64_t length);
