@@ -1,6 +1,12 @@
 // The rule by which a worker's idle pass yields its CPU (core_census.h).
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "core_census.h"
 
@@ -35,6 +41,39 @@ TEST_CASE("the idle pass yields only where a runnable thread has no CPU", "[work
         CoreCensus census;
         // Whatever the answer, it stays the same within a sample's time.
         const bool first = census.cores_to_spare(1'000'000'000);
-        CHECK(census.cores_to_spare(1'000'000'000 + CoreCensus::kSampleNs - 1) == first);
+        CHECK(census.cores_to_spare(1'000'000'000 + CoreCensus::kSpareSampleNs - 1) == first);
     }
+}
+
+TEST_CASE("a count that says cores are spare is read again ten times sooner than one that says none are",
+          "[worker][idle]") {
+    char dir[] = "/tmp/vrdma-census.XXXXXX";
+    REQUIRE(mkdtemp(dir));
+    const std::string path = std::string(dir) + "/loadavg";
+    auto write_running = [&](unsigned running) {
+        std::ofstream(path, std::ios::trunc) << "0.50 0.40 0.30 " << running << "/321 4242\n";
+    };
+    write_running(1);  // this thread alone: a core to spare wherever the test runs
+    CoreCensus census(path.c_str());
+    REQUIRE(census.cpus() > 0);
+    const unsigned crowd = census.cpus() + 1;  // one runnable thread without a CPU
+    const uint64_t t0 = 1'000'000'000;
+    CHECK(census.cores_to_spare(t0));
+    // A guest starts polling: seen within kSpareSampleNs, not kSampleNs.
+    write_running(crowd);
+    CHECK(census.cores_to_spare(t0 + CoreCensus::kSpareSampleNs - 1));  // the sample still holds
+    const uint64_t t1 = t0 + CoreCensus::kSpareSampleNs;
+    CHECK_FALSE(census.cores_to_spare(t1));
+    // It stops: "none to spare" holds for the longer time, so the worker
+    // keeps yielding until then.
+    write_running(1);
+    CHECK_FALSE(census.cores_to_spare(t1 + CoreCensus::kSpareSampleNs));
+    CHECK_FALSE(census.cores_to_spare(t1 + CoreCensus::kSampleNs - 1));
+    CHECK(census.cores_to_spare(t1 + CoreCensus::kSampleNs));
+    // A count that cannot be read means yield.
+    std::ofstream(path, std::ios::trunc) << "garbage\n";
+    CHECK_FALSE(census.cores_to_spare(t1 + 2 * CoreCensus::kSampleNs));
+    CHECK_FALSE(CoreCensus("/nonexistent/loadavg").cores_to_spare(t0));
+    std::remove(path.c_str());
+    rmdir(dir);
 }

@@ -8,7 +8,7 @@
 
 namespace vrdma::shim {
 
-CoreCensus::CoreCensus() : loadavg_(::open("/proc/loadavg", O_RDONLY | O_CLOEXEC)) {
+CoreCensus::CoreCensus(const char* loadavg) : loadavg_(::open(loadavg, O_RDONLY | O_CLOEXEC)) {
     cpu_set_t set;
     CPU_ZERO(&set);
     if (::sched_getaffinity(0, sizeof(set), &set) == 0) cpus_ = unsigned(CPU_COUNT(&set));
@@ -28,13 +28,14 @@ unsigned CoreCensus::parse_running(const char* text, size_t len) {
 
 bool CoreCensus::cores_to_spare(uint64_t now_ns) {
     if (now_ns < next_sample_ns_) return spare_;
-    next_sample_ns_ = now_ns + kSampleNs;
     spare_ = false;
+    next_sample_ns_ = now_ns + kSampleNs;
     if (!loadavg_ || !cpus_) return false;
     char buf[128];
     const ssize_t n = ::pread(loadavg_.get(), buf, sizeof(buf), 0);
     if (n <= 0) return false;
     spare_ = spare(parse_running(buf, size_t(n)), cpus_);
+    if (spare_) next_sample_ns_ = now_ns + kSpareSampleNs;  // a wrong "spare" costs the guests: look sooner
     return spare_;
 }
 

@@ -13,9 +13,12 @@
 // included, is at most the number of CPUs this process may run on.
 //
 // The count is /proc/loadavg's fourth field (nr_running, host-wide), read
-// at most every kSampleNs from an open descriptor: a thread that starts
-// polling is seen within that time, and until then the scheduler still
-// preempts the shim for it at its tick.
+// from an open descriptor: again after kSpareSampleNs while it says there
+// are cores to spare, after kSampleNs while it says there are not. A
+// thread that starts polling beside a worker that stopped yielding is seen
+// within a millisecond (and until then the scheduler still preempts the
+// shim for it at its tick); a wrong "spare" costs the guests CPU time on a
+// loaded host, a wrong "none" only the yields of one more sample.
 #pragma once
 
 #include <cstdint>
@@ -26,13 +29,15 @@ namespace vrdma::shim {
 
 class CoreCensus {
 public:
-    static constexpr uint64_t kSampleNs = 10'000'000;
+    static constexpr uint64_t kSampleNs = 10'000'000, kSpareSampleNs = 1'000'000;
 
-    CoreCensus();
-    // Whether the last count (read again if older than kSampleNs at
+    // `loadavg`: the file to read (tests name one of their own).
+    explicit CoreCensus(const char* loadavg = "/proc/loadavg");
+    // Whether the last count (read again once its time above has passed at
     // `now_ns`) left no runnable thread without a CPU. False where the
     // count cannot be read: then the worker yields, as it always did.
     bool cores_to_spare(uint64_t now_ns);
+    unsigned cpus() const { return cpus_; }
 
     // The rule, for tests: `running` runnable threads on `cpus` CPUs.
     static bool spare(unsigned running, unsigned cpus) { return running > 0 && cpus > 0 && running <= cpus; }
