@@ -284,6 +284,7 @@ void Link::close(const std::string& reason) {
             if (Context* c = eng_->find_context(s->wake_ctx)) c->request_rescan();
     });
     senders_.clear();
+    last_sender_ = nullptr;
     rr_.clear();
     delayed_acks_.clear();
     ack_due_ns_ = 0;
@@ -846,7 +847,8 @@ void Link::release_inbound(InMsg* m) {
 QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
     // (A key's top 16 bits are 0: it is never the map's empty marker.)
     uint64_t k = qp_key(lid, qpn);
-    if (std::unique_ptr<QpSender>* found = senders_.find(k)) return found->get();
+    if (last_sender_ && last_sender_->key == k) return last_sender_;
+    if (std::unique_ptr<QpSender>* found = senders_.find(k)) return last_sender_ = found->get();
     if (!create) return nullptr;
     std::unique_ptr<QpSender> s;
     if (!idle_senders_.empty()) {
@@ -863,7 +865,7 @@ QpSender* Link::sender(uint16_t lid, uint32_t qpn, bool create) {
 
     QpSender* p = s.get();
     senders_.set(k, std::move(s));
-    return p;
+    return last_sender_ = p;
 }
 
 OutMsg* Link::reserve(QpSender& s, SegType type, uint16_t src_lid, uint32_t src_qpn, uint16_t dst_lid,
@@ -1172,6 +1174,7 @@ void Link::batch_done() {
         if (s->count || s->in_rr || s->ack_delayed || s->wake_ctx) continue;
         std::unique_ptr<QpSender>* queue = senders_.find(s->key);
         if (!queue) continue;
+        if (last_sender_ == s) last_sender_ = nullptr;
         if (idle_senders_.size() < 16) idle_senders_.push_back(std::move(*queue));  // about 2 MiB kept
         senders_.erase(s->key);
     }

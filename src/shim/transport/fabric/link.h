@@ -346,6 +346,9 @@ private:
     std::vector<uint8_t> stage_;
     size_t stage_len_ = 0, stage_pos_ = 0;
     FlatMap<uint64_t, std::unique_ptr<QpSender>> senders_;  // by qp_key(lid, QPN)
+    // The queue sender() found last, looked at before the map (a stream's
+    // messages and their ACKs name one QP); forgotten when it leaves the map.
+    QpSender* last_sender_ = nullptr;
     std::vector<std::unique_ptr<QpSender>> idle_senders_;  // emptied queues, reused
     std::deque<QpSender*> rr_;
     std::vector<QpSender*> delayed_acks_;
