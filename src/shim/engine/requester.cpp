@@ -135,14 +135,14 @@ void lost(Engine& eng, Context& ctx, Qp& qp) {
 }
 
 // The head was acknowledged and completed: the retry budgets refill, and
-// progress restarts the timer of what is still in flight (restart_timer;
-// with nothing in flight, a synchronous transport or the last ACK, there is
-// no timer and no clock to read).
-void head_acked(Engine& eng, Qp& qp, bool restart_timer) {
+// progress restarts the timer of what is still in flight (with nothing in
+// flight, a synchronous transport or the last ACK, there is no timer and no
+// clock to read).
+void head_acked(Engine& eng, Qp& qp) {
     qp.req.wait = SqWait::None;
     qp.req.retries_left = qp.attr.retry_cnt;
     qp.req.rnr_left = qp.attr.rnr_retry;
-    if (restart_timer && qp.req.sq_next != qp.sq.cons) qp.req.ack_since_ns = eng.now();
+    if (qp.req.sq_next != qp.sq.cons) qp.req.ack_since_ns = eng.now();
     arm_ack_timer(qp);
 }
 
@@ -174,7 +174,7 @@ void on_head_response(Engine& eng, Context& ctx, Qp& qp, const Response& r, cons
             }
         }
         complete_head(eng, ctx, qp, IBV_WC_SUCCESS, w, len);
-        return head_acked(eng, qp, true);
+        return head_acked(eng, qp);
     }
     case Syndrome::RnrNak:
         if (qp.attr.rnr_retry != 7) {
@@ -730,19 +730,18 @@ void requester_on_response(Engine& eng, Context& ctx, Qp& qp, const Response& re
         // it. READs and atomics are answered one by one (their data), so an
         // ACK never passes over one of them.
         if (resp.syndrome != Syndrome::Ack) return;
-        // Each implied ACK completes its WQE as an ACK would; the timer of
-        // what is still in flight restarts once, after the last of them
-        // (one clock read, not one a WQE).
+        // Each implied ACK completes its WQE as an ACK would; what an ACK
+        // also does (head_acked: budgets, the timer, a clock read) is done
+        // once, where the loop ends (below, by the ACK itself).
         for (uint32_t i = 0; i < ahead; ++i) {
             abi::SendWqe hdr;
             std::memcpy(&hdr, qp.sq.slot(qp.sq.cons), sizeof(hdr));
             if (is_rdma_read_or_atomic(hdr.opcode)) {
-                if (i > 0) head_acked(eng, qp, true);
+                if (i > 0) head_acked(eng, qp);
                 return;
             }
             complete_head(eng, ctx, qp, IBV_WC_SUCCESS, nullptr, 0);
-            head_acked(eng, qp, false);
-            if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return;
+            if (qp.state != IBV_QPS_RTS && qp.state != IBV_QPS_SQD) return head_acked(eng, qp);
         }
     }
     on_head_response(eng, ctx, qp, resp, nullptr, nullptr, 0, 0);
