@@ -118,3 +118,93 @@ TEST_CASE("finding work: a context with an SRQ is looked at whole when its doorb
     t.run();
     CHECK(t.ga.load.qp_visits - before >= 10);
 }
+
+// Polled queues (docs/protocol.md "Polled queues"): once the shim found a
+// QP's work bit it polls the QP's producers for a while and says so in its
+// rings; the guest's posts then set no bit and are still found. After
+// PolledQueues::kCoolAfterNs without a post the flag goes, and the bit is
+// needed again. A guest that sets the flag itself hides only its own posts.
+TEST_CASE("finding work: a QP the shim polls is found without its work bit, until it goes idle",
+          "[shim][engine]") {
+    RcPair t(Workers::One);
+    t.run();
+    auto &qa = t.qa, &qb = t.qb;
+    auto &cqa = t.cq_a, &cqb = t.cq_b;
+    const auto &ma = t.ma, &mb = t.mb;
+    auto polled = [&](FakeProvider& g, const abi_client::WqView& wq) { return g.ring_header(wq.ring)->polled.load(); };
+    uint8_t* src = t.a.at(ma.addr);
+    uint8_t* dst = t.b.at(mb.addr);
+    // One message each way of a ping-pong: what arrived is what was sent.
+    auto message = [&](uint8_t tag) {
+        std::memset(src, tag, 64);
+        t.b.post_recv(qb.rq, tag, std::vector<abi::Sge>{abi::Sge{mb.addr, 64, mb.lkey}});
+        t.a.post_send(qa.sq, send_wqe(tag, IBV_WR_SEND), std::vector<abi::Sge>{abi::Sge{ma.addr, 64, ma.lkey}});
+        t.run(2);
+        auto sent = t.a.poll(cqa);
+        auto got = t.b.poll(cqb);
+        REQUIRE(sent.size() == 1);
+        REQUIRE(got.size() == 1);
+        CHECK(sent[0].status == IBV_WC_SUCCESS);
+        CHECK(got[0].wr_id == tag);
+        CHECK(got[0].byte_len == 64);
+        CHECK(dst[0] == tag);
+        CHECK(dst[63] == tag);
+    };
+    CHECK(polled(t.a, qa.sq) == 0);
+    message(1);  // found by the bits: both QPs are polled from now on
+    CHECK(polled(t.a, qa.sq) != 0);
+    CHECK(polled(t.a, qa.rq) != 0);
+    CHECK(polled(t.b, qb.rq) != 0);
+    const uint32_t bits_before = qa.sq.unannounced;
+    for (uint8_t i = 2; i < 40; ++i) {
+        g_fake_now += 1'000;  // a post every microsecond
+        message(i);
+    }
+    CHECK(qa.sq.unannounced - bits_before == 38);  // every send found without its bit
+    CHECK(qb.rq.unannounced >= 38);
+
+    // Idle for longer than the cooling time: the flags go, the bits are back.
+    g_fake_now += PolledQueues::kCoolAfterNs;
+    t.run(1);
+    CHECK(polled(t.a, qa.sq) == 0);
+    CHECK(polled(t.b, qb.rq) == 0);
+    const uint32_t unannounced = qa.sq.unannounced;
+    message(50);
+    CHECK(qa.sq.unannounced == unannounced);  // this one set its bit
+
+    // No more than kMaxPerContext QPs of a context are polled.
+    std::vector<abi_client::QpView> many;
+    for (size_t i = 0; i < PolledQueues::kMaxPerContext + 3; ++i) {
+        many.push_back(t.a.qp(t.pd_a, cqa, cqa));
+        t.a.post_recv(many.back().rq, 1, std::vector<abi::Sge>{abi::Sge{ma.addr, 64, ma.lkey}});
+    }
+    t.run(1);
+    size_t flagged = polled(t.a, qa.rq) != 0;
+    for (auto& q : many) flagged += polled(t.a, q.rq) != 0;
+    CHECK(flagged == PolledQueues::kMaxPerContext);
+}
+
+TEST_CASE("finding work: a guest that sets the polled flag itself hides only its own posts", "[shim][engine]") {
+    RcPair t(Workers::One);
+    t.run();
+    auto &qa = t.qa, &qb = t.qb;
+    auto &cqa = t.cq_a, &cqb = t.cq_b;
+    const auto &ma = t.ma, &mb = t.mb;
+    t.b.post_recv(qb.rq, 7, std::vector<abi::Sge>{abi::Sge{mb.addr, 64, mb.lkey}});
+    t.run();
+    // Guest a claims the shim polls its send queue: its send sets no bit.
+    t.a.ring_header(qa.sq.ring)->polled.store(1);
+    g_fake_now += PolledQueues::kCoolAfterNs * 4;
+    t.a.post_send(qa.sq, send_wqe(7, IBV_WR_SEND), std::vector<abi::Sge>{abi::Sge{ma.addr, 64, ma.lkey}});
+    CHECK(qa.sq.unannounced == 1);
+    t.run();
+    CHECK(t.a.poll(cqa).empty());  // unseen: only a's own message waits
+    // The shim never polled it, so it never clears the flag for it either;
+    // a's own bit brings the message.
+    t.a.announce(qa.sq);
+    t.run();
+    CHECK(t.a.poll(cqa).size() == 1);
+    auto got = t.b.poll(cqb);
+    REQUIRE(got.size() == 1);
+    CHECK(got[0].status == IBV_WC_SUCCESS);
+}
