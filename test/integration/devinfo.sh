@@ -33,7 +33,7 @@ expect 'active_mtu:[[:space:]]+4096'
 # Identity (docs/protocol.md, "Device identity"): no IEEE OUI, vrdma's part id.
 expect 'vendor_id:[[:space:]]+0xffffff$'
 expect 'vendor_part_id:[[:space:]]+30322$'
-expect 'hw_ver:[[:space:]]+0xB$'
+expect 'hw_ver:[[:space:]]+0xA$'
 expect 'fw_ver:[[:space:]]+0\.1\.0$'
 
 # The second guest has its own LID.
