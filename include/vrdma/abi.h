@@ -17,7 +17,7 @@
 namespace vrdma::abi {
 
 constexpr uint32_t kMagic = 0x76524d41;  // "vRMA"
-constexpr uint32_t kVersion = 11;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
+constexpr uint32_t kVersion = 10;  // 2: work slots (ControlBlock::work_bits); 3: memory windows; 4: ReregMr keys;
                                   // 5: the doorbell no longer stands for queues with a work slot; 6: RegMr iova;
                                   // 7: XRC (OpenXrcd, XRC SRQs and QPs, SendWqe::xrc_remote_srqn);
                                   // 8: multicast (AttachMcast, DetachMcast, DeviceAttr's mcast limits);
@@ -25,7 +25,6 @@ constexpr uint32_t kVersion = 11;  // 2: work slots (ControlBlock::work_bits); 3
                                   //    tag matching (TM SRQs, TmOp, Cqe::tm_tag, DeviceAttr::max_tm_tags)
                                   // 10: RingHeader::produced (a CQ's completions, free-running);
                                   //     kCqeOwner (a completion says itself that it is new)
-                                  // 11: RingHeader::polled (a queue the shim polls needs no work bit)
 constexpr uint32_t kPageSize = 4096;
 constexpr uint32_t kCacheLine = 64;
 
@@ -131,19 +130,10 @@ static_assert(sizeof(SockReply) == 128);
 // they cannot tell none from that many; a process in a VM counts the
 // completions since an arming by it (protocol.md "VM guests"). Nothing
 // reads it back in the shim.
-//
-// `polled`, in a work queue's ring only: written by the shim, nonzero while
-// it looks at this queue's producer at every pass (protocol.md "Polled
-// queues"). A provider that stored `producer` (seq_cst) and then loads this
-// as nonzero (seq_cst) needs to set no work bit; it still kicks a shim
-// that sleeps. On the producer's line, which both sides touch anyway: the
-// shim writes it only when it starts or stops polling. Nothing reads it
-// back in the shim.
 struct RingHeader {
     alignas(kCacheLine) std::atomic<uint32_t> producer;
     std::atomic<uint32_t> produced;
-    std::atomic<uint32_t> polled;
-    uint32_t pad0[13];
+    uint32_t pad0[14];
     alignas(kCacheLine) std::atomic<uint32_t> consumer;
     uint32_t pad1[15];
 };

@@ -66,14 +66,9 @@ inline bool wq_has_room(WorkQueue& wq, uint32_t prod, uint32_t* cons) {
     return ring_valid_consumer(*cons, prod, wq.entries) && !ring_full(prod, *cons, wq.entries);
 }
 
-// Publishes the producer index, then tells the shim: nothing but a kick
-// if it sleeps while it polls this queue (abi::RingHeader::polled), the
-// QP's work bit otherwise. Both seq_cst: the shim stores the flag's clearing
-// and then loads the producer, so one of the two sees the other's store.
 inline void wq_publish(Context& ctx, WorkQueue& wq, uint32_t prod) {
     wq.prod = prod;
-    wq.hdr->producer.store(prod, std::memory_order_seq_cst);
-    if (wq.hdr->polled.load(std::memory_order_seq_cst)) return kick_if_sleeping(ctx);
+    wq.hdr->producer.store(prod, std::memory_order_release);
     ring_work_slot(ctx, wq.work_slot);
 }
 

@@ -178,7 +178,6 @@ struct WqView {
     uint32_t entries = 0, stride = 0;
     uint32_t prod = 0;  // the client's producer index
     uint32_t work_slot = abi::kNoWorkSlot;  // a QP's bit in ControlBlock::work_bits (else the doorbell)
-    uint32_t unannounced = 0;  // posts published without the bit: the shim polled the queue
 };
 struct QpView {
     uint32_t handle = 0, qpn = 0, type = IBV_QPT_RC;
@@ -441,17 +440,10 @@ public:
     }
     uint32_t consumer_of(const WqView& wq) const { return ring_header(wq.ring)->consumer.load(); }
     // Publishes the n WQEs written from the producer slot on: the producer
-    // index, then, as the provider does, the QP's work bit (the doorbell for
-    // a queue without one) unless the shim polls the queue.
+    // index, then the QP's work bit (the doorbell for a queue without one).
     void publish(WqView& wq, uint32_t n = 1) {
         wq.prod = ring_advance(wq.prod, n, wq.entries);
-        abi::RingHeader* h = ring_header(wq.ring);
-        h->producer.store(wq.prod);
-        if (h->polled.load()) {
-            ++wq.unannounced;
-            kick_if_sleeping();
-            return;
-        }
+        ring_header(wq.ring)->producer.store(wq.prod);
         announce(wq);
     }
     // Tells the shim that `wq` has news: its work bit, or the doorbell.

@@ -19,7 +19,7 @@ TEST_CASE("device identity: vendor, part, hardware and firmware versions", "[api
     // the part id names vrdma within it (docs/protocol.md, "Device identity").
     CHECK(da.vendor_id == 0xffffff);
     CHECK(da.vendor_part_id == 0x7672);
-    CHECK(da.hw_ver == 11);                      // device ABI version (abi::kVersion)
+    CHECK(da.hw_ver == 10);                      // device ABI version (abi::kVersion)
     CHECK(std::strcmp(da.fw_ver, "0.1.0") == 0);  // shim release
     CHECK(da.node_guid != 0);
     CHECK(da.sys_image_guid == da.node_guid);

@@ -286,32 +286,4 @@ struct TwoGuests {
     }
 };
 
-// An RC pair: a's QP connected to b's QP, each with one CQ and an MR
-// (64 KiB unless told).
-struct RcPair : TwoGuests {
-    uint32_t pd_a, pd_b;
-    FakeProvider::CqView cq_a, cq_b;
-    FakeProvider::QpView qa, qb;
-    FakeProvider::MrInfo ma, mb;
-    explicit RcPair(Workers w, uint32_t access_b = kAllAccess, uint8_t rnr_retry = 7,
-                    uint32_t mr_access_b = kAllAccess, uint64_t mr_bytes = 65536)
-        : TwoGuests(w) {
-        pd_a = a.pd();
-        pd_b = b.pd();
-        cq_a = a.cq(64);
-        cq_b = b.cq(64);
-        qa = a.qp(pd_a, cq_a, cq_a);
-        qb = b.qp(pd_b, cq_b, cq_b);
-        ma = a.mr(pd_a, mr_bytes, kAllAccess);
-        mb = b.mr(pd_b, mr_bytes, mr_access_b);
-        a.connect_rc(qa, 2, qb.qpn, kAllAccess, rnr_retry);
-        b.connect_rc(qb, 1, qa.qpn, access_b, rnr_retry);
-    }
-    uint8_t* pa(uint64_t off = 0) { return a.at(ma.addr + off); }
-    uint8_t* pb(uint64_t off = 0) { return b.at(mb.addr + off); }
-    abi::Sge sa(uint64_t off, uint32_t len) { return abi::Sge{ma.addr + off, len, ma.lkey}; }
-    abi::Sge sb(uint64_t off, uint32_t len) { return abi::Sge{mb.addr + off, len, mb.lkey}; }
-};
-
-
 }  // namespace vrdma::shim::test

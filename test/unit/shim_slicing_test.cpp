@@ -21,8 +21,22 @@ namespace {
 constexpr uint32_t kBig = 2 << 20;  // 32 slices, several turns
 
 // a's QP connected to b's, 2 MiB MRs; a's MR holds a pattern.
-struct BigPair : RcPair {
-    explicit BigPair(Workers w) : RcPair(w, kAllAccess, 7, kAllAccess, kBig) {
+struct BigPair : TwoGuests {
+    uint32_t pd_a, pd_b;
+    FakeProvider::CqView cq_a, cq_b;
+    FakeProvider::QpView qa, qb;
+    FakeProvider::MrInfo ma, mb;
+    explicit BigPair(Workers w) : TwoGuests(w) {
+        pd_a = a.pd();
+        pd_b = b.pd();
+        cq_a = a.cq(64);
+        cq_b = b.cq(64);
+        qa = a.qp(pd_a, cq_a, cq_a);
+        qb = b.qp(pd_b, cq_b, cq_b);
+        ma = a.mr(pd_a, kBig, kAllAccess);
+        mb = b.mr(pd_b, kBig, kAllAccess);
+        a.connect_rc(qa, 2, qb.qpn, kAllAccess);
+        b.connect_rc(qb, 1, qa.qpn, kAllAccess);
         for (uint32_t i = 0; i < kBig; ++i) a.at(ma.addr)[i] = uint8_t(i * 7 + i / 4096);
     }
     bool arrived(uint64_t bytes) { return std::memcmp(a.at(ma.addr), b.at(mb.addr), bytes) == 0; }

@@ -245,10 +245,7 @@ int cmd_query_qp(Engine&, Context& ctx, const uint8_t* req, uint8_t* resp) {
 int cmd_destroy_qp(Engine& eng, Context& ctx, const uint8_t* req, uint8_t* resp) {
     auto r = load_req<abi::CmdHandleReq>(req);
     uint32_t allowance = kPostedDatagrams;
-    if (Qp* live = ctx.qps.get(r.handle)) {
-        send_posted_datagrams(eng, ctx, *live, allowance);
-        ctx.polled.forget(*live);
-    }
+    if (Qp* live = ctx.qps.get(r.handle)) send_posted_datagrams(eng, ctx, *live, allowance);
     auto qp = ctx.qps.erase(r.handle);
     if (!qp) return ENOENT;
     abandon_transfer(eng, *qp);

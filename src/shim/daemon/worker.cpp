@@ -17,10 +17,6 @@
 
 namespace vrdma::shim {
 
-// A worker about to sleep polls no QP (protocol.md "Polled queues"): the
-// flags went while it spun. (Its guests would still kick it.)
-static_assert(PolledQueues::kCoolAfterNs < Worker::kIdleSpinNs);
-
 Worker::Worker(uint32_t index, const Options& opts, SharedTables& shared)
     : index_(index), opts_(opts), engine_(opts.quotas, &shared) {}
 

@@ -14,7 +14,6 @@
 #include "device_model.h"
 #include "handle_table.h"
 #include "key_table.h"
-#include "polled_queues.h"
 #include "resources.h"
 #include "segment_table.h"
 #include "vrdma/abi.h"
@@ -84,8 +83,6 @@ public:
         request_pass();
     }
     bool has_marked() const { return !work_marked_.empty() || !work_skipped_.empty(); }
-    // The QPs looked at by their producers, without work bits.
-    PolledQueues polled;
 
     // Dormancy (engine.h, protocol.md "Idle contexts"): a context idle for a
     // while is left out of the passes, its guest told the shim sleeps; the

@@ -279,14 +279,9 @@ bool Engine::process_context(Context& ctx, uint64_t t) {
         for (uint64_t bits = cb->work_bits[w].exchange(0, std::memory_order_seq_cst); bits; bits &= bits - 1) {
             uint32_t handle;
             for (uint32_t s = w * 64 + uint32_t(__builtin_ctzll(bits)); s < slots; s += abi::kWorkSlots)
-                if (Qp* qp = ctx.qps.at_slot(s, handle)) {
-                    ctx.mark_work(*qp);
-                    ctx.polled.adopt(*qp, t);
-                }
+                if (Qp* qp = ctx.qps.at_slot(s, handle)) ctx.mark_work(*qp);
         }
     }
-    // The QPs polled instead (polled_queues.h): their guests set no bits.
-    if (!ctx.polled.empty()) ctx.polled.check(ctx, t);
     if (!full && !rung && !ctx.has_marked()) return false;
     // The turn's time goes to its guest and to the worker (vrdmactl load).
     // The guest's budget for this pass is shared by its contexts.

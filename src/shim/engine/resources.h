@@ -300,12 +300,6 @@ struct Qp {
     uint64_t stranger_requests = 0;
 
     uint32_t async_events = 0;    // records written (reported at DestroyQp: async_events.h)
-
-    // Polled by the shim (polled_queues.h): its producer indices at the
-    // last look, and when they last moved.
-    bool polled = false;
-    uint32_t polled_sq_prod = 0, polled_rq_prod = 0;
-    uint64_t polled_moved_ns = 0;
 };
 
 struct Ah {

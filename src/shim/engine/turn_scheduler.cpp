@@ -63,8 +63,8 @@ bool TurnScheduler::yield_to_others() {
 }
 
 // Whether a context of another guest than the turn's has work waiting: a
-// doorbell or work bits it wrote, a polled QP it posted to, QPs the shim
-// marked, a dormant context woken. Reads what the next pass would read, for at most kYieldScan
+// doorbell or work bits it wrote, QPs the shim marked, a dormant context
+// woken. Reads what the next pass would read, for at most kYieldScan
 // contexts a check.
 bool TurnScheduler::others_have_work() {
     if (dormancy_.has_woken()) return true;
@@ -75,7 +75,7 @@ bool TurnScheduler::others_have_work() {
     for (size_t i = 0; i < k; ++i) {
         Context* c = awake[(scan_from_ + i) % n];
         if (c->dead || &c->guest() == mine) continue;
-        if (c->has_marked() || (!c->polled.empty() && c->polled.moved())) return true;
+        if (c->has_marked()) return true;
         const abi::ControlBlock* cb = c->control();
         if (cb->work_summary.load(std::memory_order_relaxed) != 0 ||
             cb->doorbell.load(std::memory_order_relaxed) != c->last_doorbell)
