@@ -1,14 +1,11 @@
 // The rule by which a worker's idle pass yields its CPU (core_census.h).
 #include <catch2/catch.hpp>
-#include <unistd.h>
-
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 
 #include "core_census.h"
+#include "temp_dir.h"
 
 using vrdma::shim::CoreCensus;
 
@@ -47,9 +44,8 @@ TEST_CASE("the idle pass yields only where a runnable thread has no CPU", "[work
 
 TEST_CASE("a count that says cores are spare is read again ten times sooner than one that says none are",
           "[worker][idle]") {
-    char dir[] = "/tmp/vrdma-census.XXXXXX";
-    REQUIRE(mkdtemp(dir));
-    const std::string path = std::string(dir) + "/loadavg";
+    vrdma::test::TempDir dir("vrdma-census");
+    const std::string path = dir.path + "/loadavg";
     auto write_running = [&](unsigned running) {
         std::ofstream(path, std::ios::trunc) << "0.50 0.40 0.30 " << running << "/321 4242\n";
     };
@@ -74,6 +70,4 @@ TEST_CASE("a count that says cores are spare is read again ten times sooner than
     std::ofstream(path, std::ios::trunc) << "garbage\n";
     CHECK_FALSE(census.cores_to_spare(t1 + 2 * CoreCensus::kSampleNs));
     CHECK_FALSE(CoreCensus("/nonexistent/loadavg").cores_to_spare(t0));
-    std::remove(path.c_str());
-    rmdir(dir);
 }

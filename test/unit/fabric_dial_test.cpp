@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "engine.h"
+#include "temp_dir.h"
 #include "fabric.h"
 #include "vrdma_common/unique_fd.h"
 
@@ -52,9 +53,8 @@ double in_seconds(SteadyClock::duration d) { return std::chrono::duration<double
 }  // namespace
 
 TEST_CASE("fabric: a dial waits for the peer's connection in its handshake, a second at most", "[shim][fabric]") {
-    char dir[] = "/tmp/vrdma-dial-test.XXXXXX";
-    REQUIRE(::mkdtemp(dir));
-    const std::string key = std::string(dir) + "/fabric.key";
+    vrdma::test::TempDir dir("vrdma-dial-test");
+    const std::string key = dir.path + "/fabric.key";
     std::ofstream(key) << "a key of at least sixteen bytes, for this test only";
 
     // The peer: a listener the shim dials, whose accepts the test counts.
@@ -100,7 +100,4 @@ TEST_CASE("fabric: a dial waits for the peer's connection in its handshake, a se
     CHECK(dialed_after > 0.8);
     // Nor until that handshake timed out (2 s): a second at most.
     CHECK(dialed_after < 1.8);
-
-    std::remove(key.c_str());
-    ::rmdir(dir);
 }

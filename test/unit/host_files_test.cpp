@@ -20,29 +20,16 @@
 #include <vector>
 
 #include "run_dir.h"
+#include "temp_dir.h"
 #include "vrdma_common/fs_at.h"
 #include "vrdma_common/trusted_dir.h"
 
 using namespace vrdma;
+using vrdma::test::TempDir;
 
 namespace {
 
 constexpr uid_t kNobody = 65534;
-
-struct TempDir {
-    std::string path;
-    TempDir() {
-        char tmpl[] = "/tmp/vrdma-hostfiles.XXXXXX";
-        REQUIRE(::mkdtemp(tmpl) != nullptr);
-        path = tmpl;
-        ::chmod(path.c_str(), 0755);
-    }
-    ~TempDir() {
-        const size_t slash = path.rfind('/');
-        UniqueFd parent(::open(path.substr(0, slash).c_str(), O_RDONLY | O_DIRECTORY));
-        fs::remove_tree(parent.get(), path.substr(slash + 1));
-    }
-};
 
 bool exists(const std::string& p) {
     struct stat st;
@@ -82,7 +69,7 @@ void check_victim(const std::string& victim) {
 }  // namespace
 
 TEST_CASE("the tree removal removes a whole tree and reports what it could not", "[hostfiles]") {
-    TempDir tmp;
+    TempDir tmp("vrdma-hostfiles");
     make_tree(tmp.path);
     UniqueFd base(::open(tmp.path.c_str(), O_RDONLY | O_DIRECTORY));
     std::string error;
@@ -105,7 +92,7 @@ TEST_CASE("the tree removal removes a whole tree and reports what it could not",
 }
 
 TEST_CASE("the tree removal never follows a link swapped in at any step", "[hostfiles]") {
-    TempDir tmp;
+    TempDir tmp("vrdma-hostfiles");
     const std::string victim = tmp.path + "/victim";
     make_victim(victim);
     UniqueFd base(::open(tmp.path.c_str(), O_RDONLY | O_DIRECTORY));
@@ -147,7 +134,7 @@ TEST_CASE("a run directory that another user can change is refused with the reas
         WARN("not root: the ownership cases are skipped");
         return;
     }
-    TempDir tmp;
+    TempDir tmp("vrdma-hostfiles");
     shim::RunDir run;
     std::string error;
 
@@ -209,7 +196,7 @@ TEST_CASE("a client connects only to a socket a trusted shim user placed and lis
         WARN("not root: the ownership cases are skipped");
         return;
     }
-    TempDir tmp;
+    TempDir tmp("vrdma-hostfiles");
     // run/guest/vrdma.sock as a shim lays it out; `owner` owns both
     // directories; the socket listens as `listener`.
     auto lay_out = [&](const std::string& run, uid_t owner, uid_t listener, pid_t& child) {
